@@ -1,0 +1,310 @@
+//! A DMA domain: a mapper plus the IOVA allocator that serves it, and
+//! coherent regions mapped once for their whole life.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{Dir, DmaMapper, IovaSpace, Mapping, Unmapped};
+use crate::addr::{Iova, VirtAddr, PAGE_SIZE};
+use crate::error::{Error, Result};
+use crate::iova::IovaAllocator;
+use crate::mem::{self, Region};
+
+/// A mapper and its IOVA allocator. An IOVA freed by a lazy unmap is only
+/// handed out again after the mapper's flush covered it.
+pub struct Domain<M: DmaMapper> {
+    mapper: M,
+    /// `None` for identity mappers, where IOVA = host address.
+    iova: Option<Mutex<IovaAllocator>>,
+}
+
+impl<M: DmaMapper> std::fmt::Debug for Domain<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Domain")
+            .field("identity", &self.iova.is_none())
+            .finish()
+    }
+}
+
+impl<M: DmaMapper> Domain<M> {
+    /// A domain over `mapper`'s IOVA space.
+    pub fn new(mapper: M) -> Domain<M> {
+        let iova = match mapper.iova_space() {
+            IovaSpace::Identity => None,
+            IovaSpace::Ranges(r) => Some(Mutex::new(IovaAllocator::new(&r))),
+        };
+        Domain { mapper, iova }
+    }
+
+    /// The mapper.
+    pub fn mapper(&self) -> &M {
+        &self.mapper
+    }
+
+    /// IOVA bytes handed out (0 for identity domains).
+    pub fn iova_in_use(&self) -> u64 {
+        self.iova.as_ref().map_or(0, |a| lock(a).in_use())
+    }
+
+    /// Allocates IOVA, reclaiming flushed ranges first, and forcing a flush
+    /// if the space is exhausted while ranges wait for one.
+    fn alloc(&self, a: &Mutex<IovaAllocator>, size: u64, align: u64) -> Result<Iova> {
+        let mut al = lock(a);
+        al.reclaim(self.mapper.flushed_seq());
+        match al.alloc(size, align) {
+            Err(Error::IovaExhausted { .. }) if al.deferred() > 0 => {
+                self.mapper.flush()?;
+                al.reclaim(self.mapper.flushed_seq());
+                al.alloc(size, align)
+            }
+            r => r,
+        }
+    }
+
+    fn release(&self, iova: Iova, len: u64, how: Unmapped) {
+        if let Some(a) = &self.iova {
+            let mut al = lock(a);
+            match how {
+                Unmapped::Flushed => al.free(iova, len),
+                Unmapped::Deferred { seq } => al.free_deferred(iova, len, seq),
+            }
+        }
+    }
+
+    /// Maps `len` bytes (4 KiB multiples) at `addr` at a fresh IOVA aligned to
+    /// `align`. One map call.
+    pub fn map(&self, addr: VirtAddr, len: u64, align: u64, dir: Dir) -> Result<Iova> {
+        Ok(self.map_many(&[addr], len, align, dir)?[0])
+    }
+
+    /// Maps `addrs.len()` buffers of `each` bytes at one contiguous IOVA block
+    /// (buffer `i` at `base + i * each`, base aligned to `align`), with one map
+    /// call per run that is contiguous in host memory too.
+    pub fn map_many(
+        &self,
+        addrs: &[VirtAddr],
+        each: u64,
+        align: u64,
+        dir: Dir,
+    ) -> Result<Vec<Iova>> {
+        if addrs.is_empty() || each == 0 {
+            return Err(Error::ZeroLength);
+        }
+        let iovas: Vec<Iova> = match &self.iova {
+            None => addrs.iter().map(|a| Iova(a.raw() as u64)).collect(),
+            Some(a) => {
+                let total = each
+                    .checked_mul(addrs.len() as u64)
+                    .ok_or(Error::BadConfig {
+                        what: "mapping size",
+                        value: each,
+                    })?;
+                let base = self.alloc(a, total, align)?;
+                (0..addrs.len() as u64)
+                    .map(|i| base.offset(i * each))
+                    .collect()
+            }
+        };
+        let ms: Vec<Mapping> = addrs
+            .iter()
+            .zip(&iovas)
+            .map(|(&addr, &iova)| Mapping {
+                iova,
+                addr,
+                len: each,
+                dir,
+            })
+            .collect();
+        if let Err(e) = self.mapper.map_batch(&ms) {
+            if let Some(a) = &self.iova {
+                lock(a).free(iovas[0], each * addrs.len() as u64);
+            }
+            return Err(e);
+        }
+        Ok(iovas)
+    }
+
+    /// Unmaps one range and frees its IOVA (after the flush, if deferred).
+    /// On error the IOVA is kept out of circulation rather than risk reuse.
+    pub fn unmap(&self, iova: Iova, len: u64) -> Result<()> {
+        let how = self.mapper.unmap(iova, len)?;
+        self.release(iova, len, how);
+        Ok(())
+    }
+
+    /// Unmaps many ranges, one call per contiguous run, and frees them.
+    pub fn unmap_many(&self, ranges: &[(Iova, u64)]) -> Result<()> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let how = self.mapper.unmap_batch(ranges)?;
+        for &(iova, len) in ranges {
+            self.release(iova, len, how);
+        }
+        Ok(())
+    }
+}
+
+fn lock(a: &Mutex<IovaAllocator>) -> MutexGuard<'_, IovaAllocator> {
+    // Allocator updates complete before unlocking; a poisoned lock still
+    // guards consistent state.
+    a.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A coherent DMA region: memory mapped once at creation and unmapped when
+/// dropped (descriptor rings, header bounce rings). All access goes through
+/// bounds-checked volatile helpers, never through references.
+pub struct Coherent<M: DmaMapper> {
+    domain: Arc<Domain<M>>,
+    region: Region,
+    iova: Iova,
+}
+
+impl<M: DmaMapper> std::fmt::Debug for Coherent<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coherent")
+            .field("iova", &self.iova)
+            .field("len", &self.region.len())
+            .finish()
+    }
+}
+
+impl<M: DmaMapper> Coherent<M> {
+    /// Allocates and maps `len` bytes (rounded up to 4 KiB) for `dir`.
+    pub fn new(domain: Arc<Domain<M>>, len: usize, dir: Dir) -> Result<Coherent<M>> {
+        let region = Region::new(len, PAGE_SIZE as usize, false)?;
+        let iova = domain.map(region.addr(), region.len() as u64, PAGE_SIZE, dir)?;
+        Ok(Coherent {
+            domain,
+            region,
+            iova,
+        })
+    }
+
+    /// Where the device sees the region.
+    pub fn iova(&self) -> Iova {
+        self.iova
+    }
+    /// Where the CPU sees it.
+    pub fn addr(&self) -> VirtAddr {
+        self.region.addr()
+    }
+    /// Its size.
+    pub fn len(&self) -> usize {
+        self.region.len()
+    }
+    /// Always false.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+    /// The domain it is mapped in.
+    pub fn domain(&self) -> &Arc<Domain<M>> {
+        &self.domain
+    }
+
+    fn at(&self, off: usize, len: usize, align: usize) -> Result<VirtAddr> {
+        let size = self.region.len();
+        match off.checked_add(len) {
+            Some(end) if end <= size && off % align == 0 => Ok(self.region.addr().offset(off)),
+            _ => Err(Error::BadConfig {
+                what: "coherent region offset",
+                value: off as u64,
+            }),
+        }
+    }
+
+    /// Copies `src` in at `off`.
+    pub fn write(&self, off: usize, src: &[u8]) -> Result<()> {
+        let at = self.at(off, src.len(), 1)?;
+        // SAFETY: `at` is in bounds of the live region; no Rust reference
+        // to region memory exists (access is only through these helpers).
+        unsafe { mem::write(at, src) };
+        Ok(())
+    }
+    /// Copies out from `off`.
+    pub fn read(&self, off: usize, dst: &mut [u8]) -> Result<()> {
+        let at = self.at(off, dst.len(), 1)?;
+        // SAFETY: as in `write`.
+        unsafe { mem::read(at, dst) };
+        Ok(())
+    }
+    /// Volatile 32-bit load at `off` (4-byte aligned).
+    pub fn read_u32(&self, off: usize) -> Result<u32> {
+        let at = self.at(off, 4, 4)?;
+        // SAFETY: in bounds and aligned (region base is page aligned).
+        Ok(unsafe { mem::read_u32(at) })
+    }
+    /// Volatile 32-bit store at `off` (4-byte aligned).
+    pub fn write_u32(&self, off: usize, v: u32) -> Result<()> {
+        let at = self.at(off, 4, 4)?;
+        // SAFETY: in bounds and aligned.
+        unsafe { mem::write_u32(at, v) };
+        Ok(())
+    }
+    /// Volatile 64-bit store at `off` (8-byte aligned).
+    pub fn write_u64(&self, off: usize, v: u64) -> Result<()> {
+        let at = self.at(off, 8, 8)?;
+        // SAFETY: in bounds and aligned.
+        unsafe { mem::write_u64(at, v) };
+        Ok(())
+    }
+    /// Volatile 64-bit load at `off` (8-byte aligned).
+    pub fn read_u64(&self, off: usize) -> Result<u64> {
+        let at = self.at(off, 8, 8)?;
+        // SAFETY: in bounds and aligned.
+        Ok(unsafe { mem::read_u64(at) })
+    }
+}
+
+impl<M: DmaMapper> Drop for Coherent<M> {
+    fn drop(&mut self) {
+        // Nothing can be reported from drop; an unmap that fails leaves the
+        // IOVA reserved (see `Domain::unmap`), and the memory outlives
+        // nothing that could still use it through this handle.
+        let _ = self.domain.unmap(self.iova, self.region.len() as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dma::{SoftIommu, SoftIommuConfig, Translate};
+
+    #[test]
+    fn map_many_is_one_call_for_contiguous_buffers() {
+        let d = Domain::new(SoftIommu::new(SoftIommuConfig::default()));
+        let r = Region::new(8 * 4096, 4096, false).unwrap();
+        let addrs: Vec<_> = (0..8).map(|i| r.addr().offset(i * 4096)).collect();
+        let iovas = d.map_many(&addrs, 4096, 4096, Dir::TO_DEVICE).unwrap();
+        assert_eq!(d.mapper().stats().map_calls, 1);
+        for (a, i) in addrs.iter().zip(&iovas) {
+            assert_eq!(d.mapper().translate(*i, Dir::TO_DEVICE).unwrap().addr, *a);
+        }
+        let ranges: Vec<_> = iovas.iter().map(|&i| (i, 4096)).collect();
+        d.unmap_many(&ranges).unwrap();
+        let s = d.mapper().stats();
+        assert_eq!((s.unmap_calls, s.invalidations), (1, 1));
+        assert_eq!(d.iova_in_use(), 0);
+    }
+
+    #[test]
+    fn failed_map_frees_its_iova() {
+        let d = Domain::new(SoftIommu::new(SoftIommuConfig::default()));
+        // Unaligned host address: the mapper refuses.
+        assert!(d.map(VirtAddr(0x1234), 4096, 4096, Dir::TO_DEVICE).is_err());
+        assert_eq!(d.iova_in_use(), 0);
+    }
+
+    #[test]
+    fn coherent_region_is_mapped_for_its_life() {
+        let d = Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default())));
+        let c = Coherent::new(d.clone(), 100, Dir::BIDIRECTIONAL).unwrap();
+        c.write_u32(8, 0xdead_beef).unwrap();
+        assert_eq!(c.read_u32(8).unwrap(), 0xdead_beef);
+        assert!(c.write_u32(4096, 1).is_err());
+        assert!(c.write_u32(2, 1).is_err());
+        let iova = c.iova();
+        drop(c);
+        assert!(d.mapper().translate(iova, Dir::TO_DEVICE).is_err());
+        assert_eq!(d.iova_in_use(), 0);
+    }
+}

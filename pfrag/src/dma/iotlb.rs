@@ -1,0 +1,193 @@
+//! A fully associative IOTLB with LRU replacement, for [`super::SoftIommu`].
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::addr::{HUGE_PAGE_SIZE, PAGE_SHIFT, PAGE_SIZE};
+
+/// A multiplicative hasher for page-number keys (the std SipHash would cost
+/// more than the lookup it serves).
+#[derive(Default)]
+pub(super) struct PageHasher(u64);
+
+impl Hasher for PageHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// Tag bit that marks a 2 MiB key apart from a 4 KiB key.
+const HUGE_TAG: u64 = 1 << 63;
+
+/// One cached translation.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Entry {
+    /// Host address of the start of the page.
+    pub addr: usize,
+    /// Permission bits (the `Dir` bits).
+    pub perms: u8,
+    /// Whether this is a 2 MiB entry.
+    pub huge: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    key: u64,
+    entry: Entry,
+    stamp: u64,
+}
+
+/// The IOTLB. Invariant: `index` maps each key in `slots` to its position,
+/// and `slots.len() <= cap`.
+pub(super) struct Iotlb {
+    cap: usize,
+    index: HashMap<u64, usize, BuildHasherDefault<PageHasher>>,
+    slots: Vec<Slot>,
+    clock: u64,
+}
+
+impl Iotlb {
+    pub fn new(cap: usize) -> Iotlb {
+        Iotlb {
+            cap: cap.max(1),
+            index: HashMap::with_capacity_and_hasher(cap * 2, Default::default()),
+            slots: Vec::with_capacity(cap),
+            clock: 0,
+        }
+    }
+
+    fn key(iova: u64, huge: bool) -> u64 {
+        if huge {
+            (iova / HUGE_PAGE_SIZE) | HUGE_TAG
+        } else {
+            iova >> PAGE_SHIFT
+        }
+    }
+
+    /// The cached translation covering `iova`, refreshing its LRU stamp.
+    pub fn lookup(&mut self, iova: u64) -> Option<Entry> {
+        self.clock += 1;
+        for huge in [false, true] {
+            if let Some(&i) = self.index.get(&Self::key(iova, huge)) {
+                self.slots[i].stamp = self.clock;
+                return Some(self.slots[i].entry);
+            }
+        }
+        None
+    }
+
+    /// Caches a translation for the page containing `iova`, evicting the
+    /// least recently used entry when full.
+    pub fn insert(&mut self, iova: u64, entry: Entry) {
+        self.clock += 1;
+        let key = Self::key(iova, entry.huge);
+        let slot = Slot {
+            key,
+            entry,
+            stamp: self.clock,
+        };
+        if self.slots.len() < self.cap {
+            self.index.insert(key, self.slots.len());
+            self.slots.push(slot);
+            return;
+        }
+        let (victim, _) = self
+            .slots
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, s)| s.stamp)
+            .expect("cap >= 1");
+        self.index.remove(&self.slots[victim].key);
+        self.index.insert(key, victim);
+        self.slots[victim] = slot;
+    }
+
+    /// Drops every entry that overlaps `iova..iova+len`.
+    pub fn invalidate(&mut self, iova: u64, len: u64) {
+        let end = iova + len;
+        let mut i = 0;
+        while i < self.slots.len() {
+            let s = self.slots[i];
+            let (start, size) = if s.entry.huge {
+                ((s.key & !HUGE_TAG) * HUGE_PAGE_SIZE, HUGE_PAGE_SIZE)
+            } else {
+                (s.key << PAGE_SHIFT, PAGE_SIZE)
+            };
+            if start < end && iova < start + size {
+                self.index.remove(&s.key);
+                self.slots.swap_remove(i);
+                if i < self.slots.len() {
+                    self.index.insert(self.slots[i].key, i);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Drops everything.
+    pub fn clear(&mut self) {
+        self.index.clear();
+        self.slots.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(addr: usize) -> Entry {
+        Entry {
+            addr,
+            perms: 1,
+            huge: false,
+        }
+    }
+
+    #[test]
+    fn lru_evicts_least_recently_used() {
+        let mut t = Iotlb::new(2);
+        t.insert(0x1000, e(1));
+        t.insert(0x2000, e(2));
+        assert!(t.lookup(0x1000).is_some()); // 0x2000 is now LRU
+        t.insert(0x3000, e(3));
+        assert!(t.lookup(0x2000).is_none());
+        assert!(t.lookup(0x1000).is_some());
+        assert!(t.lookup(0x3000).is_some());
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn invalidate_drops_overlapping_entries_only() {
+        let mut t = Iotlb::new(8);
+        t.insert(0x1000, e(1));
+        t.insert(0x2000, e(2));
+        t.insert(0x3000, e(3));
+        t.insert(
+            0x20_0000,
+            Entry {
+                addr: 4,
+                perms: 1,
+                huge: true,
+            },
+        );
+        t.invalidate(0x2000, 0x1000);
+        assert!(t.lookup(0x2000).is_none());
+        assert!(t.lookup(0x1000).is_some());
+        assert!(t.lookup(0x3000).is_some());
+        t.invalidate(0x3f_f000, 0x2000);
+        assert!(t.lookup(0x20_1000).is_none());
+    }
+}

@@ -1,0 +1,285 @@
+//! DMA mapping: the driver side ([`DmaMapper`]) and the device side
+//! ([`Translate`]) of an IOMMU, with two implementations here ([`Identity`],
+//! [`SoftIommu`]) and a real one in `vfio-nic`.
+//!
+//! The driver picks IOVAs itself (VFIO type1 lets userspace choose them), so a
+//! mapper only installs and removes translations. [`Domain`] pairs a mapper
+//! with an [`IovaAllocator`](crate::iova::IovaAllocator) that never reuses an
+//! IOVA before the mapper has flushed it.
+
+mod domain;
+mod identity;
+mod iotlb;
+mod soft;
+
+use std::ops::Range;
+
+pub use domain::{Coherent, Domain};
+pub use identity::Identity;
+pub use soft::{CostModel, FaultReason, FaultRecord, Invalidation, SoftIommu, SoftIommuConfig};
+
+use crate::addr::{Iova, VirtAddr};
+use crate::error::Result;
+
+bitflags::bitflags! {
+    /// Which way the device may move data through a mapping.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct Dir: u8 {
+        /// The device reads the memory (TX payload, descriptors).
+        const TO_DEVICE = 1 << 0;
+        /// The device writes the memory (RX buffers, descriptor write-back).
+        const FROM_DEVICE = 1 << 1;
+        /// Both.
+        const BIDIRECTIONAL = Self::TO_DEVICE.bits() | Self::FROM_DEVICE.bits();
+    }
+}
+
+bitflags::bitflags! {
+    /// Page sizes a mapper can install as one translation.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct PageSizes: u8 {
+        /// 4 KiB pages.
+        const SIZE_4K = 1 << 0;
+        /// 2 MiB superpages.
+        const SIZE_2M = 1 << 1;
+    }
+}
+
+/// One map request: `len` bytes at host `addr` made visible at `iova`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    /// Where the device sees the memory.
+    pub iova: Iova,
+    /// Where the memory lives in this process.
+    pub addr: VirtAddr,
+    /// Bytes; a multiple of 4 KiB.
+    pub len: u64,
+    /// Allowed access.
+    pub dir: Dir,
+}
+
+/// What an unmap did to the IOTLB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unmapped {
+    /// The translation is gone everywhere; the IOVA may be reused now.
+    Flushed,
+    /// The page table entry is gone, but stale IOTLB entries may remain until
+    /// flush generation `seq` completes ([`DmaMapper::flushed_seq`]).
+    Deferred {
+        /// The flush generation that will cover this unmap.
+        seq: u64,
+    },
+}
+
+/// Which IOVAs a mapper accepts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IovaSpace {
+    /// No IOMMU: the IOVA must equal the host address.
+    Identity,
+    /// Any IOVA inside these ranges.
+    Ranges(Vec<Range<u64>>),
+}
+
+/// Counters of a mapper, as a snapshot. Differences of two snapshots give the
+/// work done in between.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MapStats {
+    /// Map calls (a batch of contiguous chunks is one call).
+    pub map_calls: u64,
+    /// Unmap calls.
+    pub unmap_calls: u64,
+    /// 4 KiB page-table entries written (a 2 MiB superpage counts 512).
+    pub ptes_written: u64,
+    /// IOTLB invalidation operations.
+    pub invalidations: u64,
+    /// Device translations served by the IOTLB.
+    pub iotlb_hits: u64,
+    /// Device translations that walked the page table.
+    pub iotlb_misses: u64,
+    /// Device accesses refused.
+    pub faults: u64,
+    /// Modelled IOMMU time in ns, from the cost model (0 without one).
+    pub model_ns: f64,
+}
+
+impl MapStats {
+    /// `self - earlier`, field by field.
+    pub fn since(&self, earlier: &MapStats) -> MapStats {
+        MapStats {
+            map_calls: self.map_calls - earlier.map_calls,
+            unmap_calls: self.unmap_calls - earlier.unmap_calls,
+            ptes_written: self.ptes_written - earlier.ptes_written,
+            invalidations: self.invalidations - earlier.invalidations,
+            iotlb_hits: self.iotlb_hits - earlier.iotlb_hits,
+            iotlb_misses: self.iotlb_misses - earlier.iotlb_misses,
+            faults: self.faults - earlier.faults,
+            model_ns: self.model_ns - earlier.model_ns,
+        }
+    }
+}
+
+/// The driver side of an IOMMU.
+///
+/// Implementations are shared between the driver and completion paths, so
+/// all methods take `&self`.
+pub trait DmaMapper: Send + Sync {
+    /// Installs one translation.
+    fn map(&self, m: &Mapping) -> Result<()>;
+    /// Removes the translations of `iova..iova+len`.
+    fn unmap(&self, iova: Iova, len: u64) -> Result<Unmapped>;
+    /// Installs many translations, one call per contiguous run (see
+    /// [`coalesce`]). On error nothing of the batch stays mapped.
+    fn map_batch(&self, ms: &[Mapping]) -> Result<()> {
+        let runs = coalesce(ms);
+        for (i, run) in runs.iter().enumerate() {
+            if let Err(e) = self.map(run) {
+                for done in &runs[..i] {
+                    let _ = self.unmap(done.iova, done.len);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+    /// Removes many ranges, one call per contiguous run. Returns the latest
+    /// flush generation any of them waits for.
+    fn unmap_batch(&self, ranges: &[(Iova, u64)]) -> Result<Unmapped> {
+        let mut out = Unmapped::Flushed;
+        for (iova, len) in coalesce_ranges(ranges) {
+            if let Unmapped::Deferred { seq } = self.unmap(iova, len)? {
+                out = Unmapped::Deferred { seq };
+            }
+        }
+        Ok(out)
+    }
+    /// Page sizes this mapper can install.
+    fn page_sizes(&self) -> PageSizes;
+    /// The IOVAs it accepts.
+    fn iova_space(&self) -> IovaSpace;
+    /// The newest flush generation that has completed.
+    fn flushed_seq(&self) -> u64;
+    /// Completes every deferred invalidation now.
+    fn flush(&self) -> Result<()>;
+    /// A snapshot of the counters.
+    fn stats(&self) -> MapStats;
+}
+
+/// Why a device access was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("DMA fault: {access:?} at iova {iova}")]
+pub struct Fault {
+    /// The address the device used.
+    pub iova: Iova,
+    /// The access it tried.
+    pub access: Dir,
+}
+
+/// A translated piece of an IOVA range: host memory the device may touch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Translation {
+    /// Host address of the IOVA.
+    pub addr: VirtAddr,
+    /// Bytes from `addr` to the end of the translated page.
+    pub len: u64,
+}
+
+/// The device side of an IOMMU: what a DMA engine asks before touching memory.
+pub trait Translate: Send + Sync {
+    /// Translates `iova` for `access`, or faults.
+    fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault>;
+}
+
+impl<T: Translate + ?Sized> Translate for std::sync::Arc<T> {
+    fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
+        (**self).translate(iova, access)
+    }
+}
+
+impl<M: DmaMapper + ?Sized> DmaMapper for std::sync::Arc<M> {
+    fn map(&self, m: &Mapping) -> Result<()> {
+        (**self).map(m)
+    }
+    fn unmap(&self, iova: Iova, len: u64) -> Result<Unmapped> {
+        (**self).unmap(iova, len)
+    }
+    fn map_batch(&self, ms: &[Mapping]) -> Result<()> {
+        (**self).map_batch(ms)
+    }
+    fn unmap_batch(&self, ranges: &[(Iova, u64)]) -> Result<Unmapped> {
+        (**self).unmap_batch(ranges)
+    }
+    fn page_sizes(&self) -> PageSizes {
+        (**self).page_sizes()
+    }
+    fn iova_space(&self) -> IovaSpace {
+        (**self).iova_space()
+    }
+    fn flushed_seq(&self) -> u64 {
+        (**self).flushed_seq()
+    }
+    fn flush(&self) -> Result<()> {
+        (**self).flush()
+    }
+    fn stats(&self) -> MapStats {
+        (**self).stats()
+    }
+}
+
+/// Merges mappings that continue each other in IOVA and host space with the
+/// same direction, in the order given.
+pub fn coalesce(ms: &[Mapping]) -> Vec<Mapping> {
+    let mut out: Vec<Mapping> = Vec::with_capacity(ms.len());
+    for m in ms {
+        if let Some(last) = out.last_mut() {
+            if last.dir == m.dir
+                && last.iova.raw().checked_add(last.len) == Some(m.iova.raw())
+                && last.addr.raw().checked_add(last.len as usize) == Some(m.addr.raw())
+            {
+                last.len += m.len;
+                continue;
+            }
+        }
+        out.push(*m);
+    }
+    out
+}
+
+/// Sorts IOVA ranges and merges those that touch.
+pub fn coalesce_ranges(ranges: &[(Iova, u64)]) -> Vec<(Iova, u64)> {
+    let mut v = ranges.to_vec();
+    v.sort_unstable_by_key(|r| r.0);
+    let mut out: Vec<(Iova, u64)> = Vec::with_capacity(v.len());
+    for (iova, len) in v {
+        if let Some(last) = out.last_mut() {
+            if last.0.raw() + last.1 == iova.raw() {
+                last.1 += len;
+                continue;
+            }
+        }
+        out.push((iova, len));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesce_merges_only_contiguous_runs() {
+        let m = |i: u64, a: usize| Mapping {
+            iova: Iova(i),
+            addr: VirtAddr(a),
+            len: 4096,
+            dir: Dir::TO_DEVICE,
+        };
+        let runs = coalesce(&[m(0x1000, 0x10000), m(0x2000, 0x11000), m(0x4000, 0x13000)]);
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0].len, 8192);
+        // Contiguous in IOVA but not in host memory: two runs.
+        let runs = coalesce(&[m(0x1000, 0x10000), m(0x2000, 0x20000)]);
+        assert_eq!(runs.len(), 2);
+        let r = coalesce_ranges(&[(Iova(0x3000), 0x1000), (Iova(0x1000), 0x2000)]);
+        assert_eq!(r, vec![(Iova(0x1000), 0x3000)]);
+    }
+}

@@ -1,0 +1,640 @@
+//! A software IOMMU: a 4-level radix page table of 4 KiB entries with
+//! optional 2 MiB superpages, an LRU IOTLB, strict or lazy (flush-queue)
+//! invalidation, and fault recording. Host virtual addresses stand in for
+//! physical ones.
+
+use std::collections::VecDeque;
+use std::io;
+use std::ops::Range;
+use std::sync::Mutex;
+
+use super::iotlb::{Entry, Iotlb};
+use super::{
+    Dir, DmaMapper, Fault, IovaSpace, MapStats, Mapping, PageSizes, Translate, Translation,
+    Unmapped,
+};
+use crate::addr::{Iova, VirtAddr, HUGE_PAGE_SIZE, PAGE_SIZE};
+use crate::error::{Error, Result};
+
+/// When unmapped translations leave the IOTLB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Invalidation {
+    /// Every unmap call invalidates its range synchronously (`iommu.strict=1`).
+    Strict,
+    /// Unmaps queue up; a full flush queue is drained with one global
+    /// invalidation (Linux's flush queue). Until then stale IOTLB entries
+    /// still translate.
+    Lazy,
+}
+
+/// Modelled cost of IOMMU operations, in ns. These are parameters of a model
+/// and reported apart from measured time, never mixed into it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostModel {
+    /// Per map or unmap call.
+    pub call_ns: f64,
+    /// Per page-table entry written or cleared.
+    pub pte_ns: f64,
+    /// Per invalidation operation (with its wait).
+    pub invalidation_ns: f64,
+    /// Per IOTLB miss (page walk).
+    pub miss_ns: f64,
+}
+
+impl Default for CostModel {
+    /// Illustrative defaults: a syscall-scale call, a cache-line write per
+    /// PTE, a queued invalidation with wait descriptor, a 4-level walk.
+    fn default() -> CostModel {
+        CostModel {
+            call_ns: 150.0,
+            pte_ns: 5.0,
+            invalidation_ns: 2000.0,
+            miss_ns: 200.0,
+        }
+    }
+}
+
+/// Settings of a [`SoftIommu`].
+#[derive(Clone, Debug)]
+pub struct SoftIommuConfig {
+    /// IOTLB entries (LRU). Default 128.
+    pub iotlb_entries: usize,
+    /// Strict or lazy invalidation. Default strict.
+    pub invalidation: Invalidation,
+    /// Install 2 MiB superpages where IOVA, address and length allow.
+    pub superpages: bool,
+    /// Entries in the lazy flush queue. Default 256.
+    pub flush_queue: usize,
+    /// Optional cost model.
+    pub cost: Option<CostModel>,
+    /// The IOVA space it accepts. Default 1 MiB .. 2^48.
+    pub iova_range: Range<u64>,
+}
+
+impl Default for SoftIommuConfig {
+    fn default() -> SoftIommuConfig {
+        SoftIommuConfig {
+            iotlb_entries: 128,
+            invalidation: Invalidation::Strict,
+            superpages: false,
+            flush_queue: 256,
+            cost: None,
+            iova_range: (1 << 20)..(1 << 48),
+        }
+    }
+}
+
+/// Why a translation faulted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultReason {
+    /// No translation for the IOVA.
+    NotPresent,
+    /// A translation exists but not for that direction.
+    Permission,
+}
+
+/// One recorded fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaultRecord {
+    /// The faulting access.
+    pub fault: Fault,
+    /// Why.
+    pub reason: FaultReason,
+}
+
+/// Entry bits. A leaf holds the host page address plus R/W (and PS for 2 MiB);
+/// a table entry holds the child node index shifted by 12 plus `TABLE`.
+const PTE_R: u64 = 1 << 0;
+const PTE_W: u64 = 1 << 1;
+const PTE_PS: u64 = 1 << 7;
+const PTE_TABLE: u64 = 1 << 11;
+const ADDR_MASK: u64 = !0xfff;
+const LEVEL_SHIFTS: [u32; 4] = [39, 30, 21, 12];
+const RECORDED_FAULTS: usize = 64;
+
+fn perms(dir: Dir) -> u64 {
+    let mut p = 0;
+    if dir.contains(Dir::TO_DEVICE) {
+        p |= PTE_R;
+    }
+    if dir.contains(Dir::FROM_DEVICE) {
+        p |= PTE_W;
+    }
+    p
+}
+
+fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+/// Where a leaf lives: node index and slot.
+#[derive(Clone, Copy)]
+struct Slot {
+    node: usize,
+    idx: usize,
+}
+
+struct State {
+    /// Radix nodes; node 0 is the root. Invariant: table entries point at
+    /// existing nodes.
+    nodes: Vec<Box<[u64; 512]>>,
+    iotlb: Iotlb,
+    /// Ranges unmapped but maybe still in the IOTLB (lazy mode).
+    flush_queue: Vec<(Iova, u64)>,
+    /// The generation the queued ranges belong to.
+    gen: u64,
+    /// The newest completed generation.
+    flushed: u64,
+    stats: MapStats,
+    faults: VecDeque<FaultRecord>,
+}
+
+/// The software IOMMU. See the module docs.
+pub struct SoftIommu {
+    cfg: SoftIommuConfig,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for SoftIommu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftIommu").field("cfg", &self.cfg).finish()
+    }
+}
+
+impl SoftIommu {
+    /// A new, empty IOMMU domain.
+    pub fn new(cfg: SoftIommuConfig) -> SoftIommu {
+        let state = State {
+            nodes: vec![Box::new([0; 512])],
+            iotlb: Iotlb::new(cfg.iotlb_entries),
+            flush_queue: Vec::with_capacity(cfg.flush_queue),
+            gen: 1,
+            flushed: 0,
+            stats: MapStats::default(),
+            faults: VecDeque::with_capacity(RECORDED_FAULTS),
+        };
+        SoftIommu {
+            cfg,
+            state: Mutex::new(state),
+        }
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &SoftIommuConfig {
+        &self.cfg
+    }
+
+    /// The most recent faults (at most 64), oldest first.
+    pub fn faults(&self) -> Vec<FaultRecord> {
+        self.lock().faults.iter().copied().collect()
+    }
+
+    /// Entries currently cached in the IOTLB.
+    pub fn iotlb_len(&self) -> usize {
+        self.lock().iotlb.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves the tables consistent
+        // (every mutation is completed or rolled back before unlocking).
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check(&self, iova: Iova, addr: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Err(Error::ZeroLength);
+        }
+        if iova.raw() % PAGE_SIZE != 0 || addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 {
+            return Err(Error::Unaligned {
+                iova,
+                addr: addr as usize,
+                len,
+                page: PAGE_SIZE,
+            });
+        }
+        let r = &self.cfg.iova_range;
+        match iova.raw().checked_add(len) {
+            Some(end) if iova.raw() >= r.start && end <= r.end => Ok(()),
+            _ => Err(Error::Map {
+                iova,
+                len,
+                source: errno(libc::EINVAL),
+            }),
+        }
+    }
+}
+
+impl State {
+    fn cost(&mut self, cost: Option<CostModel>, calls: u64, ptes: u64, invs: u64, misses: u64) {
+        if let Some(c) = cost {
+            self.stats.model_ns += calls as f64 * c.call_ns
+                + ptes as f64 * c.pte_ns
+                + invs as f64 * c.invalidation_ns
+                + misses as f64 * c.miss_ns;
+        }
+    }
+
+    /// The slot for `iova` at depth `depth` (0 = root .. 3 = 4 KiB level),
+    /// creating intermediate tables if `create`. `None` if a level is
+    /// missing (or a superpage sits above) and `create` is false.
+    fn slot(&mut self, iova: u64, depth: usize, create: bool) -> Option<Slot> {
+        let mut node = 0;
+        for (d, shift) in LEVEL_SHIFTS.iter().enumerate() {
+            let idx = ((iova >> shift) & 511) as usize;
+            if d == depth {
+                return Some(Slot { node, idx });
+            }
+            let e = self.nodes[node][idx];
+            if e & PTE_TABLE != 0 {
+                node = (e >> 12) as usize;
+            } else if e == 0 && create {
+                self.nodes.push(Box::new([0; 512]));
+                let child = self.nodes.len() - 1;
+                self.nodes[node][idx] = ((child as u64) << 12) | PTE_TABLE;
+                node = child;
+            } else {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// The leaf covering `iova`: (entry, is 2 MiB, slot).
+    fn leaf(&mut self, iova: u64) -> Option<(u64, bool, Slot)> {
+        let s2 = self.slot(iova, 2, false)?;
+        let e2 = self.nodes[s2.node][s2.idx];
+        if e2 & PTE_PS != 0 {
+            return Some((e2, true, s2));
+        }
+        let s1 = self.slot(iova, 3, false)?;
+        let e1 = self.nodes[s1.node][s1.idx];
+        (e1 != 0).then_some((e1, false, s1))
+    }
+
+    fn flush(&mut self, cost: Option<CostModel>) {
+        if self.flush_queue.is_empty() {
+            return;
+        }
+        self.iotlb.clear();
+        self.flush_queue.clear();
+        self.stats.invalidations += 1;
+        self.cost(cost, 0, 0, 1, 0);
+        self.flushed = self.gen;
+        self.gen += 1;
+    }
+
+    fn fault(&mut self, iova: Iova, access: Dir, reason: FaultReason) -> Fault {
+        let fault = Fault { iova, access };
+        self.stats.faults += 1;
+        if self.faults.len() == RECORDED_FAULTS {
+            self.faults.pop_front();
+        }
+        self.faults.push_back(FaultRecord { fault, reason });
+        fault
+    }
+}
+
+impl DmaMapper for SoftIommu {
+    fn map(&self, m: &Mapping) -> Result<()> {
+        self.check(m.iova, m.addr.raw() as u64, m.len)?;
+        let p = perms(m.dir);
+        if p == 0 {
+            return Err(Error::Map {
+                iova: m.iova,
+                len: m.len,
+                source: errno(libc::EINVAL),
+            });
+        }
+        let mut st = self.lock();
+        let mut written: Vec<Slot> = Vec::new();
+        let (mut off, mut conflict) = (0u64, false);
+        while off < m.len {
+            let iova = m.iova.raw() + off;
+            let addr = m.addr.raw() as u64 + off;
+            let huge = self.cfg.superpages
+                && iova % HUGE_PAGE_SIZE == 0
+                && addr % HUGE_PAGE_SIZE == 0
+                && m.len - off >= HUGE_PAGE_SIZE;
+            let (depth, step, flags) = if huge {
+                (2, HUGE_PAGE_SIZE, p | PTE_PS)
+            } else {
+                (3, PAGE_SIZE, p)
+            };
+            match st.slot(iova, depth, true) {
+                Some(s) if st.nodes[s.node][s.idx] == 0 => {
+                    st.nodes[s.node][s.idx] = addr | flags;
+                    written.push(s);
+                }
+                _ => {
+                    conflict = true;
+                    break;
+                }
+            }
+            off += step;
+        }
+        if conflict {
+            for s in &written {
+                st.nodes[s.node][s.idx] = 0;
+            }
+            return Err(Error::Map {
+                iova: Iova(m.iova.raw() + off),
+                len: m.len,
+                source: errno(libc::EEXIST),
+            });
+        }
+        let n = written.len() as u64;
+        st.stats.map_calls += 1;
+        st.stats.ptes_written += n;
+        st.cost(self.cfg.cost, 1, n, 0, 0);
+        Ok(())
+    }
+
+    fn unmap(&self, iova: Iova, len: u64) -> Result<Unmapped> {
+        self.check(iova, 0, len).map_err(|e| match e {
+            Error::Map { source, .. } => Error::Unmap { iova, len, source },
+            other => other,
+        })?;
+        let mut st = self.lock();
+        // First pass: everything must be mapped, superpages whole.
+        let mut leaves = Vec::new();
+        let mut off = 0;
+        while off < len {
+            let at = iova.raw() + off;
+            match st.leaf(at) {
+                Some((_, true, s)) if at % HUGE_PAGE_SIZE == 0 && len - off >= HUGE_PAGE_SIZE => {
+                    leaves.push(s);
+                    off += HUGE_PAGE_SIZE;
+                }
+                Some((_, false, s)) => {
+                    leaves.push(s);
+                    off += PAGE_SIZE;
+                }
+                Some((_, true, _)) | None => {
+                    let code = if st.leaf(at).is_some() {
+                        libc::EINVAL
+                    } else {
+                        libc::ENOENT
+                    };
+                    return Err(Error::Unmap {
+                        iova: Iova(at),
+                        len,
+                        source: errno(code),
+                    });
+                }
+            }
+        }
+        for s in &leaves {
+            st.nodes[s.node][s.idx] = 0;
+        }
+        let n = leaves.len() as u64;
+        st.stats.unmap_calls += 1;
+        let out = match self.cfg.invalidation {
+            Invalidation::Strict => {
+                st.iotlb.invalidate(iova.raw(), len);
+                st.stats.invalidations += 1;
+                st.cost(self.cfg.cost, 1, n, 1, 0);
+                Unmapped::Flushed
+            }
+            Invalidation::Lazy => {
+                st.cost(self.cfg.cost, 1, n, 0, 0);
+                st.flush_queue.push((iova, len));
+                let seq = st.gen;
+                if st.flush_queue.len() >= self.cfg.flush_queue.max(1) {
+                    st.flush(self.cfg.cost);
+                }
+                Unmapped::Deferred { seq }
+            }
+        };
+        Ok(out)
+    }
+
+    fn page_sizes(&self) -> PageSizes {
+        if self.cfg.superpages {
+            PageSizes::SIZE_4K | PageSizes::SIZE_2M
+        } else {
+            PageSizes::SIZE_4K
+        }
+    }
+
+    fn iova_space(&self) -> IovaSpace {
+        IovaSpace::Ranges(vec![self.cfg.iova_range.clone()])
+    }
+
+    fn flushed_seq(&self) -> u64 {
+        self.lock().flushed
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.lock().flush(self.cfg.cost);
+        Ok(())
+    }
+
+    fn stats(&self) -> MapStats {
+        self.lock().stats
+    }
+}
+
+impl Translate for SoftIommu {
+    fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
+        let mut st = self.lock();
+        let want = perms(access) as u8;
+        let entry = match st.iotlb.lookup(iova.raw()) {
+            Some(e) => {
+                st.stats.iotlb_hits += 1;
+                e
+            }
+            None => {
+                st.stats.iotlb_misses += 1;
+                st.cost(self.cfg.cost, 0, 0, 0, 1);
+                let Some((pte, huge, _)) = st.leaf(iova.raw()) else {
+                    return Err(st.fault(iova, access, FaultReason::NotPresent));
+                };
+                let size = if huge { HUGE_PAGE_SIZE } else { PAGE_SIZE };
+                let e = Entry {
+                    addr: (pte & ADDR_MASK & !(size - 1)) as usize,
+                    perms: (pte & (PTE_R | PTE_W)) as u8,
+                    huge,
+                };
+                st.iotlb.insert(iova.raw(), e);
+                e
+            }
+        };
+        if entry.perms & want != want {
+            return Err(st.fault(iova, access, FaultReason::Permission));
+        }
+        let size = if entry.huge {
+            HUGE_PAGE_SIZE
+        } else {
+            PAGE_SIZE
+        };
+        let off = iova.raw() & (size - 1);
+        Ok(Translation {
+            addr: VirtAddr(entry.addr + off as usize),
+            len: size - off,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iommu(inv: Invalidation) -> SoftIommu {
+        SoftIommu::new(SoftIommuConfig {
+            invalidation: inv,
+            flush_queue: 4,
+            ..SoftIommuConfig::default()
+        })
+    }
+
+    fn map(m: &SoftIommu, iova: u64, addr: usize, len: u64, dir: Dir) -> Result<()> {
+        m.map(&Mapping {
+            iova: Iova(iova),
+            addr: VirtAddr(addr),
+            len,
+            dir,
+        })
+    }
+
+    #[test]
+    fn translates_mapped_pages_and_counts_hits() {
+        let m = iommu(Invalidation::Strict);
+        map(&m, 0x10_0000, 0x7000_0000, 0x2000, Dir::TO_DEVICE).unwrap();
+        let t = m.translate(Iova(0x10_1234), Dir::TO_DEVICE).unwrap();
+        assert_eq!(t.addr, VirtAddr(0x7000_1234));
+        assert_eq!(t.len, 0x1000 - 0x234);
+        m.translate(Iova(0x10_1000), Dir::TO_DEVICE).unwrap();
+        let s = m.stats();
+        assert_eq!((s.map_calls, s.ptes_written), (1, 2));
+        assert_eq!((s.iotlb_misses, s.iotlb_hits), (1, 1));
+    }
+
+    #[test]
+    fn strict_translate_after_unmap_faults() {
+        let m = iommu(Invalidation::Strict);
+        map(&m, 0x10_0000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+        m.translate(Iova(0x10_0000), Dir::TO_DEVICE).unwrap();
+        assert_eq!(m.unmap(Iova(0x10_0000), 0x1000).unwrap(), Unmapped::Flushed);
+        let err = m.translate(Iova(0x10_0000), Dir::TO_DEVICE).unwrap_err();
+        assert_eq!(err.iova, Iova(0x10_0000));
+        assert_eq!(m.stats().invalidations, 1);
+        assert_eq!(m.faults()[0].reason, FaultReason::NotPresent);
+    }
+
+    #[test]
+    fn lazy_stale_entry_translates_until_the_flush() {
+        let m = iommu(Invalidation::Lazy);
+        map(&m, 0x10_0000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+        m.translate(Iova(0x10_0000), Dir::TO_DEVICE).unwrap(); // cached
+        let r = m.unmap(Iova(0x10_0000), 0x1000).unwrap();
+        assert_eq!(r, Unmapped::Deferred { seq: 1 });
+        assert_eq!(m.flushed_seq(), 0);
+        // Stale IOTLB entry: still translates, no invalidation yet.
+        assert!(m.translate(Iova(0x10_0000), Dir::TO_DEVICE).is_ok());
+        assert_eq!(m.stats().invalidations, 0);
+        m.flush().unwrap();
+        assert_eq!(m.flushed_seq(), 1);
+        assert!(m.translate(Iova(0x10_0000), Dir::TO_DEVICE).is_err());
+        assert_eq!(m.stats().invalidations, 1);
+    }
+
+    #[test]
+    fn lazy_full_flush_queue_drains_as_one_invalidation() {
+        let m = iommu(Invalidation::Lazy);
+        for i in 0..4u64 {
+            map(
+                &m,
+                0x10_0000 + i * 0x1000,
+                0x7000_0000,
+                0x1000,
+                Dir::TO_DEVICE,
+            )
+            .unwrap();
+        }
+        for i in 0..4u64 {
+            m.unmap(Iova(0x10_0000 + i * 0x1000), 0x1000).unwrap();
+        }
+        assert_eq!(m.stats().invalidations, 1);
+        assert_eq!(m.flushed_seq(), 1);
+    }
+
+    #[test]
+    fn wrong_direction_faults() {
+        let m = iommu(Invalidation::Strict);
+        map(&m, 0x10_0000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+        assert!(m.translate(Iova(0x10_0000), Dir::FROM_DEVICE).is_err());
+        assert_eq!(m.faults()[0].reason, FaultReason::Permission);
+        assert_eq!(m.stats().faults, 1);
+    }
+
+    #[test]
+    fn double_map_is_eexist_and_rolls_back() {
+        let m = iommu(Invalidation::Strict);
+        map(&m, 0x10_1000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+        let e = map(&m, 0x10_0000, 0x7100_0000, 0x3000, Dir::TO_DEVICE).unwrap_err();
+        match e {
+            Error::Map { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::EEXIST)),
+            other => panic!("{other:?}"),
+        }
+        // The first page of the failed request was rolled back.
+        assert!(m.translate(Iova(0x10_0000), Dir::TO_DEVICE).is_err());
+    }
+
+    #[test]
+    fn unmap_of_unmapped_range_is_enoent() {
+        let m = iommu(Invalidation::Strict);
+        match m.unmap(Iova(0x10_0000), 0x1000).unwrap_err() {
+            Error::Unmap { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::ENOENT)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn unaligned_map_is_rejected_with_numbers() {
+        let m = iommu(Invalidation::Strict);
+        match map(&m, 0x10_0800, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap_err() {
+            Error::Unaligned { iova, page, .. } => {
+                assert_eq!(iova, Iova(0x10_0800));
+                assert_eq!(page, 4096);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn superpage_is_one_pte_and_one_iotlb_entry() {
+        let m = SoftIommu::new(SoftIommuConfig {
+            superpages: true,
+            ..SoftIommuConfig::default()
+        });
+        map(&m, 0x20_0000, 0x4000_0000, HUGE_PAGE_SIZE, Dir::TO_DEVICE).unwrap();
+        for p in 0..512u64 {
+            m.translate(Iova(0x20_0000 + p * 4096), Dir::TO_DEVICE)
+                .unwrap();
+        }
+        let s = m.stats();
+        assert_eq!((s.ptes_written, s.iotlb_misses, s.iotlb_hits), (1, 1, 511));
+        // Partial unmap of a superpage is refused.
+        assert!(m.unmap(Iova(0x20_0000), 0x1000).is_err());
+        m.unmap(Iova(0x20_0000), HUGE_PAGE_SIZE).unwrap();
+        assert!(m.translate(Iova(0x20_0000), Dir::TO_DEVICE).is_err());
+    }
+
+    #[test]
+    fn cost_model_is_kept_apart() {
+        let m = SoftIommu::new(SoftIommuConfig {
+            cost: Some(CostModel {
+                call_ns: 100.0,
+                pte_ns: 1.0,
+                invalidation_ns: 1000.0,
+                miss_ns: 10.0,
+            }),
+            ..SoftIommuConfig::default()
+        });
+        map(&m, 0x10_0000, 0x7000_0000, 0x2000, Dir::TO_DEVICE).unwrap();
+        m.translate(Iova(0x10_0000), Dir::TO_DEVICE).unwrap();
+        m.unmap(Iova(0x10_0000), 0x2000).unwrap();
+        // map 100+2, miss 10, unmap 100+2+1000
+        assert_eq!(m.stats().model_ns, 1214.0);
+    }
+}

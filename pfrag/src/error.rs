@@ -1,0 +1,132 @@
+//! The crate's one error type.
+
+use std::io;
+
+use crate::addr::Iova;
+
+/// Everything that can go wrong in pfrag. Variants carry the numbers that
+/// explain the failure and, where the OS said no, the `io::Error` with its errno.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A chunk order outside `0..=MAX_ORDER`.
+    #[error("order {order} is out of range (0..={max})")]
+    BadOrder {
+        /// The order asked for.
+        order: u32,
+        /// The largest order supported.
+        max: u32,
+    },
+    /// A zero-length frag, payload or mapping.
+    #[error("length 0 is not a valid request")]
+    ZeroLength,
+    /// A single frag asked to fit whole but larger than one chunk.
+    #[error("{len} bytes do not fit in one chunk of {chunk} bytes")]
+    LargerThanChunk {
+        /// Bytes requested.
+        len: usize,
+        /// Chunk size of the pool.
+        chunk: usize,
+    },
+    /// A payload larger than the pool's configured maximum.
+    #[error("payload of {len} bytes exceeds the pool's maximum of {max} bytes")]
+    TooLarge {
+        /// Bytes requested.
+        len: usize,
+        /// Largest payload the pool accepts.
+        max: usize,
+    },
+    /// Growing the pool would pass its byte limit.
+    #[error("pool limit reached: {held} bytes held, {requested} more requested, max {max}")]
+    LimitReached {
+        /// Bytes the pool already holds.
+        held: u64,
+        /// Bytes the growth needed.
+        requested: u64,
+        /// The configured maximum.
+        max: u64,
+    },
+    /// An invalid configuration value.
+    #[error("invalid configuration: {what} = {value}")]
+    BadConfig {
+        /// Which setting.
+        what: &'static str,
+        /// The value given.
+        value: u64,
+    },
+    /// A DMA map request that is not aligned to the mapper's page size.
+    #[error("unaligned mapping: iova {iova}, addr {addr:#x}, len {len:#x} (page {page:#x})")]
+    Unaligned {
+        /// IOVA of the request.
+        iova: Iova,
+        /// Host address of the request.
+        addr: usize,
+        /// Length of the request.
+        len: u64,
+        /// The page size it must be aligned to.
+        page: u64,
+    },
+    /// The mapper refused a map request.
+    #[error("DMA map of {len:#x} bytes at iova {iova} failed (errno {errno:?})", errno = .source.raw_os_error())]
+    Map {
+        /// IOVA of the request.
+        iova: Iova,
+        /// Length of the request.
+        len: u64,
+        /// What the OS (or the model, with the errno the kernel would give) said.
+        #[source]
+        source: io::Error,
+    },
+    /// The mapper refused an unmap request.
+    #[error("DMA unmap of {len:#x} bytes at iova {iova} failed (errno {errno:?})", errno = .source.raw_os_error())]
+    Unmap {
+        /// IOVA of the request.
+        iova: Iova,
+        /// Length of the request.
+        len: u64,
+        /// What the OS (or the model) said.
+        #[source]
+        source: io::Error,
+    },
+    /// No free IOVA range of the requested size and alignment.
+    #[error("IOVA space exhausted: no free range of {size:#x} bytes aligned to {align:#x}")]
+    IovaExhausted {
+        /// Size requested.
+        size: u64,
+        /// Alignment requested.
+        align: u64,
+    },
+    /// Anonymous memory could not be mapped.
+    #[error("mmap of {len} bytes failed (errno {errno:?})", errno = .source.raw_os_error())]
+    Mmap {
+        /// Bytes requested.
+        len: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A header longer than a bounce slot.
+    #[error("header of {len} bytes does not fit a {slot}-byte bounce slot")]
+    HeaderTooLarge {
+        /// Header length.
+        len: usize,
+        /// Slot size.
+        slot: usize,
+    },
+    /// A bounce slot still owned by an uncompleted TX.
+    #[error("bounce slot {slot} is still in flight")]
+    SlotBusy {
+        /// The slot index.
+        slot: usize,
+    },
+    /// A bounce slot index past the end of the ring.
+    #[error("bounce slot {slot} is out of range (ring has {slots} slots)")]
+    SlotOutOfRange {
+        /// The slot index.
+        slot: usize,
+        /// Slots in the ring.
+        slots: usize,
+    },
+}
+
+/// Shorthand for pfrag results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,54 @@
+//! # pfrag
+//!
+//! Order-N page-fragment pools for userspace NIC drivers, with DMA mappings
+//! that cost (almost) nothing per packet: chunks are mapped in batches and
+//! stay mapped while they are recycled, headers go through one premapped
+//! bounce ring, and refills can fit a whole payload into one chunk.
+//!
+//! The pieces:
+//! - [`mem`]: anonymous memory (the only place that maps memory or touches it
+//!   through raw pointers);
+//! - [`dma`]: the [`DmaMapper`](dma::DmaMapper) and
+//!   [`Translate`](dma::Translate) traits, the [`Identity`](dma::Identity)
+//!   mapper, the software IOMMU [`SoftIommu`](dma::SoftIommu), and
+//!   [`Domain`](dma::Domain) (mapper + IOVA allocator);
+//! - [`pool`]: chunk pools with the `PerFrag`, `PerChunk` and `Persistent`
+//!   mapping policies;
+//! - [`frag`]: the per-queue [`FragCache`](frag::FragCache) and
+//!   [`Frag`](frag::Frag);
+//! - [`bounce`]: the header bounce ring.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig, DmaMapper};
+//! use pfrag::pool::{Pool, PoolConfig, Policy};
+//! use pfrag::frag::FragCache;
+//! use pfrag::Order;
+//!
+//! let domain = Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default())));
+//! let pool = Pool::new(domain.clone(), PoolConfig::new(Order::new(4)?, Policy::Persistent))?;
+//! let mut cache = FragCache::new(pool);
+//! let mut frags = Vec::new();
+//! cache.frags(65160, true, &mut frags)?;           // a 64 KB TSO payload
+//! assert_eq!(frags.len(), 1);                      // fits one order-4 chunk
+//! frags[0].as_mut_slice().fill(0xab);
+//! let maps = domain.mapper().stats().map_calls;    // the grow's one batch
+//! drop(frags);                                     // completion: recycled, still mapped
+//! cache.frags(65160, true, &mut Vec::new())?;
+//! assert_eq!(domain.mapper().stats().map_calls, maps); // no map call per packet
+//! # Ok::<(), pfrag::Error>(())
+//! ```
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod addr;
+pub mod bounce;
+pub mod dma;
+pub mod error;
+pub mod frag;
+pub mod iova;
+pub mod mem;
+pub mod pool;
+
+pub use addr::{Iova, Order, VirtAddr, PAGE_SIZE};
+pub use error::{Error, Result};

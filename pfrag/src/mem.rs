@@ -1,0 +1,255 @@
+//! Raw memory: every `mmap` and every raw-pointer access of pfrag lives here.
+//!
+//! Safety model. A [`Region`] owns an anonymous mapping for its whole life;
+//! addresses inside it stay valid until it is dropped. The pool, the bounce
+//! ring and the descriptor ring hand out [`VirtAddr`]s inside regions they
+//! own. Memory a device may access is only ever touched through the raw
+//! functions below (never through a Rust reference that outlives the call),
+//! so that a device (or the software NIC model) reading or writing it does
+//! not alias a live `&`/`&mut`. The one exception is [`slice_mut`] /
+//! [`slice`], whose callers promise the device is not using the range.
+
+use std::io;
+use std::ptr;
+
+use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
+
+use crate::addr::{align_up, VirtAddr, HUGE_PAGE_SIZE, PAGE_SIZE};
+use crate::error::{Error, Result};
+
+/// Backing of a region: what the kernel actually gave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// Normal 4 KiB pages.
+    Small,
+    /// 2 MiB huge pages (`MAP_HUGETLB`).
+    Huge,
+    /// Huge pages were asked for but none were available; normal pages used.
+    HugeFallback,
+}
+
+/// An anonymous, page-aligned mapping whose usable part starts at an address
+/// aligned to `align`.
+#[derive(Debug)]
+pub struct Region {
+    /// The mapping; `base..base+len` lies inside it.
+    map: MmapMut,
+    /// First usable byte; a multiple of the requested alignment.
+    base: usize,
+    /// Usable bytes.
+    len: usize,
+    /// What backs the region.
+    backing: Backing,
+}
+
+impl Region {
+    /// Maps `len` bytes (rounded up to 4 KiB) aligned to `align` (a power of
+    /// two). With `huge`, tries 2 MiB pages first and falls back to normal
+    /// pages, recording the fallback in [`Region::backing`].
+    pub fn new(len: usize, align: usize, huge: bool) -> Result<Region> {
+        if len == 0 {
+            return Err(Error::ZeroLength);
+        }
+        if !align.is_power_of_two() {
+            return Err(Error::BadConfig {
+                what: "region alignment",
+                value: align as u64,
+            });
+        }
+        let len = align_up(len as u64, PAGE_SIZE) as usize;
+        if huge && align as u64 <= HUGE_PAGE_SIZE {
+            let hlen = align_up(len as u64, HUGE_PAGE_SIZE) as usize;
+            match MmapOptions::new().len(hlen).huge(Some(21)).map_anon() {
+                Ok(map) => {
+                    let base = map.as_ptr() as usize;
+                    return Ok(Region {
+                        map,
+                        base,
+                        len,
+                        backing: Backing::Huge,
+                    });
+                }
+                Err(_) => return Self::small(len, align, Backing::HugeFallback),
+            }
+        }
+        Self::small(len, align, Backing::Small)
+    }
+
+    fn small(len: usize, align: usize, backing: Backing) -> Result<Region> {
+        let slack = align.saturating_sub(PAGE_SIZE as usize);
+        let total = len.checked_add(slack).ok_or(Error::Mmap {
+            len,
+            source: io::Error::from_raw_os_error(libc::ENOMEM),
+        })?;
+        let map = MmapOptions::new()
+            .len(total)
+            .map_anon()
+            .map_err(|source| Error::Mmap { len: total, source })?;
+        let start = map.as_ptr() as usize;
+        let base = align_up(start as u64, align as u64) as usize;
+        Ok(Region {
+            map,
+            base,
+            len,
+            backing,
+        })
+    }
+
+    /// First usable address.
+    pub fn addr(&self) -> VirtAddr {
+        VirtAddr(self.base)
+    }
+    /// Usable bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Always false: regions are never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+    /// What backs the region.
+    pub fn backing(&self) -> Backing {
+        self.backing
+    }
+    /// Whether `addr..addr+len` lies inside the usable part.
+    pub fn contains(&self, addr: VirtAddr, len: usize) -> bool {
+        addr.0 >= self.base && addr.0.saturating_add(len) <= self.base + self.len
+    }
+
+    /// Gives the pages of `off..off+len` (page-aligned, inside the region)
+    /// back to the kernel; they read as zeroes afterwards.
+    ///
+    /// # Safety
+    /// No device mapping may cover the range (unmap it first) and no frag,
+    /// reference or pointer may still be used to access it.
+    pub unsafe fn release(&self, off: usize, len: usize) -> Result<()> {
+        let map_off = self.base - self.map.as_ptr() as usize + off;
+        // SAFETY: the caller guarantees nothing uses the range; DONTNEED on
+        // anonymous private memory only discards its contents.
+        unsafe {
+            self.map
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, map_off, len)
+        }
+        .map_err(|source| Error::Mmap { len, source })
+    }
+}
+
+/// Copies `src` to `addr`.
+///
+/// # Safety
+/// `addr..addr+src.len()` lies in a live [`Region`] that no device writes
+/// while this runs, and no Rust reference to that range is live.
+pub unsafe fn write(addr: VirtAddr, src: &[u8]) {
+    // SAFETY: per the contract above the destination is valid for writes
+    // and does not overlap `src` (which is a Rust reference).
+    unsafe { ptr::copy_nonoverlapping(src.as_ptr(), addr.0 as *mut u8, src.len()) }
+}
+
+/// Copies from `addr` into `dst`.
+///
+/// # Safety
+/// `addr..addr+dst.len()` lies in a live [`Region`] that nobody writes while
+/// this runs.
+pub unsafe fn read(addr: VirtAddr, dst: &mut [u8]) {
+    // SAFETY: per the contract above the source is valid for reads.
+    unsafe { ptr::copy_nonoverlapping(addr.0 as *const u8, dst.as_mut_ptr(), dst.len()) }
+}
+
+/// A shared view of `len` bytes at `addr`.
+///
+/// # Safety
+/// The range lies in a live [`Region`] and nobody writes it for `'a`.
+pub unsafe fn slice<'a>(addr: VirtAddr, len: usize) -> &'a [u8] {
+    // SAFETY: per the contract above.
+    unsafe { std::slice::from_raw_parts(addr.0 as *const u8, len) }
+}
+
+/// An exclusive view of `len` bytes at `addr`.
+///
+/// # Safety
+/// The range lies in a live [`Region`], and for `'a` nobody else (device or
+/// CPU) reads or writes it.
+pub unsafe fn slice_mut<'a>(addr: VirtAddr, len: usize) -> &'a mut [u8] {
+    // SAFETY: per the contract above.
+    unsafe { std::slice::from_raw_parts_mut(addr.0 as *mut u8, len) }
+}
+
+/// Volatile 32-bit load, for memory a device writes (descriptor write-back).
+///
+/// # Safety
+/// `addr` is 4-byte aligned and lies in a live [`Region`].
+pub unsafe fn read_u32(addr: VirtAddr) -> u32 {
+    // SAFETY: per the contract above.
+    unsafe { ptr::read_volatile(addr.0 as *const u32) }
+}
+
+/// Volatile 32-bit store, for memory a device reads (descriptors).
+///
+/// # Safety
+/// `addr` is 4-byte aligned and lies in a live [`Region`].
+pub unsafe fn write_u32(addr: VirtAddr, v: u32) {
+    // SAFETY: per the contract above.
+    unsafe { ptr::write_volatile(addr.0 as *mut u32, v) }
+}
+
+/// Volatile 64-bit load.
+///
+/// # Safety
+/// `addr` is 8-byte aligned and lies in a live [`Region`].
+pub unsafe fn read_u64(addr: VirtAddr) -> u64 {
+    // SAFETY: per the contract above.
+    unsafe { ptr::read_volatile(addr.0 as *const u64) }
+}
+
+/// Volatile 64-bit store.
+///
+/// # Safety
+/// `addr` is 8-byte aligned and lies in a live [`Region`].
+pub unsafe fn write_u64(addr: VirtAddr, v: u64) {
+    // SAFETY: per the contract above.
+    unsafe { ptr::write_volatile(addr.0 as *mut u64, v) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn region_is_aligned_and_writable() {
+        let r = Region::new(3 * 4096 + 1, 64 << 10, false).unwrap();
+        assert_eq!(r.addr().0 % (64 << 10), 0);
+        assert_eq!(r.len(), 4 * 4096);
+        // SAFETY: the range is inside the live region and nothing else uses it.
+        unsafe {
+            write(r.addr().offset(100), b"hello");
+            let mut b = [0u8; 5];
+            read(r.addr().offset(100), &mut b);
+            assert_eq!(&b, b"hello");
+        }
+    }
+
+    #[test]
+    fn huge_request_reports_its_backing() {
+        let r = Region::new(4096, 4096, true).unwrap();
+        assert!(matches!(r.backing(), Backing::Huge | Backing::HugeFallback));
+    }
+
+    #[test]
+    fn release_zeroes_pages() {
+        let r = Region::new(8192, 4096, false).unwrap();
+        // SAFETY: the range is inside the live region; nothing maps it for DMA.
+        unsafe {
+            write(r.addr().offset(4096), &[7u8; 16]);
+            r.release(4096, 4096).unwrap();
+            assert_eq!(slice(r.addr().offset(4096), 16), &[0u8; 16]);
+        }
+    }
+
+    #[test]
+    fn zero_length_region_is_an_error() {
+        assert!(matches!(
+            Region::new(0, 4096, false),
+            Err(Error::ZeroLength)
+        ));
+    }
+}

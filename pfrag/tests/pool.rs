@@ -1,0 +1,278 @@
+//! Pool, frag cache and mapping-policy behaviour, observed through the
+//! software IOMMU's counters.
+
+use std::sync::Arc;
+
+use pfrag::dma::{Dir, DmaMapper, Domain, Invalidation, SoftIommu, SoftIommuConfig, Translate};
+use pfrag::frag::{complete_burst, FragCache};
+use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::{Error, Order};
+
+fn domain(inv: Invalidation) -> Arc<Domain<SoftIommu>> {
+    Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig {
+        invalidation: inv,
+        ..SoftIommuConfig::default()
+    })))
+}
+
+fn cache(order: u32, policy: Policy) -> (Arc<Domain<SoftIommu>>, FragCache<SoftIommu>) {
+    let d = domain(Invalidation::Strict);
+    let pool = Pool::new(
+        d.clone(),
+        PoolConfig::new(Order::new(order).unwrap(), policy),
+    )
+    .unwrap();
+    (d, FragCache::new(pool))
+}
+
+#[test]
+fn persistent_makes_no_map_calls_in_steady_state() {
+    let (d, mut c) = cache(4, Policy::Persistent);
+    let mut inflight = std::collections::VecDeque::new();
+    for i in 0..2000 {
+        let mut v = Vec::new();
+        c.frags(65160, true, &mut v).unwrap();
+        assert_eq!(v.len(), 1, "a 64 KB payload fits one order-4 chunk");
+        inflight.push_back(v);
+        if inflight.len() > 32 {
+            inflight.pop_front();
+        }
+        if i == 999 {
+            let s = d.mapper().stats();
+            assert!(s.map_calls >= 1);
+        }
+    }
+    let before = d.mapper().stats();
+    for _ in 0..1000 {
+        let mut v = Vec::new();
+        c.frags(65160, true, &mut v).unwrap();
+        inflight.push_back(v);
+        inflight.pop_front();
+    }
+    let s = d.mapper().stats().since(&before);
+    assert_eq!((s.map_calls, s.unmap_calls, s.invalidations), (0, 0, 0));
+}
+
+#[test]
+fn per_frag_maps_and_unmaps_every_frag() {
+    let (d, mut c) = cache(3, Policy::PerFrag);
+    let mut v = Vec::new();
+    c.frags(65160, false, &mut v).unwrap();
+    let n = v.len() as u64;
+    assert!(n >= 2);
+    assert_eq!(d.mapper().stats().map_calls, n);
+    drop(v);
+    let s = d.mapper().stats();
+    assert_eq!((s.unmap_calls, s.invalidations), (n, n));
+    assert_eq!(d.iova_in_use(), 0);
+}
+
+#[test]
+fn per_chunk_maps_on_take_and_unmaps_on_last_completion() {
+    let (d, mut c) = cache(4, Policy::PerChunk);
+    let a = c.refill(30000, true).unwrap();
+    let b = c.refill(30000, true).unwrap();
+    assert_eq!(
+        d.mapper().stats().map_calls,
+        1,
+        "both frags share one chunk mapping"
+    );
+    let iova = a.iova();
+    drop(a);
+    assert!(d.mapper().translate(iova, Dir::TO_DEVICE).is_ok());
+    c.release();
+    drop(b);
+    assert_eq!(d.mapper().stats().unmap_calls, 1);
+    assert!(d.mapper().translate(iova, Dir::TO_DEVICE).is_err());
+}
+
+#[test]
+fn fit_whole_never_straddles_and_split_fills_tails() {
+    let (_, mut c) = cache(3, Policy::Persistent);
+    let mut v = Vec::new();
+    c.frags(1000, true, &mut v).unwrap();
+    c.frags(32768, true, &mut v).unwrap();
+    assert_eq!(v.len(), 2);
+    assert_eq!(v[1].len(), 32768);
+    assert_eq!(
+        v[1].iova().raw() % 32768,
+        0,
+        "a whole-chunk frag starts a chunk"
+    );
+
+    let (_, mut c) = cache(3, Policy::Persistent);
+    let mut v = Vec::new();
+    c.frags(1000, false, &mut v).unwrap();
+    c.frags(65160, false, &mut v).unwrap();
+    // 1024 used by the first payload: 31744 + 32768 + 648.
+    let lens: Vec<usize> = v[1..].iter().map(|f| f.len()).collect();
+    assert_eq!(lens, vec![31744, 32768, 648]);
+}
+
+#[test]
+fn frags_are_cache_line_aligned_and_waste_is_counted() {
+    let (_, mut c) = cache(0, Policy::Persistent);
+    let a = c.refill(100, false).unwrap();
+    let b = c.refill(100, false).unwrap();
+    assert_eq!(b.addr().raw() - a.addr().raw(), 128);
+    assert_eq!(c.stats().waste_bytes, 56);
+    let _x = c.refill(4000, true).unwrap(); // does not fit the 3840-byte tail
+                                            // The abandoned 3840-byte tail, then 4000 rounded up to 4032.
+    assert_eq!(c.stats().waste_bytes, 56 + (4096 - 256) + 32);
+}
+
+#[test]
+fn chunk_is_reused_in_place_when_its_frags_completed() {
+    let (d, mut c) = cache(0, Policy::PerChunk);
+    for _ in 0..10 {
+        let f = c.refill(4096, true).unwrap();
+        drop(f);
+    }
+    assert_eq!(c.stats().chunks_taken, 1);
+    assert_eq!(c.stats().reused_in_place, 9);
+    assert_eq!(d.mapper().stats().map_calls, 1);
+}
+
+#[test]
+fn burst_completion_recycles_each_chunk_once() {
+    let (_, mut c) = cache(0, Policy::Persistent);
+    let mut v = Vec::new();
+    for _ in 0..3 {
+        c.frags(4096, true, &mut v).unwrap();
+    }
+    c.release();
+    let pool = c.pool().clone();
+    let before = pool.stats().recycles;
+    complete_burst(v.drain(..)).unwrap();
+    assert_eq!(pool.stats().recycles - before, 3);
+}
+
+#[test]
+fn bad_input_is_a_typed_error_with_numbers() {
+    assert!(matches!(
+        Order::new(10),
+        Err(Error::BadOrder { order: 10, max: 9 })
+    ));
+    let (_, mut c) = cache(2, Policy::Persistent);
+    assert!(matches!(c.refill(0, false), Err(Error::ZeroLength)));
+    assert!(matches!(
+        c.refill(16385, true),
+        Err(Error::LargerThanChunk {
+            len: 16385,
+            chunk: 16384
+        })
+    ));
+    let mut v = Vec::new();
+    assert!(matches!(
+        c.frags(300_000, true, &mut v),
+        Err(Error::TooLarge {
+            len: 300_000,
+            max: 262_144
+        })
+    ));
+    assert!(v.is_empty());
+}
+
+#[test]
+fn limit_reached_is_typed_and_leaks_nothing() {
+    let d = domain(Invalidation::Strict);
+    let mut cfg = PoolConfig::new(Order::new(0).unwrap(), Policy::Persistent);
+    cfg.grow_batch = 4;
+    cfg.max_bytes = Some(4 * 4096);
+    let pool = Pool::new(d.clone(), cfg).unwrap();
+    let mut c = FragCache::new(pool.clone());
+    let mut v = Vec::new();
+    for _ in 0..4 {
+        c.frags(4096, true, &mut v).unwrap();
+    }
+    match c.frags(8192, false, &mut v) {
+        Err(Error::LimitReached {
+            held: 16384,
+            requested: 16384,
+            max: 16384,
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(v.len(), 4, "the failed call left nothing behind");
+    drop(v);
+    drop(c);
+    assert_eq!(pool.free_chunks(), 4);
+}
+
+#[test]
+fn shrink_unmaps_in_one_call_and_gives_memory_back() {
+    let d = domain(Invalidation::Strict);
+    let mut cfg = PoolConfig::new(Order::new(0).unwrap(), Policy::Persistent);
+    cfg.grow_batch = 8;
+    cfg.high_watermark = 8;
+    cfg.shrink_batch = 8;
+    let pool = Pool::new(d.clone(), cfg).unwrap();
+    let mut c = FragCache::new(pool.clone());
+    let mut v = Vec::new();
+    for _ in 0..16 {
+        c.frags(4096, true, &mut v).unwrap();
+    }
+    c.release();
+    assert_eq!(
+        d.mapper().stats().map_calls,
+        2,
+        "two grows, one map call each"
+    );
+    let before = d.mapper().stats();
+    drop(v); // 16 free > watermark 8: one shrink of 8
+    let s = d.mapper().stats().since(&before);
+    let st = pool.stats();
+    assert_eq!(st.shrinks, 1);
+    assert_eq!(st.released, 8);
+    assert_eq!(st.mapped_bytes, 8 * 4096);
+    assert_eq!(s.unmap_calls, 1, "one contiguous arena: one unmap call");
+    assert_eq!(s.invalidations, 1, "strict: the unmap invalidated");
+    // Growing again reuses the released chunks.
+    let mut c = FragCache::new(pool.clone());
+    let mut v = Vec::new();
+    for _ in 0..16 {
+        c.frags(4096, true, &mut v).unwrap();
+    }
+    assert_eq!(pool.stats().released, 0);
+    assert_eq!(pool.stats().chunks, 16);
+}
+
+#[test]
+fn lazy_unmapped_iova_is_not_reused_before_the_flush() {
+    let d = domain(Invalidation::Lazy);
+    let pool = Pool::new(
+        d.clone(),
+        PoolConfig::new(Order::new(0).unwrap(), Policy::PerFrag),
+    )
+    .unwrap();
+    let mut c = FragCache::new(pool);
+    let first = c.refill(4096, true).unwrap();
+    let old = first.iova();
+    drop(first);
+    assert_eq!(d.mapper().flushed_seq(), 0);
+    for _ in 0..100 {
+        let f = c.refill(4096, true).unwrap();
+        assert_ne!(f.iova(), old, "IOVA reused before its flush");
+        std::mem::forget(f.complete());
+    }
+    d.mapper().flush().unwrap();
+    let mut seen = false;
+    for _ in 0..300 {
+        let f = c.refill(4096, true).unwrap();
+        seen |= f.iova() == old;
+    }
+    assert!(seen, "after the flush the IOVA is reusable");
+}
+
+#[test]
+fn pool_outlives_its_handles_while_frags_are_in_flight() {
+    let (d, mut c) = cache(1, Policy::Persistent);
+    let mut f = c.refill(100, true).unwrap();
+    drop(c);
+    f.as_mut_slice().fill(7);
+    assert!(f.as_slice().iter().all(|&b| b == 7));
+    drop(f); // last reference: the pool goes, unmapping everything
+    assert_eq!(d.iova_in_use(), 0);
+    let s = d.mapper().stats();
+    assert_eq!(s.map_calls, s.unmap_calls);
+}
