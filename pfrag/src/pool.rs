@@ -59,7 +59,11 @@ pub struct PoolConfig {
     /// Chunks per grow (one arena, one map call). 0 = 1 MiB worth (2 MiB
     /// with huge pages), at least 1.
     pub grow_batch: usize,
-    /// Free chunks above which the pool shrinks. 0 = 4 × grow batch.
+    /// Free chunks above which the pool shrinks. 0 = the larger of 4 grow
+    /// batches and 32 MiB of chunks: a TX ring reaped in one burst frees
+    /// hundreds of chunks at once, and a watermark below that would shrink
+    /// and regrow the pool on every burst (map and unmap calls in steady
+    /// state).
     pub high_watermark: usize,
     /// Chunks per shrink. 0 = the grow batch.
     pub shrink_batch: usize,
@@ -99,7 +103,7 @@ impl PoolConfig {
             self.grow_batch = (target / chunk).max(1);
         }
         if self.high_watermark == 0 {
-            self.high_watermark = 4 * self.grow_batch;
+            self.high_watermark = (4 * self.grow_batch).max((32 << 20) / chunk);
         }
         if self.shrink_batch == 0 {
             self.shrink_batch = self.grow_batch;

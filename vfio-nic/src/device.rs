@@ -1,0 +1,15 @@
+//! The device side of a TX queue, as the queue sees it.
+
+use pfrag::Iova;
+
+use crate::error::Result;
+
+/// A NIC TX queue engine: the [`SoftNic`](crate::softnic::SoftNic) model
+/// here, the 82576 through VFIO elsewhere. The queue owns the descriptor
+/// ring; the device reads descriptors from it and writes back `DD`.
+pub trait TxDevice {
+    /// Points the device at a ring of `len` descriptors at `ring`.
+    fn attach(&mut self, ring: Iova, len: u16) -> Result<()>;
+    /// Doorbell: descriptors before `tail` are ready.
+    fn kick(&mut self, tail: u16) -> Result<()>;
+}

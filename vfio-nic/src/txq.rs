@@ -1,0 +1,409 @@
+//! A TX queue: builds TCP/IPv4 packets for a set of flows, header in the
+//! bounce ring (or in its own mapping), payload from a pfrag frag cache;
+//! writes a context descriptor and data descriptors into a coherent ring;
+//! reaps completions by their `DD` write-back and frees frags in bursts.
+//!
+//! The queue is generic over the device ([`TxDevice`]) and the mapper, so
+//! the hot path has no indirect calls.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use pfrag::bounce::{self, SlotSize};
+use pfrag::dma::{Coherent, Dir, DmaMapper, Domain};
+use pfrag::frag::{complete_burst, Frag, FragCache};
+use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::{Iova, Order};
+
+use crate::desc::{self, Context, Data, Dcmd, Desc, Popts, Sta};
+use crate::device::TxDevice;
+use crate::error::{Error, Result};
+use crate::flow::{self, Flow, HDR_LEN};
+use crate::pattern;
+
+/// Largest buffer one data descriptor carries (DTALEN is 16 bits).
+pub const MAX_DESC_LEN: usize = u16::MAX as usize;
+
+/// Where packet headers go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderMode {
+    /// Copied into the premapped bounce ring: no mapping per packet.
+    Bounce(SlotSize),
+    /// Each header in its own frag, mapped per packet (the stock kernel's
+    /// `dma_map_single` of the skb head).
+    Mapped,
+}
+
+/// Settings of a [`TxQueue`].
+#[derive(Clone, Copy, Debug)]
+pub struct TxConfig {
+    /// Descriptors in the ring: a multiple of 8, 8..=4096.
+    pub ring: u16,
+    /// Header placement.
+    pub header: HeaderMode,
+    /// Ask the frag cache to fit each payload whole in one chunk.
+    pub fit_whole: bool,
+    /// TCP maximum segment size for TSO.
+    pub mss: u16,
+    /// Flows (distinct source ports) the queue sends on.
+    pub flows: usize,
+    /// Most data buffers per packet the device accepts.
+    pub max_bufs: usize,
+}
+
+impl Default for TxConfig {
+    fn default() -> Self {
+        TxConfig {
+            ring: 256,
+            header: HeaderMode::Bounce(SlotSize::B128),
+            fit_whole: true,
+            mss: 1448,
+            flows: 1,
+            max_bufs: 64,
+        }
+    }
+}
+
+/// Counters of a queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TxStats {
+    /// Packets posted.
+    pub packets: u64,
+    /// Payload bytes posted.
+    pub bytes: u64,
+    /// Descriptors written.
+    pub descs: u64,
+    /// Packets completed and reaped.
+    pub completed: u64,
+    /// Headers that went to their own mapping because no bounce slot fit.
+    pub header_fallbacks: u64,
+    /// Headers mapped on their own (including fallbacks).
+    pub mapped_headers: u64,
+    /// Sends refused because the ring was full.
+    pub ring_full: u64,
+    /// Frag completions whose unmap failed.
+    pub unmap_errors: u64,
+}
+
+enum Hdr<M: DmaMapper> {
+    Slot(usize),
+    Frag(Frag<M>),
+}
+
+/// A posted packet waiting for its write-back.
+struct Pending<M: DmaMapper> {
+    /// Index of its last descriptor (the one with RS).
+    last: u16,
+    /// Descriptors it uses.
+    ndesc: u16,
+    hdr: Hdr<M>,
+    frags: Vec<Frag<M>>,
+}
+
+/// A TX queue over device `D`, with pool memory mapped through `M`.
+pub struct TxQueue<M: DmaMapper, D: TxDevice> {
+    /// Declared first so it is dropped (and stops) before any memory it may
+    /// still read.
+    dev: D,
+    cfg: TxConfig,
+    ring: Coherent<M>,
+    /// Next descriptor to write.
+    tail: u16,
+    /// Descriptors posted and not reaped.
+    used: usize,
+    cache: FragCache<M>,
+    hdr_cache: FragCache<M>,
+    bounce: Option<bounce::Ring<M>>,
+    /// Posted packets, oldest first.
+    pending: VecDeque<Pending<M>>,
+    /// Emptied frag vectors, reused to avoid allocating per packet.
+    spare: Vec<Vec<Frag<M>>>,
+    flows: Vec<Flow>,
+    stats: TxStats,
+}
+
+impl<M: DmaMapper, D: TxDevice> std::fmt::Debug for TxQueue<M, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxQueue")
+            .field("cfg", &self.cfg)
+            .field("tail", &self.tail)
+            .field("used", &self.used)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
+    /// A queue whose payloads come from `pool`, with its ring, header
+    /// memory and bounce ring mapped in `domain`, attached to `dev`.
+    pub fn new(domain: Arc<Domain<M>>, pool: Pool<M>, mut dev: D, cfg: TxConfig) -> Result<Self> {
+        if cfg.ring < 8 || cfg.ring > 4096 || cfg.ring % 8 != 0 {
+            return Err(Error::BadConfig {
+                what: "ring (multiple of 8, 8..=4096)",
+                value: u64::from(cfg.ring),
+            });
+        }
+        if cfg.flows == 0 || cfg.flows > flow::MAX_FLOWS {
+            return Err(Error::BadConfig {
+                what: "flows",
+                value: cfg.flows as u64,
+            });
+        }
+        if cfg.mss == 0 || cfg.max_bufs < 2 {
+            return Err(Error::BadConfig {
+                what: "mss / max_bufs",
+                value: u64::from(cfg.mss),
+            });
+        }
+        let ring = Coherent::new(
+            domain.clone(),
+            usize::from(cfg.ring) * desc::SIZE,
+            Dir::BIDIRECTIONAL,
+        )?;
+        let hdr_pool = Pool::new(
+            domain.clone(),
+            PoolConfig::new(Order::new(0)?, Policy::PerFrag),
+        )?;
+        let bounce = match cfg.header {
+            HeaderMode::Bounce(size) => {
+                Some(bounce::Ring::new(domain, usize::from(cfg.ring), size)?)
+            }
+            HeaderMode::Mapped => None,
+        };
+        dev.attach(ring.iova(), cfg.ring)?;
+        let flows = (0..cfg.flows).map(Flow::new).collect::<Result<Vec<_>>>()?;
+        Ok(TxQueue {
+            dev,
+            cfg,
+            ring,
+            tail: 0,
+            used: 0,
+            cache: FragCache::new(pool),
+            hdr_cache: FragCache::new(hdr_pool),
+            bounce,
+            pending: VecDeque::with_capacity(usize::from(cfg.ring)),
+            spare: Vec::new(),
+            flows,
+            stats: TxStats::default(),
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+    /// The device, mutably.
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.dev
+    }
+    /// The payload frag cache.
+    pub fn cache(&self) -> &FragCache<M> {
+        &self.cache
+    }
+    /// Counters.
+    pub fn stats(&self) -> TxStats {
+        self.stats
+    }
+    /// Packets posted and not yet reaped.
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+    /// Descriptors free for new packets (one is always kept empty).
+    pub fn free_descs(&self) -> usize {
+        usize::from(self.cfg.ring) - 1 - self.used
+    }
+    /// The settings.
+    pub fn config(&self) -> &TxConfig {
+        &self.cfg
+    }
+
+    /// Descriptors a payload of `len` bytes may need (context + header +
+    /// data), before its frags are known.
+    pub fn descs_needed(&self, len: usize) -> usize {
+        let per = self.cache.pool().chunk_size().min(MAX_DESC_LEN);
+        2 + len.div_ceil(per) + 1
+    }
+
+    fn write_desc(&self, idx: u16, d: Desc) -> Result<()> {
+        let w = d.encode();
+        let off = usize::from(idx) * desc::SIZE;
+        self.ring.write_u64(off, w[0])?;
+        self.ring.write_u64(off + 8, w[1])?;
+        Ok(())
+    }
+
+    fn next(&self, idx: u16) -> u16 {
+        (idx + 1) % self.cfg.ring
+    }
+
+    /// Posts one packet of `len` payload bytes on `flow` (not yet visible to
+    /// the device: see [`kick`](Self::kick)). A full ring is
+    /// [`Error::RingFull`]: reap and retry. Nothing is allocated or leaked
+    /// when this fails.
+    pub fn send(&mut self, flow: usize, len: usize) -> Result<()> {
+        if flow >= self.flows.len() {
+            return Err(Error::BadFlow {
+                flow,
+                flows: self.flows.len(),
+            });
+        }
+        if len == 0 {
+            return Err(pfrag::Error::ZeroLength.into());
+        }
+        let needed = self.descs_needed(len);
+        if needed - 1 > self.cfg.max_bufs {
+            return Err(Error::TooManyBuffers {
+                needed: needed - 1,
+                max: self.cfg.max_bufs,
+            });
+        }
+        if needed > self.free_descs() {
+            self.stats.ring_full += 1;
+            return Err(Error::RingFull {
+                needed,
+                free: self.free_descs(),
+            });
+        }
+        let mut frags = self.spare.pop().unwrap_or_default();
+        if let Err(e) = self.cache.frags(len, self.cfg.fit_whole, &mut frags) {
+            self.spare.push(frags);
+            return Err(e.into());
+        }
+        let mut hdr = [0u8; HDR_LEN];
+        let fl = &mut self.flows[flow];
+        let mut off = fl.next_header(len, usize::from(self.cfg.mss), &mut hdr);
+        for f in frags.iter_mut() {
+            pattern::fill(flow as u32, off, f.as_mut_slice());
+            off = off.wrapping_add(f.len() as u32);
+        }
+        let ctx_idx = self.tail;
+        let hdr_idx = self.next(ctx_idx);
+        let (hdr_iova, hold) = match self.place_header(hdr_idx, &hdr) {
+            Ok(h) => h,
+            Err(e) => {
+                complete_burst(frags.drain(..)).ok();
+                self.spare.push(frags);
+                return Err(e);
+            }
+        };
+        let mss = usize::from(self.cfg.mss);
+        let tse = len > mss;
+        let tso = if tse { Dcmd::TSE } else { Dcmd::empty() };
+        let paylen = if tse { len } else { len + HDR_LEN };
+        self.write_desc(
+            ctx_idx,
+            Desc::Context(Context::tcp_ipv4(
+                flow::MACLEN as u8,
+                flow::IPLEN as u16,
+                flow::L4LEN as u8,
+                self.cfg.mss,
+            )),
+        )?;
+        self.write_desc(
+            hdr_idx,
+            Desc::Data(Data::new(
+                hdr_iova.raw(),
+                HDR_LEN as u16,
+                Dcmd::IFCS | tso,
+                paylen as u32,
+                Popts::IXSM | Popts::TXSM,
+            )),
+        )?;
+        let mut idx = hdr_idx;
+        let mut ndesc = 2u16;
+        let nfr = frags.len();
+        for (i, f) in frags.iter().enumerate() {
+            let mut done = 0;
+            while done < f.len() {
+                let n = (f.len() - done).min(MAX_DESC_LEN);
+                idx = self.next(idx);
+                let last = i + 1 == nfr && done + n == f.len();
+                let cmd = Dcmd::IFCS
+                    | tso
+                    | if last {
+                        Dcmd::EOP | Dcmd::RS
+                    } else {
+                        Dcmd::empty()
+                    };
+                self.write_desc(
+                    idx,
+                    Desc::Data(Data::new(
+                        f.iova().offset(done as u64).raw(),
+                        n as u16,
+                        cmd,
+                        0,
+                        Popts::empty(),
+                    )),
+                )?;
+                ndesc += 1;
+                done += n;
+            }
+        }
+        self.pending.push_back(Pending {
+            last: idx,
+            ndesc,
+            hdr: hold,
+            frags,
+        });
+        self.tail = self.next(idx);
+        self.used += usize::from(ndesc);
+        self.stats.packets += 1;
+        self.stats.bytes += len as u64;
+        self.stats.descs += u64::from(ndesc);
+        Ok(())
+    }
+
+    fn place_header(&mut self, idx: u16, hdr: &[u8]) -> Result<(Iova, Hdr<M>)> {
+        if let Some(b) = self.bounce.as_mut() {
+            match b.fill(usize::from(idx), hdr) {
+                Ok(iova) => return Ok((iova, Hdr::Slot(usize::from(idx)))),
+                Err(pfrag::Error::HeaderTooLarge { .. }) => self.stats.header_fallbacks += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut f = self.hdr_cache.refill(hdr.len(), true)?;
+        f.as_mut_slice().copy_from_slice(hdr);
+        self.stats.mapped_headers += 1;
+        Ok((f.iova(), Hdr::Frag(f)))
+    }
+
+    /// Rings the doorbell for everything posted.
+    pub fn kick(&mut self) -> Result<()> {
+        self.dev.kick(self.tail)
+    }
+
+    /// Frees every packet whose last descriptor has `DD` set, oldest first.
+    /// Returns how many completed.
+    pub fn reap(&mut self) -> Result<usize> {
+        let mut n = 0;
+        while let Some(p) = self.pending.front() {
+            let sta = self
+                .ring
+                .read_u32(usize::from(p.last) * desc::SIZE + desc::STATUS_OFFSET)?;
+            if sta & Sta::DD.bits() == 0 {
+                break;
+            }
+            let mut p = self.pending.pop_front().expect("front exists");
+            self.used -= usize::from(p.ndesc);
+            if complete_burst(p.frags.drain(..)).is_err() {
+                self.stats.unmap_errors += 1;
+            }
+            self.spare.push(p.frags);
+            match p.hdr {
+                Hdr::Slot(i) => {
+                    if let Some(b) = self.bounce.as_mut() {
+                        b.release(i);
+                    }
+                }
+                Hdr::Frag(f) => {
+                    if f.complete().is_err() {
+                        self.stats.unmap_errors += 1;
+                    }
+                }
+            }
+            n += 1;
+        }
+        self.stats.completed += n as u64;
+        Ok(n)
+    }
+}
