@@ -1,1 +1,121 @@
-fn main() {}
+//! Criterion benches: the frag fast path per order and policy, burst
+//! completion, batched against single DMA maps on the software IOMMU, and
+//! the header bounce copy.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pfrag::bounce::{Ring, SlotSize};
+use pfrag::dma::{Dir, Domain, SoftIommu, SoftIommuConfig};
+use pfrag::frag::{complete_burst, FragCache};
+use pfrag::mem::Region;
+use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::Order;
+
+fn domain() -> Arc<Domain<SoftIommu>> {
+    Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default())))
+}
+
+fn cache(order: u32, policy: Policy) -> FragCache<SoftIommu> {
+    let pool = Pool::new(
+        domain(),
+        PoolConfig::new(Order::new(order).expect("order"), policy),
+    )
+    .expect("pool");
+    FragCache::new(pool)
+}
+
+/// One 1448-byte frag handed out and completed.
+fn fast_path(c: &mut Criterion) {
+    let mut g = c.benchmark_group("frag_refill_complete_1448B");
+    for order in [0, 3, 4] {
+        for policy in Policy::ALL {
+            let mut fc = cache(order, policy);
+            g.bench_with_input(BenchmarkId::new(policy.name(), order), &order, |b, _| {
+                b.iter(|| {
+                    let f = fc.refill(black_box(1448), false).expect("refill");
+                    black_box(f.iova());
+                    drop(f);
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+/// 32 frags of one chunk completed one by one, or as one burst.
+fn burst(c: &mut Criterion) {
+    let mut g = c.benchmark_group("complete_32_frags");
+    g.throughput(Throughput::Elements(32));
+    let mut fc = cache(4, Policy::Persistent);
+    let mut v = Vec::with_capacity(32);
+    g.bench_function("one_by_one", |b| {
+        b.iter(|| {
+            for _ in 0..32 {
+                v.push(fc.refill(1024, false).expect("refill"));
+            }
+            for f in v.drain(..) {
+                drop(f);
+            }
+        })
+    });
+    g.bench_function("burst", |b| {
+        b.iter(|| {
+            for _ in 0..32 {
+                v.push(fc.refill(1024, false).expect("refill"));
+            }
+            complete_burst(v.drain(..)).expect("complete");
+        })
+    });
+    g.finish();
+}
+
+/// K order-3 chunks mapped and unmapped with one batched call, or K calls.
+fn map_batch(c: &mut Criterion) {
+    let mut g = c.benchmark_group("map_unmap_order3_chunks");
+    for k in [4usize, 16, 64] {
+        let size = Order::new(3).expect("order").size();
+        let region = Region::new(k * size, size, false).expect("region");
+        let addrs: Vec<_> = (0..k).map(|i| region.addr().offset(i * size)).collect();
+        let d = domain();
+        g.throughput(Throughput::Elements(k as u64));
+        g.bench_with_input(BenchmarkId::new("batch", k), &k, |b, _| {
+            b.iter(|| {
+                let iovas = d
+                    .map_many(&addrs, size as u64, size as u64, Dir::TO_DEVICE)
+                    .expect("map");
+                let ranges: Vec<_> = iovas.iter().map(|&i| (i, size as u64)).collect();
+                d.unmap_many(&ranges).expect("unmap");
+            })
+        });
+        g.bench_with_input(BenchmarkId::new("single", k), &k, |b, _| {
+            b.iter(|| {
+                for &a in &addrs {
+                    let i = d
+                        .map(a, size as u64, size as u64, Dir::TO_DEVICE)
+                        .expect("map");
+                    d.unmap(i, size as u64).expect("unmap");
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+/// A 54-byte header copied into a bounce slot and released.
+fn bounce(c: &mut Criterion) {
+    let mut ring = Ring::new(domain(), 256, SlotSize::B128).expect("ring");
+    let hdr = [0x5au8; 54];
+    let mut i = 0;
+    c.bench_function("bounce_fill_release_54B", |b| {
+        b.iter(|| {
+            black_box(ring.fill(i, black_box(&hdr)).expect("fill"));
+            ring.release(i);
+            i = (i + 1) % 256;
+        })
+    });
+}
+
+criterion_group!(benches, fast_path, burst, map_batch, bounce);
+criterion_main!(benches);

@@ -1,1 +1,360 @@
-fn main() {}
+//! The order sweep: TX on the software NIC across chunk orders, mapping
+//! policies and IOMMU modes, one row per configuration.
+//!
+//! ```text
+//! cargo run --release --example sweep                    # the default matrix
+//! cargo run --release --example sweep -- --quick         # a smoke run
+//! cargo run --release --example sweep -- --orders 3,4 --policies persistent \
+//!     --iommu strict,lazy --csv sweep.csv --svg sweep.svg
+//! ```
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use pfrag::bounce::SlotSize;
+use pfrag::dma::CostModel;
+use pfrag::pool::Policy;
+use pfrag_lab::report;
+use pfrag_lab::{limit, run, IommuMode, Row, RunConfig};
+use vfio_nic::softnic::Touch;
+use vfio_nic::txq::HeaderMode;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum PolicyArg {
+    PerFrag,
+    PerChunk,
+    Persistent,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum IommuArg {
+    Off,
+    Strict,
+    Lazy,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum HeaderArg {
+    Bounce,
+    Mapped,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum TouchArg {
+    Checksum,
+    Pages,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// The software NIC model (a simulator).
+    Soft,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+/// TX through pfrag pools on the software NIC: DMA map calls,
+/// invalidations, IOTLB misses and throughput per packet across chunk orders.
+///
+/// Without --policies and --iommu it runs the default matrix: per-frag with
+/// mapped headers (the stock kernel), per-chunk and persistent with the
+/// bounce ring, all under a strict IOMMU, plus persistent with the IOMMU off,
+/// for each order; and a `limit` row (the NIC's work alone).
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Chunk orders: a list (0,2,4) or a range (0-4).
+    #[arg(long, default_value = "0-4", value_parser = parse_orders)]
+    orders: std::vec::Vec<u32>,
+    /// Mapping policies.
+    #[arg(long, value_delimiter = ',')]
+    policies: Vec<PolicyArg>,
+    /// IOMMU modes.
+    #[arg(long, value_delimiter = ',')]
+    iommu: Vec<IommuArg>,
+    /// Header placement (default: mapped for per-frag, bounce otherwise).
+    #[arg(long)]
+    header: Option<HeaderArg>,
+    /// Fit payloads whole in one chunk (default: off for per-frag, as the
+    /// stock kernel; on otherwise).
+    #[arg(long)]
+    fit_whole: Option<OnOff>,
+    /// Payload bytes per packet (45 × 1448 = one 64 KB TSO packet).
+    #[arg(long, default_value_t = 65160)]
+    payload: usize,
+    /// Flows, round robin.
+    #[arg(long, default_value_t = 200)]
+    flows: usize,
+    /// Packets measured per configuration.
+    #[arg(long, default_value_t = 20_000)]
+    packets: u64,
+    /// Packets sent before measuring (default: twice the ring size).
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// TX ring descriptors.
+    #[arg(long, default_value_t = 256)]
+    ring: u16,
+    /// Packets posted per doorbell.
+    #[arg(long, default_value_t = 8)]
+    burst: u64,
+    /// IOTLB entries of the software IOMMU.
+    #[arg(long, default_value_t = 128)]
+    iotlb_entries: usize,
+    /// Back pools with 2 MiB huge pages and map superpages (falls back to
+    /// normal pages, shown in the `backing` column, when none are reserved).
+    #[arg(long)]
+    hugepages: bool,
+    /// How much payload the NIC reads: every byte, or a line per page.
+    #[arg(long, value_enum, default_value = "checksum")]
+    touch: TouchArg,
+    /// The NIC backend.
+    #[arg(long, value_enum, default_value = "soft")]
+    backend: Backend,
+    /// Write all columns as CSV.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Draw Gbit/s and maps/packet against order as SVG.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Smoke run: 1,000 packets per configuration, 100 warm-up.
+    #[arg(long)]
+    quick: bool,
+    /// Cost model: ns per map or unmap call.
+    #[arg(long, default_value_t = CostModel::default().call_ns)]
+    cost_call_ns: f64,
+    /// Cost model: ns per page-table entry written or cleared.
+    #[arg(long, default_value_t = CostModel::default().pte_ns)]
+    cost_pte_ns: f64,
+    /// Cost model: ns per IOTLB invalidation.
+    #[arg(long, default_value_t = CostModel::default().invalidation_ns)]
+    cost_inval_ns: f64,
+    /// Cost model: ns per IOTLB miss.
+    #[arg(long, default_value_t = CostModel::default().miss_ns)]
+    cost_miss_ns: f64,
+}
+
+fn parse_orders(s: &str) -> Result<Vec<u32>, String> {
+    let mut v = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a, b),
+            None => (part, part),
+        };
+        let a: u32 = a.parse().map_err(|_| format!("bad order '{part}'"))?;
+        let b: u32 = b.parse().map_err(|_| format!("bad order '{part}'"))?;
+        if a > b || b > pfrag::Order::MAX {
+            return Err(format!(
+                "orders must lie in 0..={} ('{part}')",
+                pfrag::Order::MAX
+            ));
+        }
+        v.extend(a..=b);
+    }
+    Ok(v)
+}
+
+fn policy(p: PolicyArg) -> Policy {
+    match p {
+        PolicyArg::PerFrag => Policy::PerFrag,
+        PolicyArg::PerChunk => Policy::PerChunk,
+        PolicyArg::Persistent => Policy::Persistent,
+    }
+}
+
+fn iommu(i: IommuArg) -> IommuMode {
+    match i {
+        IommuArg::Off => IommuMode::Off,
+        IommuArg::Strict => IommuMode::Strict,
+        IommuArg::Lazy => IommuMode::Lazy,
+    }
+}
+
+fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
+    let default_matrix = a.policies.is_empty() && a.iommu.is_empty();
+    let policies: Vec<Policy> = if a.policies.is_empty() {
+        Policy::ALL.to_vec()
+    } else {
+        a.policies.iter().map(|&p| policy(p)).collect()
+    };
+    let modes: Vec<IommuMode> = if a.iommu.is_empty() {
+        vec![IommuMode::Strict]
+    } else {
+        a.iommu.iter().map(|&i| iommu(i)).collect()
+    };
+    let mut combos: Vec<(Policy, IommuMode)> = Vec::new();
+    for &m in &modes {
+        for &p in &policies {
+            combos.push((p, m));
+        }
+    }
+    if default_matrix {
+        combos.push((Policy::Persistent, IommuMode::Off));
+    }
+    let mut out = Vec::new();
+    for &order in &a.orders {
+        for &(p, m) in &combos {
+            let header = match a.header {
+                Some(HeaderArg::Mapped) => HeaderMode::Mapped,
+                Some(HeaderArg::Bounce) => HeaderMode::Bounce(SlotSize::B128),
+                None if p == Policy::PerFrag => HeaderMode::Mapped,
+                None => HeaderMode::Bounce(SlotSize::B128),
+            };
+            let fit_whole = match a.fit_whole {
+                Some(v) => v == OnOff::On,
+                None => p != Policy::PerFrag,
+            };
+            out.push(RunConfig {
+                order,
+                policy: p,
+                iommu: m,
+                header,
+                fit_whole,
+                payload: a.payload,
+                flows: a.flows,
+                packets,
+                warmup,
+                ring: a.ring,
+                burst: a.burst,
+                iotlb_entries: a.iotlb_entries,
+                hugepages: a.hugepages,
+                touch: match a.touch {
+                    TouchArg::Checksum => Touch::Checksum,
+                    TouchArg::Pages => Touch::Pages,
+                },
+                cost: CostModel {
+                    call_ns: a.cost_call_ns,
+                    pte_ns: a.cost_pte_ns,
+                    invalidation_ns: a.cost_inval_ns,
+                    miss_ns: a.cost_miss_ns,
+                },
+            });
+        }
+    }
+    out
+}
+
+fn ratio(rows: &[Row], order: &str, a: (&str, &str), b: (&str, &str)) -> Option<f64> {
+    let find = |p: &str, i: &str| {
+        rows.iter()
+            .find(|r| r.order == order && r.policy == p && r.iommu == i)
+    };
+    Some(find(a.0, a.1)?.gbit_s / find(b.0, b.1)?.gbit_s)
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    let (packets, warmup) = if a.quick {
+        (1_000, a.warmup.unwrap_or(100))
+    } else {
+        (a.packets, a.warmup.unwrap_or(2 * u64::from(a.ring)))
+    };
+    let Backend::Soft = a.backend;
+    let cfgs = configs(&a, packets, warmup);
+    eprintln!(
+        "sweep: {} configurations on the software NIC (a simulator), {} packets of {} B each, \
+         warm-up {} packets per configuration, {} flows",
+        cfgs.len(),
+        packets,
+        a.payload,
+        warmup,
+        a.flows
+    );
+    let bar = ProgressBar::new(cfgs.len() as u64 * (packets + warmup));
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} packets  {msg}  [{elapsed_precise}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut rows = Vec::new();
+    for c in &cfgs {
+        bar.set_message(format!(
+            "order {} {} {}",
+            c.order,
+            c.policy.name(),
+            c.iommu.name()
+        ));
+        match run(c, &mut |n| bar.inc(n)) {
+            Ok(r) => rows.push(r),
+            Err(e) => {
+                bar.abandon();
+                eprintln!(
+                    "error: order {} {} iommu {}: {e}",
+                    c.order,
+                    c.policy.name(),
+                    c.iommu.name()
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if let Some(c) = cfgs.first() {
+        rows.push(limit(c));
+    }
+    bar.finish_and_clear();
+
+    let mut out = std::io::stdout().lock();
+    if report::print_table(&mut out, &rows).is_err() {
+        return ExitCode::FAILURE;
+    }
+    let _ = writeln!(out);
+    for o in &a.orders {
+        let o = o.to_string();
+        let pf = ratio(&rows, &o, ("persistent", "strict"), ("per-frag", "strict"));
+        let off = ratio(&rows, &o, ("persistent", "strict"), ("persistent", "off"));
+        let lim = rows
+            .iter()
+            .find(|r| r.order == o && r.policy == "persistent" && r.iommu == "strict")
+            .zip(rows.iter().find(|r| r.policy == "limit"))
+            .map(|(p, l)| p.gbit_s / l.gbit_s);
+        if let (Some(pf), Some(off), Some(lim)) = (pf, off, lim) {
+            let _ = writeln!(
+                out,
+                "order {o}: persistent/per-frag {pf:.2}x, persistent/off {off:.2}x, persistent/limit {lim:.2}x"
+            );
+        }
+    }
+    let bad: Vec<&Row> = rows
+        .iter()
+        .filter(|r| {
+            r.faults > 0
+                || (a.touch == TouchArg::Checksum
+                    && r.bytes_verified != r.packets * r.payload_bytes as u64)
+        })
+        .collect();
+    if let Some(path) = &a.csv {
+        if let Err(e) = report::write_csv(path, &rows) {
+            eprintln!("error: writing {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &a.svg {
+        if let Err(e) = report::write_svg(path, &rows) {
+            eprintln!("error: drawing {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("wrote {}", path.display());
+    }
+    if !bad.is_empty() {
+        for r in bad {
+            eprintln!(
+                "error: order {} {} {}: {} faults, {} of {} bytes verified",
+                r.order,
+                r.policy,
+                r.iommu,
+                r.faults,
+                r.bytes_verified,
+                r.packets * r.payload_bytes as u64
+            );
+        }
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

@@ -139,7 +139,10 @@ mod tests {
 
     #[test]
     fn allocations_are_aligned_and_disjoint() {
-        let mut a = IovaAllocator::new(&[0x1000..0x100_0000]);
+        let mut a = IovaAllocator::new(&[Range {
+            start: 0x1000,
+            end: 0x100_0000,
+        }]);
         let x = a.alloc(0x3000, 0x1000).unwrap();
         let y = a.alloc(0x10000, 0x10000).unwrap();
         assert_eq!(y.raw() % 0x10000, 0);
@@ -149,7 +152,10 @@ mod tests {
 
     #[test]
     fn freed_range_is_reused_and_merged() {
-        let mut a = IovaAllocator::new(&[0x1000..0x5000]);
+        let mut a = IovaAllocator::new(&[Range {
+            start: 0x1000,
+            end: 0x5000,
+        }]);
         let x = a.alloc(0x2000, 0x1000).unwrap();
         let y = a.alloc(0x2000, 0x1000).unwrap();
         assert!(matches!(
@@ -164,7 +170,10 @@ mod tests {
 
     #[test]
     fn deferred_range_is_not_reused_before_its_flush() {
-        let mut a = IovaAllocator::new(&[0x1000..0x3000]);
+        let mut a = IovaAllocator::new(&[Range {
+            start: 0x1000,
+            end: 0x3000,
+        }]);
         let x = a.alloc(0x2000, 0x1000).unwrap();
         a.free_deferred(x, 0x2000, 5);
         assert!(a.is_deferred(x, 0x2000));
@@ -182,7 +191,10 @@ mod tests {
 
     #[test]
     fn zero_size_is_an_error() {
-        let mut a = IovaAllocator::new(&[0x1000..0x3000]);
+        let mut a = IovaAllocator::new(&[Range {
+            start: 0x1000,
+            end: 0x3000,
+        }]);
         assert!(matches!(a.alloc(0, 4096), Err(Error::ZeroLength)));
     }
 }

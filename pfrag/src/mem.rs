@@ -6,8 +6,8 @@
 //! own. Memory a device may access is only ever touched through the raw
 //! functions below (never through a Rust reference that outlives the call),
 //! so that a device (or the software NIC model) reading or writing it does
-//! not alias a live `&`/`&mut`. The one exception is [`slice_mut`] /
-//! [`slice`], whose callers promise the device is not using the range.
+//! not alias a live `&`/`&mut`. The one exception is [`slice_mut()`] /
+//! [`slice()`], whose callers promise the device is not using the range.
 
 use std::io;
 use std::ptr;

@@ -1,0 +1,11 @@
+//! # pfrag-lab
+//!
+//! The measurement side of pfrag: run one TX configuration on the software
+//! NIC and report per-packet mapping, invalidation, IOTLB and throughput
+//! figures ([`run()`](run::run)), and write them as a table, CSV or SVG ([`report`]).
+//! The `sweep` example drives it across orders, policies and IOMMU modes.
+
+pub mod report;
+pub mod run;
+
+pub use run::{limit, run, IommuMode, Row, RunConfig};
