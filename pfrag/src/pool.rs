@@ -396,6 +396,7 @@ impl<M: DmaMapper> Shared<M> {
                 });
             }
         }
+        let mut huge = false;
         let chunks: Vec<ChunkPtr<M>> = if reuse > 0 {
             let at = released.len() - reuse;
             released.drain(at..).collect()
@@ -406,6 +407,7 @@ impl<M: DmaMapper> Shared<M> {
                 size
             };
             let region = Region::new(batch * size, align.max(size), cfg.hugepages)?;
+            huge = region.backing() == Backing::Huge;
             match region.backing() {
                 Backing::Huge => self.counters.huge_arenas.fetch_add(1, Ordering::Relaxed),
                 Backing::HugeFallback => {
@@ -433,12 +435,18 @@ impl<M: DmaMapper> Shared<M> {
         if cfg.policy == Policy::Persistent {
             let addrs: Vec<VirtAddr> = chunks.iter().map(|c| c.get().addr).collect();
             let total = (chunks.len() * size) as u64;
-            let align = if cfg.hugepages && total >= HUGE_PAGE_SIZE {
+            let align = if huge && total >= HUGE_PAGE_SIZE {
                 HUGE_PAGE_SIZE
             } else {
                 size as u64
             };
-            match self.domain.map_many(&addrs, size as u64, align, cfg.dir) {
+            let mapped = if huge {
+                self.domain
+                    .map_many_huge(&addrs, size as u64, align, cfg.dir)
+            } else {
+                self.domain.map_many(&addrs, size as u64, align, cfg.dir)
+            };
+            match mapped {
                 Ok(iovas) => {
                     for (c, i) in chunks.iter().zip(iovas) {
                         c.get().iova.store(i.raw(), Ordering::Relaxed);

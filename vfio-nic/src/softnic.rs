@@ -168,7 +168,9 @@ impl<T: Translate> SoftNic<T> {
                 let t = self.iommu.translate(at, Dir::TO_DEVICE)?;
                 let n = (t.len as usize).min(len - off);
                 self.pieces.push((t.addr, n));
-                self.pages.push(at.page());
+                // Every 4 KiB page the piece covers (a superpage piece spans many).
+                self.pages
+                    .extend(at.page()..=at.offset(n as u64 - 1).page());
                 off += n;
             }
             total += len;

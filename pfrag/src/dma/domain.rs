@@ -76,6 +76,18 @@ impl<M: DmaMapper> Domain<M> {
         Ok(self.map_many(&[addr], len, align, dir)?[0])
     }
 
+    /// [`map_many`](Self::map_many) for memory backed by 2 MiB huge pages:
+    /// the mapper may use superpages.
+    pub fn map_many_huge(
+        &self,
+        addrs: &[VirtAddr],
+        each: u64,
+        align: u64,
+        dir: Dir,
+    ) -> Result<Vec<Iova>> {
+        self.map_inner(addrs, each, align, dir, true)
+    }
+
     /// Maps `addrs.len()` buffers of `each` bytes at one contiguous IOVA block
     /// (buffer `i` at `base + i * each`, base aligned to `align`), with one map
     /// call per run that is contiguous in host memory too.
@@ -85,6 +97,17 @@ impl<M: DmaMapper> Domain<M> {
         each: u64,
         align: u64,
         dir: Dir,
+    ) -> Result<Vec<Iova>> {
+        self.map_inner(addrs, each, align, dir, false)
+    }
+
+    fn map_inner(
+        &self,
+        addrs: &[VirtAddr],
+        each: u64,
+        align: u64,
+        dir: Dir,
+        huge: bool,
     ) -> Result<Vec<Iova>> {
         if addrs.is_empty() || each == 0 {
             return Err(Error::ZeroLength);
@@ -112,6 +135,7 @@ impl<M: DmaMapper> Domain<M> {
                 addr,
                 len: each,
                 dir,
+                huge,
             })
             .collect();
         if let Err(e) = self.mapper.map_batch(&ms) {

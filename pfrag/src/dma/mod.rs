@@ -56,6 +56,10 @@ pub struct Mapping {
     pub len: u64,
     /// Allowed access.
     pub dir: Dir,
+    /// The memory is backed by 2 MiB huge pages, so a mapper may install
+    /// superpages where IOVA, address and length are 2 MiB aligned (a real
+    /// IOMMU needs physically contiguous 2 MiB blocks for that).
+    pub huge: bool,
 }
 
 /// What an unmap did to the IOTLB.
@@ -232,6 +236,7 @@ pub fn coalesce(ms: &[Mapping]) -> Vec<Mapping> {
     for m in ms {
         if let Some(last) = out.last_mut() {
             if last.dir == m.dir
+                && last.huge == m.huge
                 && last.iova.raw().checked_add(last.len) == Some(m.iova.raw())
                 && last.addr.raw().checked_add(last.len as usize) == Some(m.addr.raw())
             {
@@ -272,6 +277,7 @@ mod tests {
             addr: VirtAddr(a),
             len: 4096,
             dir: Dir::TO_DEVICE,
+            huge: false,
         };
         let runs = coalesce(&[m(0x1000, 0x10000), m(0x2000, 0x11000), m(0x4000, 0x13000)]);
         assert_eq!(runs.len(), 2);

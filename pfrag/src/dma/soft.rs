@@ -312,6 +312,7 @@ impl DmaMapper for SoftIommu {
             let iova = m.iova.raw() + off;
             let addr = m.addr.raw() as u64 + off;
             let huge = self.cfg.superpages
+                && m.huge
                 && iova % HUGE_PAGE_SIZE == 0
                 && addr % HUGE_PAGE_SIZE == 0
                 && m.len - off >= HUGE_PAGE_SIZE;
@@ -493,6 +494,7 @@ mod tests {
             addr: VirtAddr(addr),
             len,
             dir,
+            huge: false,
         })
     }
 
@@ -607,7 +609,14 @@ mod tests {
             superpages: true,
             ..SoftIommuConfig::default()
         });
-        map(&m, 0x20_0000, 0x4000_0000, HUGE_PAGE_SIZE, Dir::TO_DEVICE).unwrap();
+        m.map(&Mapping {
+            iova: Iova(0x20_0000),
+            addr: VirtAddr(0x4000_0000),
+            len: HUGE_PAGE_SIZE,
+            dir: Dir::TO_DEVICE,
+            huge: true,
+        })
+        .unwrap();
         for p in 0..512u64 {
             m.translate(Iova(0x20_0000 + p * 4096), Dir::TO_DEVICE)
                 .unwrap();
