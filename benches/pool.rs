@@ -83,7 +83,7 @@ fn map_batch(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("batch", k), &k, |b, _| {
             b.iter(|| {
                 let iovas = d
-                    .map_many(&addrs, size as u64, size as u64, Dir::TO_DEVICE)
+                    .map_many(&addrs, size as u64, size as u64, Dir::TO_DEVICE, false)
                     .expect("map");
                 let ranges: Vec<_> = iovas.iter().map(|&i| (i, size as u64)).collect();
                 d.unmap_many(&ranges).expect("unmap");

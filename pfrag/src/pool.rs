@@ -384,7 +384,7 @@ impl<M: DmaMapper> Shared<M> {
         let batch = cfg.grow_batch;
         let mut released = lock(&self.released);
         let reuse = released.len().min(batch);
-        let new_bytes = if reuse > 0 { 0 } else { (batch * size) as u64 };
+        let fresh = reuse == 0;
         if let Some(max) = cfg.max_bytes {
             let held = self.counters.chunks.load(Ordering::Relaxed) * size as u64;
             let want = (if reuse > 0 { reuse } else { batch } * size) as u64;
@@ -440,13 +440,10 @@ impl<M: DmaMapper> Shared<M> {
             } else {
                 size as u64
             };
-            let mapped = if huge {
-                self.domain
-                    .map_many_huge(&addrs, size as u64, align, cfg.dir)
-            } else {
-                self.domain.map_many(&addrs, size as u64, align, cfg.dir)
-            };
-            match mapped {
+            match self
+                .domain
+                .map_many(&addrs, size as u64, align, cfg.dir, huge)
+            {
                 Ok(iovas) => {
                     for (c, i) in chunks.iter().zip(iovas) {
                         c.get().iova.store(i.raw(), Ordering::Relaxed);
@@ -458,10 +455,7 @@ impl<M: DmaMapper> Shared<M> {
                     // list; a new arena's chunks become released chunks
                     // (their memory was never touched).
                     released.extend(chunks);
-                    if new_bytes > 0 {
-                        self.counters
-                            .chunks
-                            .fetch_add(batch as u64, Ordering::Relaxed);
+                    if fresh {
                         self.counters
                             .released
                             .fetch_add(batch as u64, Ordering::Relaxed);

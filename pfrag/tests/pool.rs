@@ -276,3 +276,61 @@ fn pool_outlives_its_handles_while_frags_are_in_flight() {
     let s = d.mapper().stats();
     assert_eq!(s.map_calls, s.unmap_calls);
 }
+
+/// A mapper that refuses every map call, to drive the pool's error paths.
+struct Refuse(pfrag::dma::Identity);
+
+impl DmaMapper for Refuse {
+    fn map(&self, m: &pfrag::dma::Mapping) -> pfrag::Result<()> {
+        Err(Error::Map {
+            iova: m.iova,
+            len: m.len,
+            source: std::io::Error::from_raw_os_error(12),
+        })
+    }
+    fn unmap(&self, iova: pfrag::Iova, len: u64) -> pfrag::Result<pfrag::dma::Unmapped> {
+        self.0.unmap(iova, len)
+    }
+    fn page_sizes(&self) -> pfrag::dma::PageSizes {
+        self.0.page_sizes()
+    }
+    fn iova_space(&self) -> pfrag::dma::IovaSpace {
+        pfrag::dma::IovaSpace::Ranges(vec![std::ops::Range {
+            start: 0x10_0000,
+            end: 0x1000_0000,
+        }])
+    }
+    fn flushed_seq(&self) -> u64 {
+        0
+    }
+    fn flush(&self) -> pfrag::Result<()> {
+        Ok(())
+    }
+    fn stats(&self) -> pfrag::dma::MapStats {
+        self.0.stats()
+    }
+}
+
+#[test]
+fn refused_grow_map_carries_the_errno_and_leaks_nothing() {
+    let d = Arc::new(Domain::new(Refuse(pfrag::dma::Identity::new())));
+    for policy in [Policy::Persistent, Policy::PerChunk, Policy::PerFrag] {
+        let pool = Pool::new(d.clone(), PoolConfig::new(Order::new(2).unwrap(), policy)).unwrap();
+        let mut c = FragCache::new(pool.clone());
+        match c.refill(1000, true) {
+            Err(Error::Map { source, .. }) => assert_eq!(source.raw_os_error(), Some(12)),
+            other => panic!("{policy:?}: {other:?}"),
+        }
+        assert_eq!(
+            d.iova_in_use(),
+            0,
+            "{policy:?}: IOVA of the failed map freed"
+        );
+        let st = pool.stats();
+        assert_eq!(st.mapped_bytes, 0);
+        if policy == Policy::Persistent {
+            // The never-mapped arena is kept as released chunks, not counted as held.
+            assert_eq!((st.chunks, st.released), (0, 64));
+        }
+    }
+}

@@ -73,35 +73,15 @@ impl<M: DmaMapper> Domain<M> {
     /// Maps `len` bytes (4 KiB multiples) at `addr` at a fresh IOVA aligned to
     /// `align`. One map call.
     pub fn map(&self, addr: VirtAddr, len: u64, align: u64, dir: Dir) -> Result<Iova> {
-        Ok(self.map_many(&[addr], len, align, dir)?[0])
-    }
-
-    /// [`map_many`](Self::map_many) for memory backed by 2 MiB huge pages:
-    /// the mapper may use superpages.
-    pub fn map_many_huge(
-        &self,
-        addrs: &[VirtAddr],
-        each: u64,
-        align: u64,
-        dir: Dir,
-    ) -> Result<Vec<Iova>> {
-        self.map_inner(addrs, each, align, dir, true)
+        Ok(self.map_many(&[addr], len, align, dir, false)?[0])
     }
 
     /// Maps `addrs.len()` buffers of `each` bytes at one contiguous IOVA block
     /// (buffer `i` at `base + i * each`, base aligned to `align`), with one map
-    /// call per run that is contiguous in host memory too.
+    /// call per run that is contiguous in host memory too. `huge` says the
+    /// memory is backed by 2 MiB huge pages, so the mapper may use
+    /// superpages.
     pub fn map_many(
-        &self,
-        addrs: &[VirtAddr],
-        each: u64,
-        align: u64,
-        dir: Dir,
-    ) -> Result<Vec<Iova>> {
-        self.map_inner(addrs, each, align, dir, false)
-    }
-
-    fn map_inner(
         &self,
         addrs: &[VirtAddr],
         each: u64,
@@ -298,7 +278,9 @@ mod tests {
         let d = Domain::new(SoftIommu::new(SoftIommuConfig::default()));
         let r = Region::new(8 * 4096, 4096, false).unwrap();
         let addrs: Vec<_> = (0..8).map(|i| r.addr().offset(i * 4096)).collect();
-        let iovas = d.map_many(&addrs, 4096, 4096, Dir::TO_DEVICE).unwrap();
+        let iovas = d
+            .map_many(&addrs, 4096, 4096, Dir::TO_DEVICE, false)
+            .unwrap();
         assert_eq!(d.mapper().stats().map_calls, 1);
         for (a, i) in addrs.iter().zip(&iovas) {
             assert_eq!(d.mapper().translate(*i, Dir::TO_DEVICE).unwrap().addr, *a);
