@@ -334,3 +334,47 @@ fn refused_grow_map_carries_the_errno_and_leaks_nothing() {
         }
     }
 }
+
+#[test]
+fn frags_completed_on_another_thread_recycle_every_chunk() {
+    for policy in [Policy::PerChunk, Policy::Persistent, Policy::PerFrag] {
+        let d = domain(Invalidation::Strict);
+        let pool = Pool::new(d.clone(), PoolConfig::new(Order::new(1).unwrap(), policy)).unwrap();
+        let mut c = FragCache::new(pool.clone());
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<pfrag::frag::Frag<SoftIommu>>>(64);
+        let reaper = std::thread::spawn(move || {
+            let mut n = 0u64;
+            for burst in rx {
+                n += burst.len() as u64;
+                complete_burst(burst).unwrap();
+            }
+            n
+        });
+        let mut sent = 0u64;
+        for i in 0..20_000usize {
+            let mut v = Vec::new();
+            c.frags(100 + (i * 37) % 9000, i % 3 == 0, &mut v).unwrap();
+            sent += v.len() as u64;
+            tx.send(v).unwrap();
+        }
+        drop(tx);
+        assert_eq!(reaper.join().unwrap(), sent);
+        c.release();
+        drop(c);
+        let st = pool.stats();
+        assert_eq!(
+            pool.free_chunks() as u64,
+            st.chunks,
+            "{policy:?}: every chunk came back"
+        );
+        assert_eq!(st.unmap_errors, 0);
+        let expect = if policy == Policy::Persistent {
+            st.chunks * 8192
+        } else {
+            0
+        };
+        assert_eq!(st.mapped_bytes, expect, "{policy:?}");
+        let s = d.mapper().stats();
+        assert_eq!(s.faults, 0);
+    }
+}
