@@ -1,0 +1,170 @@
+//! Unit tests of the software IOMMU.
+
+use super::*;
+
+fn iommu(inv: Invalidation) -> SoftIommu {
+    SoftIommu::new(SoftIommuConfig {
+        invalidation: inv,
+        flush_queue: 4,
+        ..SoftIommuConfig::default()
+    })
+}
+
+fn map(m: &SoftIommu, iova: u64, addr: usize, len: u64, dir: Dir) -> Result<()> {
+    m.map(&Mapping {
+        iova: Iova(iova),
+        addr: VirtAddr(addr),
+        len,
+        dir,
+        huge: false,
+    })
+}
+
+#[test]
+fn translates_mapped_pages_and_counts_hits() {
+    let m = iommu(Invalidation::Strict);
+    map(&m, 0x10_0000, 0x7000_0000, 0x2000, Dir::TO_DEVICE).unwrap();
+    let t = m.translate(Iova(0x10_1234), Dir::TO_DEVICE).unwrap();
+    assert_eq!(t.addr, VirtAddr(0x7000_1234));
+    assert_eq!(t.len, 0x1000 - 0x234);
+    m.translate(Iova(0x10_1000), Dir::TO_DEVICE).unwrap();
+    let s = m.stats();
+    assert_eq!((s.map_calls, s.ptes_written), (1, 2));
+    assert_eq!((s.iotlb_misses, s.iotlb_hits), (1, 1));
+}
+
+#[test]
+fn strict_translate_after_unmap_faults() {
+    let m = iommu(Invalidation::Strict);
+    map(&m, 0x10_0000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+    m.translate(Iova(0x10_0000), Dir::TO_DEVICE).unwrap();
+    assert_eq!(m.unmap(Iova(0x10_0000), 0x1000).unwrap(), Unmapped::Flushed);
+    let err = m.translate(Iova(0x10_0000), Dir::TO_DEVICE).unwrap_err();
+    assert_eq!(err.iova, Iova(0x10_0000));
+    assert_eq!(m.stats().invalidations, 1);
+    assert_eq!(m.faults()[0].reason, FaultReason::NotPresent);
+}
+
+#[test]
+fn lazy_stale_entry_translates_until_the_flush() {
+    let m = iommu(Invalidation::Lazy);
+    map(&m, 0x10_0000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+    m.translate(Iova(0x10_0000), Dir::TO_DEVICE).unwrap(); // cached
+    let r = m.unmap(Iova(0x10_0000), 0x1000).unwrap();
+    assert_eq!(r, Unmapped::Deferred { seq: 1 });
+    assert_eq!(m.flushed_seq(), 0);
+    // Stale IOTLB entry: still translates, no invalidation yet.
+    assert!(m.translate(Iova(0x10_0000), Dir::TO_DEVICE).is_ok());
+    assert_eq!(m.stats().invalidations, 0);
+    m.flush().unwrap();
+    assert_eq!(m.flushed_seq(), 1);
+    assert!(m.translate(Iova(0x10_0000), Dir::TO_DEVICE).is_err());
+    assert_eq!(m.stats().invalidations, 1);
+}
+
+#[test]
+fn lazy_full_flush_queue_drains_as_one_invalidation() {
+    let m = iommu(Invalidation::Lazy);
+    for i in 0..4u64 {
+        map(
+            &m,
+            0x10_0000 + i * 0x1000,
+            0x7000_0000,
+            0x1000,
+            Dir::TO_DEVICE,
+        )
+        .unwrap();
+    }
+    for i in 0..4u64 {
+        m.unmap(Iova(0x10_0000 + i * 0x1000), 0x1000).unwrap();
+    }
+    assert_eq!(m.stats().invalidations, 1);
+    assert_eq!(m.flushed_seq(), 1);
+}
+
+#[test]
+fn wrong_direction_faults() {
+    let m = iommu(Invalidation::Strict);
+    map(&m, 0x10_0000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+    assert!(m.translate(Iova(0x10_0000), Dir::FROM_DEVICE).is_err());
+    assert_eq!(m.faults()[0].reason, FaultReason::Permission);
+    assert_eq!(m.stats().faults, 1);
+}
+
+#[test]
+fn double_map_is_eexist_and_rolls_back() {
+    let m = iommu(Invalidation::Strict);
+    map(&m, 0x10_1000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+    let e = map(&m, 0x10_0000, 0x7100_0000, 0x3000, Dir::TO_DEVICE).unwrap_err();
+    match e {
+        Error::Map { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::EEXIST)),
+        other => panic!("{other:?}"),
+    }
+    // The first page of the failed request was rolled back.
+    assert!(m.translate(Iova(0x10_0000), Dir::TO_DEVICE).is_err());
+}
+
+#[test]
+fn unmap_of_unmapped_range_is_enoent() {
+    let m = iommu(Invalidation::Strict);
+    match m.unmap(Iova(0x10_0000), 0x1000).unwrap_err() {
+        Error::Unmap { source, .. } => assert_eq!(source.raw_os_error(), Some(libc::ENOENT)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn unaligned_map_is_rejected_with_numbers() {
+    let m = iommu(Invalidation::Strict);
+    match map(&m, 0x10_0800, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap_err() {
+        Error::Unaligned { iova, page, .. } => {
+            assert_eq!(iova, Iova(0x10_0800));
+            assert_eq!(page, 4096);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn superpage_is_one_pte_and_one_iotlb_entry() {
+    let m = SoftIommu::new(SoftIommuConfig {
+        superpages: true,
+        ..SoftIommuConfig::default()
+    });
+    m.map(&Mapping {
+        iova: Iova(0x20_0000),
+        addr: VirtAddr(0x4000_0000),
+        len: HUGE_PAGE_SIZE,
+        dir: Dir::TO_DEVICE,
+        huge: true,
+    })
+    .unwrap();
+    for p in 0..512u64 {
+        m.translate(Iova(0x20_0000 + p * 4096), Dir::TO_DEVICE)
+            .unwrap();
+    }
+    let s = m.stats();
+    assert_eq!((s.ptes_written, s.iotlb_misses, s.iotlb_hits), (1, 1, 511));
+    // Partial unmap of a superpage is refused.
+    assert!(m.unmap(Iova(0x20_0000), 0x1000).is_err());
+    m.unmap(Iova(0x20_0000), HUGE_PAGE_SIZE).unwrap();
+    assert!(m.translate(Iova(0x20_0000), Dir::TO_DEVICE).is_err());
+}
+
+#[test]
+fn cost_model_is_kept_apart() {
+    let m = SoftIommu::new(SoftIommuConfig {
+        cost: Some(CostModel {
+            call_ns: 100.0,
+            pte_ns: 1.0,
+            invalidation_ns: 1000.0,
+            miss_ns: 10.0,
+        }),
+        ..SoftIommuConfig::default()
+    });
+    map(&m, 0x10_0000, 0x7000_0000, 0x2000, Dir::TO_DEVICE).unwrap();
+    m.translate(Iova(0x10_0000), Dir::TO_DEVICE).unwrap();
+    m.unmap(Iova(0x10_0000), 0x2000).unwrap();
+    // map 100+2, miss 10, unmap 100+2+1000
+    assert_eq!(m.stats().model_ns, 1214.0);
+}
