@@ -74,6 +74,28 @@ pub struct NicStats {
 /// The largest header the model parses.
 const MAX_HDR: usize = 256;
 
+/// What the model parsed of one packet, once, from its context descriptor,
+/// first data descriptor and header.
+#[derive(Clone, Copy, Debug)]
+struct Packet {
+    maclen: usize,
+    iplen: usize,
+    l4len: usize,
+    /// TCP sequence number of the first payload byte.
+    seq0: u32,
+    flow: u32,
+    paylen: usize,
+    mss: usize,
+    popts: Popts,
+}
+
+impl Packet {
+    /// Stream offset of the first payload byte (where its pattern starts).
+    fn stream0(&self) -> u32 {
+        self.seq0.wrapping_sub(flow::isn(self.flow))
+    }
+}
+
 /// The software NIC.
 pub struct SoftNic<T: Translate> {
     iommu: T,
@@ -237,21 +259,30 @@ impl<T: Translate> SoftNic<T> {
         });
         let tcp = maclen + iplen;
         let sport = u16::from_be_bytes([hdr[tcp], hdr[tcp + 1]]);
-        let seq0 = u32::from_be_bytes([hdr[tcp + 4], hdr[tcp + 5], hdr[tcp + 6], hdr[tcp + 7]]);
         let Some(fl) = flow::flow_of_port(sport) else {
             self.stats.bad_desc += 1;
             return;
         };
-        let stream0 = seq0.wrapping_sub(flow::isn(fl));
+        let pkt = Packet {
+            maclen,
+            iplen,
+            l4len,
+            seq0: u32::from_be_bytes([hdr[tcp + 4], hdr[tcp + 5], hdr[tcp + 6], hdr[tcp + 7]]),
+            flow: fl,
+            paylen,
+            mss,
+            popts: first.popts(),
+        };
         self.stats.payload_bytes += paylen as u64;
         match self.cfg.touch {
-            Touch::Checksum => self.segment(&hdr[..hlen], first.popts(), fl, stream0, paylen, mss),
-            Touch::Pages => self.touch_pages(hlen, fl, stream0),
+            Touch::Checksum => self.segment(&hdr[..hlen], &pkt),
+            Touch::Pages => self.touch_pages(hlen, &pkt),
         }
     }
 
     /// Reads one cache line at the start of every page piece of the payload.
-    fn touch_pages(&mut self, hlen: usize, fl: u32, stream0: u32) {
+    fn touch_pages(&mut self, hlen: usize, pkt: &Packet) {
+        let (fl, stream0) = (pkt.flow, pkt.stream0());
         let mut pos = 0usize; // packet offset of the current piece
         let mut ok = true;
         let mut verified = 0;
@@ -278,20 +309,20 @@ impl<T: Translate> SoftNic<T> {
 
     /// Cuts the packet into frames of `mss` payload bytes, verifying and
     /// checksumming every byte.
-    fn segment(
-        &mut self,
-        hdr: &[u8],
-        popts: Popts,
-        fl: u32,
-        stream0: u32,
-        paylen: usize,
-        mss: usize,
-    ) {
-        let ctx = self.ctx;
-        let (maclen, iplen, l4len) = (ctx.maclen(), ctx.iplen(), ctx.l4len());
+    fn segment(&mut self, hdr: &[u8], pkt: &Packet) {
+        let Packet {
+            maclen,
+            iplen,
+            l4len,
+            seq0,
+            flow: fl,
+            paylen,
+            mss,
+            popts,
+        } = *pkt;
+        let stream0 = pkt.stream0();
         let hlen = hdr.len();
         let tcp = maclen + iplen;
-        let seq0 = u32::from_be_bytes([hdr[tcp + 4], hdr[tcp + 5], hdr[tcp + 6], hdr[tcp + 7]]);
         let id0 = u16::from_be_bytes([hdr[maclen + 4], hdr[maclen + 5]]);
         let nseg = paylen.div_ceil(mss).max(1);
         let mut all_ok = true;
