@@ -241,12 +241,16 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
     out
 }
 
-fn ratio(rows: &[Row], order: &str, a: (&str, &str), b: (&str, &str)) -> Option<f64> {
-    let find = |p: &str, i: &str| {
+/// A row's key: order, policy, iommu.
+type Key<'a> = (&'a str, &'a str, &'a str);
+
+/// Gbit/s of row `a` over row `b`, if both ran.
+fn ratio(rows: &[Row], a: Key, b: Key) -> Option<f64> {
+    let find = |(o, p, i): Key| {
         rows.iter()
-            .find(|r| r.order == order && r.policy == p && r.iommu == i)
+            .find(|r| r.order == o && r.policy == p && r.iommu == i)
     };
-    Some(find(a.0, a.1)?.gbit_s / find(b.0, b.1)?.gbit_s)
+    Some(find(a)?.gbit_s / find(b)?.gbit_s)
 }
 
 fn main() -> ExitCode {
@@ -306,13 +310,10 @@ fn main() -> ExitCode {
     let _ = writeln!(out);
     for o in &a.orders {
         let o = o.to_string();
-        let pf = ratio(&rows, &o, ("persistent", "strict"), ("per-frag", "strict"));
-        let off = ratio(&rows, &o, ("persistent", "strict"), ("persistent", "off"));
-        let lim = rows
-            .iter()
-            .find(|r| r.order == o && r.policy == "persistent" && r.iommu == "strict")
-            .zip(rows.iter().find(|r| r.policy == "limit"))
-            .map(|(p, l)| p.gbit_s / l.gbit_s);
+        let persistent = (o.as_str(), "persistent", "strict");
+        let pf = ratio(&rows, persistent, (&o, "per-frag", "strict"));
+        let off = ratio(&rows, persistent, (&o, "persistent", "off"));
+        let lim = ratio(&rows, persistent, ("", "limit", "none"));
         if let (Some(pf), Some(off), Some(lim)) = (pf, off, lim) {
             let _ = writeln!(
                 out,

@@ -385,9 +385,10 @@ impl<M: DmaMapper> Shared<M> {
         let mut released = lock(&self.released);
         let reuse = released.len().min(batch);
         let fresh = reuse == 0;
+        let count = if fresh { batch } else { reuse };
         if let Some(max) = cfg.max_bytes {
             let held = self.counters.chunks.load(Ordering::Relaxed) * size as u64;
-            let want = (if reuse > 0 { reuse } else { batch } * size) as u64;
+            let want = (count * size) as u64;
             if held + want > max {
                 return Err(Error::LimitReached {
                     held,
@@ -397,7 +398,7 @@ impl<M: DmaMapper> Shared<M> {
             }
         }
         let mut huge = false;
-        let chunks: Vec<ChunkPtr<M>> = if reuse > 0 {
+        let chunks: Vec<ChunkPtr<M>> = if !fresh {
             let at = released.len() - reuse;
             released.drain(at..).collect()
         } else {
@@ -464,15 +465,14 @@ impl<M: DmaMapper> Shared<M> {
                 }
             }
         }
-        if reuse > 0 {
+        if !fresh {
             self.counters
                 .released
                 .fetch_sub(reuse as u64, Ordering::Relaxed);
         }
-        self.counters.chunks.fetch_add(
-            if reuse > 0 { reuse } else { batch } as u64,
-            Ordering::Relaxed,
-        );
+        self.counters
+            .chunks
+            .fetch_add(count as u64, Ordering::Relaxed);
         self.counters.grows.fetch_add(1, Ordering::Relaxed);
         for c in chunks {
             self.free.push(c);
