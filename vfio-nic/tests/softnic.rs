@@ -281,21 +281,41 @@ fn too_many_buffers_is_refused_before_allocating() {
     assert_eq!(q.cache().stats().frags, 0);
 }
 
+/// A NIC attached to an 8-descriptor ring mapped for `dir`, for tests that
+/// write descriptors by hand.
+struct RawRing {
+    iommu: Arc<SoftIommu>,
+    ring: Coherent<Arc<SoftIommu>>,
+    nic: SoftNic<Arc<SoftIommu>>,
+}
+
+impl RawRing {
+    fn new(dir: Dir) -> RawRing {
+        let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()));
+        let domain = Arc::new(Domain::new(iommu.clone()));
+        let ring = Coherent::new(domain, 8 * 16, dir).unwrap();
+        let mut nic = SoftNic::new(iommu.clone(), SoftNicConfig::default());
+        nic.attach(ring.iova(), 8).unwrap();
+        RawRing { iommu, ring, nic }
+    }
+
+    fn put(&self, i: usize, d: Desc) {
+        let w = d.encode();
+        self.ring.write_u64(i * 16, w[0]).unwrap();
+        self.ring.write_u64(i * 16 + 8, w[1]).unwrap();
+    }
+
+    fn dd(&self, i: usize) -> u32 {
+        self.ring.read_u32(i * 16 + 12).unwrap() & Sta::DD.bits()
+    }
+}
+
 #[test]
 fn descriptor_at_unmapped_iova_faults_and_is_still_completed() {
-    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()));
-    let domain = Arc::new(Domain::new(iommu.clone()));
-    let ring = Coherent::new(domain.clone(), 8 * 16, Dir::BIDIRECTIONAL).unwrap();
-    let mut nic = SoftNic::new(iommu.clone(), SoftNicConfig::default());
-    nic.attach(ring.iova(), 8).unwrap();
-    let put = |i: usize, d: Desc| {
-        let w = d.encode();
-        ring.write_u64(i * 16, w[0]).unwrap();
-        ring.write_u64(i * 16 + 8, w[1]).unwrap();
-    };
-    put(0, Desc::Context(Context::tcp_ipv4(14, 20, 20, 1448)));
+    let mut r = RawRing::new(Dir::BIDIRECTIONAL);
+    r.put(0, Desc::Context(Context::tcp_ipv4(14, 20, 20, 1448)));
     let bad = Iova(0x7700_0000);
-    put(
+    r.put(
         1,
         Desc::Data(Data::new(
             bad.raw(),
@@ -305,44 +325,27 @@ fn descriptor_at_unmapped_iova_faults_and_is_still_completed() {
             Popts::TXSM,
         )),
     );
-    nic.kick(2).unwrap();
-    let st = nic.stats();
+    r.nic.kick(2).unwrap();
+    let st = r.nic.stats();
     assert_eq!((st.faults, st.bytes_verified, st.frames), (1, 0, 0));
-    assert_eq!(iommu.faults()[0].fault.iova, bad);
-    assert_eq!(
-        ring.read_u32(16 + 12).unwrap() & Sta::DD.bits(),
-        Sta::DD.bits(),
-        "completion written back"
-    );
+    assert_eq!(r.iommu.faults()[0].fault.iova, bad);
+    assert_eq!(r.dd(1), Sta::DD.bits(), "completion written back");
     assert!(matches!(
-        nic.kick(8),
+        r.nic.kick(8),
         Err(Error::BadConfig { what: "tail", .. })
     ));
 }
 
 #[test]
 fn ring_mapped_read_only_cannot_take_write_back() {
-    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()));
-    let domain = Arc::new(Domain::new(iommu.clone()));
-    let ring = Coherent::new(domain.clone(), 8 * 16, Dir::TO_DEVICE).unwrap();
-    let mut nic = SoftNic::new(iommu.clone(), SoftNicConfig::default());
-    nic.attach(ring.iova(), 8).unwrap();
-    let w = Desc::Data(Data::new(
-        ring.iova().raw(),
-        64,
-        Dcmd::EOP | Dcmd::RS,
-        64,
-        Popts::empty(),
-    ))
-    .encode();
-    ring.write_u64(0, w[0]).unwrap();
-    ring.write_u64(8, w[1]).unwrap();
-    nic.kick(1).unwrap();
-    assert_eq!(
-        ring.read_u32(12).unwrap() & Sta::DD.bits(),
+    let mut r = RawRing::new(Dir::TO_DEVICE);
+    let at = r.ring.iova().raw();
+    r.put(
         0,
-        "the IOMMU refused the write-back"
+        Desc::Data(Data::new(at, 64, Dcmd::EOP | Dcmd::RS, 64, Popts::empty())),
     );
-    assert!(nic.stats().faults >= 1);
-    assert_eq!(iommu.stats().faults, nic.stats().faults);
+    r.nic.kick(1).unwrap();
+    assert_eq!(r.dd(0), 0, "the IOMMU refused the write-back");
+    assert!(r.nic.stats().faults >= 1);
+    assert_eq!(r.iommu.stats().faults, r.nic.stats().faults);
 }
