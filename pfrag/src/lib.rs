@@ -39,7 +39,6 @@
 //! # Ok::<(), pfrag::Error>(())
 //! ```
 
-#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod addr;
 pub mod bounce;
