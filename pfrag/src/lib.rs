@@ -39,7 +39,6 @@
 //! # Ok::<(), pfrag::Error>(())
 //! ```
 
-
 pub mod addr;
 pub mod bounce;
 pub mod dma;
