@@ -8,5 +8,6 @@
 
 pub mod report;
 pub mod run;
+pub mod vm;
 
 pub use run::{limit, run, IommuMode, Row, RunConfig};

@@ -66,7 +66,7 @@ pub enum Error {
         page: u64,
     },
     /// The mapper refused a map request.
-    #[error("DMA map of {len:#x} bytes at iova {iova} failed (errno {errno:?})", errno = .source.raw_os_error())]
+    #[error("DMA map of {len:#x} bytes at iova {iova} failed (errno {errno:?}): {source}", errno = errno_of(.source))]
     Map {
         /// IOVA of the request.
         iova: Iova,
@@ -77,7 +77,7 @@ pub enum Error {
         source: io::Error,
     },
     /// The mapper refused an unmap request.
-    #[error("DMA unmap of {len:#x} bytes at iova {iova} failed (errno {errno:?})", errno = .source.raw_os_error())]
+    #[error("DMA unmap of {len:#x} bytes at iova {iova} failed (errno {errno:?}): {source}", errno = errno_of(.source))]
     Unmap {
         /// IOVA of the request.
         iova: Iova,
@@ -126,6 +126,55 @@ pub enum Error {
         /// Slots in the ring.
         slots: usize,
     },
+}
+
+impl Error {
+    /// The errno behind a map, unmap or mmap failure, whether the mapper
+    /// gave a plain OS error or an [`OsAdvice`].
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Map { source, .. }
+            | Error::Unmap { source, .. }
+            | Error::Mmap { source, .. } => errno_of(source),
+            _ => None,
+        }
+    }
+}
+
+/// An OS error together with what to do about it, for mappers whose errnos
+/// have a known cause (VFIO's `ENOSPC` is its mapping limit, `ENOMEM` the
+/// locked-memory limit). Carried inside an [`io::Error`] so that
+/// [`Error::errno`] still finds the number.
+#[derive(Debug, thiserror::Error)]
+#[error("{} (os error {errno}); {hint}", io::Error::from_raw_os_error(*errno))]
+pub struct OsAdvice {
+    /// The errno the OS returned.
+    pub errno: i32,
+    /// What the user can do about it.
+    pub hint: String,
+}
+
+impl OsAdvice {
+    /// An `io::Error` of the errno's kind carrying `errno` and `hint`.
+    pub fn io(errno: i32, hint: impl Into<String>) -> io::Error {
+        let kind = io::Error::from_raw_os_error(errno).kind();
+        io::Error::new(
+            kind,
+            OsAdvice {
+                errno,
+                hint: hint.into(),
+            },
+        )
+    }
+}
+
+/// The errno of `e`: its raw OS error, or the one in an [`OsAdvice`].
+pub fn errno_of(e: &io::Error) -> Option<i32> {
+    e.raw_os_error().or_else(|| {
+        e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<OsAdvice>())
+            .map(|a| a.errno)
+    })
 }
 
 /// Shorthand for pfrag results.

@@ -49,4 +49,4 @@ pub mod mem;
 pub mod pool;
 
 pub use addr::{Iova, Order, VirtAddr, PAGE_SIZE};
-pub use error::{Error, Result};
+pub use error::{Error, OsAdvice, Result};

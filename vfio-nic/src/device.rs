@@ -12,4 +12,12 @@ pub trait TxDevice {
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()>;
     /// Doorbell: descriptors before `tail` are ready.
     fn kick(&mut self, tail: u16) -> Result<()>;
+    /// Stops the device using the ring (before the ring is freed).
+    fn detach(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// The device's head pointer, for diagnostics (a timeout reports it).
+    fn head(&mut self) -> Option<u16> {
+        None
+    }
 }

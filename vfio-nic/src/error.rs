@@ -41,6 +41,109 @@ pub enum Error {
     /// The device was kicked before a ring was attached.
     #[error("no TX ring attached to the device")]
     NotAttached,
+    /// Packets still in flight after waiting for their write-back.
+    #[error("TX timeout: {pending} packets not completed after {waited_ms} ms (device head {head:?}, tail {tail})")]
+    Timeout {
+        /// Packets posted and not completed.
+        pending: usize,
+        /// How long the queue waited without progress.
+        waited_ms: u64,
+        /// The device's head pointer, if it reports one.
+        head: Option<u16>,
+        /// The queue's tail.
+        tail: u16,
+    },
+    /// No PCI device at that address.
+    #[error("no PCI device {bdf} (see lspci, or /sys/bus/pci/devices)")]
+    DeviceMissing {
+        /// The address asked for.
+        bdf: String,
+    },
+    /// The device has no IOMMU group: the IOMMU is off.
+    #[error("{bdf} has no IOMMU group: boot with intel_iommu=on (or amd_iommu=on)")]
+    NoIommuGroup {
+        /// The device.
+        bdf: String,
+    },
+    /// The group's VFIO node does not exist: the device is not bound to vfio-pci.
+    #[error("/dev/vfio/{group} is missing: {bdf} is bound to driver '{driver}', bind it to vfio-pci (echo <vendor> <device> > /sys/bus/pci/drivers/vfio-pci/new_id)")]
+    GroupMissing {
+        /// The device.
+        bdf: String,
+        /// Its IOMMU group.
+        group: u32,
+        /// The driver it is bound to now.
+        driver: String,
+    },
+    /// Some device of the group is bound to a host driver.
+    #[error("IOMMU group {group} is not viable: bind every device of /sys/kernel/iommu_groups/{group}/devices to vfio-pci or unbind it")]
+    GroupNotViable {
+        /// The group.
+        group: u32,
+    },
+    /// Opening the VFIO container, group or device failed.
+    #[error("VFIO open of {what} failed (errno {errno:?}): {detail}")]
+    VfioOpen {
+        /// What was being opened.
+        what: String,
+        /// The errno, when the OS gave one.
+        errno: Option<i32>,
+        /// The VFIO layer's message.
+        detail: String,
+    },
+    /// `VFIO_IOMMU_GET_INFO` failed.
+    #[error("VFIO_IOMMU_GET_INFO failed (errno {errno:?})")]
+    IommuInfo {
+        /// The errno.
+        errno: Option<i32>,
+    },
+    /// A BAR that VFIO does not allow to mmap.
+    #[error("BAR region {index} cannot be mmapped (region flags {flags:#x})")]
+    BarNotMappable {
+        /// Region index.
+        index: u32,
+        /// Its VFIO region flags.
+        flags: u32,
+    },
+    /// mmap of a BAR failed.
+    #[error("mmap of BAR ({len:#x} bytes at offset {offset:#x}) failed (errno {errno:?})", errno = .source.raw_os_error())]
+    BarMap {
+        /// Region offset in the device file.
+        offset: u64,
+        /// Length.
+        len: u64,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A register access outside the BAR or not 4-byte aligned.
+    #[error("register offset {offset:#x} is outside the {bar_len:#x}-byte BAR or unaligned")]
+    BadRegister {
+        /// The offset.
+        offset: u32,
+        /// BAR length.
+        bar_len: usize,
+    },
+    /// The device did not finish a step in time.
+    #[error("device {what} did not complete in {waited_ms} ms")]
+    DeviceTimeout {
+        /// The step (reset, link up, queue enable).
+        what: &'static str,
+        /// How long it was waited for.
+        waited_ms: u64,
+    },
+}
+
+impl Error {
+    /// The errno behind the failure, where the OS gave one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Pool(e) => e.errno(),
+            Error::VfioOpen { errno, .. } | Error::IommuInfo { errno } => *errno,
+            Error::BarMap { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
 }
 
 /// Shorthand for this crate's results.

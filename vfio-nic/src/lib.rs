@@ -15,8 +15,12 @@ pub mod desc;
 pub mod device;
 pub mod error;
 pub mod flow;
+pub mod igb;
+pub mod mmio;
 pub mod pattern;
 pub mod softnic;
 pub mod txq;
+pub mod vfio;
+pub mod wire;
 
 pub use error::{Error, Result};

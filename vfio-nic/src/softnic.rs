@@ -69,6 +69,10 @@ pub struct NicStats {
     pub bad_payload: u64,
     /// Malformed descriptors or packets.
     pub bad_desc: u64,
+    /// Data buffers whose IOVA range crosses a 4 KiB page (a real NIC
+    /// does not care; QEMU's emulated one drops such packets behind an
+    /// IOMMU, see [`TxConfig::boundary`](crate::txq::TxConfig::boundary)).
+    pub page_crossing_bufs: u64,
 }
 
 /// The largest header the model parses.
@@ -425,6 +429,10 @@ impl<T: Translate> TxDevice for SoftNic<T> {
                         self.first = Some(d);
                     }
                     self.bufs.push((Iova(d.addr), usize::from(d.len())));
+                    let last = d.addr + u64::from(d.len()).max(1) - 1;
+                    if d.addr / pfrag::PAGE_SIZE != last / pfrag::PAGE_SIZE {
+                        self.stats.page_crossing_bufs += 1;
+                    }
                     if d.cmd().contains(Dcmd::EOP) {
                         self.process();
                         self.bufs.clear();

@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use pfrag::bounce::{self, SlotSize};
 use pfrag::dma::{Coherent, Dir, DmaMapper, Domain};
@@ -49,6 +50,12 @@ pub struct TxConfig {
     pub flows: usize,
     /// Most data buffers per packet the device accepts.
     pub max_bufs: usize,
+    /// If set (a power of two), no data descriptor crosses a multiple of
+    /// it. QEMU's emulated 82576 behind an emulated IOMMU maps each buffer
+    /// as one IOTLB entry and silently drops a packet whose buffer crosses
+    /// an IOMMU page, so runs under emulation set this to 4096; real
+    /// hardware needs no split.
+    pub boundary: Option<usize>,
 }
 
 impl Default for TxConfig {
@@ -60,6 +67,7 @@ impl Default for TxConfig {
             mss: 1448,
             flows: 1,
             max_bufs: 64,
+            boundary: None,
         }
     }
 }
@@ -155,6 +163,14 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
                 value: u64::from(cfg.mss),
             });
         }
+        if let Some(b) = cfg.boundary {
+            if !b.is_power_of_two() || b < 64 {
+                return Err(Error::BadConfig {
+                    what: "boundary (a power of two, at least 64)",
+                    value: b as u64,
+                });
+            }
+        }
         let ring = Coherent::new(
             domain.clone(),
             usize::from(cfg.ring) * desc::SIZE,
@@ -220,8 +236,13 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
     /// Descriptors a payload of `len` bytes may need (context + header +
     /// data), before its frags are known.
     pub fn descs_needed(&self, len: usize) -> usize {
-        let per = self.cache.pool().chunk_size().min(MAX_DESC_LEN);
-        2 + len.div_ceil(per) + 1
+        let chunk = self.cache.pool().chunk_size();
+        let per = chunk.min(MAX_DESC_LEN);
+        match self.cfg.boundary {
+            None => 2 + len.div_ceil(per) + 1,
+            // Each frag may start mid-boundary and cost one more split.
+            Some(b) => 2 + len.div_ceil(per.min(b)) + len.div_ceil(chunk) + 1,
+        }
     }
 
     fn write_desc(&self, idx: u16, d: Desc) -> Result<()> {
@@ -315,7 +336,11 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
         for (i, f) in frags.iter().enumerate() {
             let mut done = 0;
             while done < f.len() {
-                let n = (f.len() - done).min(MAX_DESC_LEN);
+                let mut n = (f.len() - done).min(MAX_DESC_LEN);
+                if let Some(b) = self.cfg.boundary {
+                    let at = f.iova().raw() as usize + done;
+                    n = n.min(b - (at & (b - 1)));
+                }
                 idx = self.next(idx);
                 let last = i + 1 == nfr && done + n == f.len();
                 let cmd = Dcmd::IFCS
@@ -370,6 +395,70 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
     /// Rings the doorbell for everything posted.
     pub fn kick(&mut self) -> Result<()> {
         self.dev.kick(self.tail)
+    }
+
+    /// Reaps until nothing is in flight. Fails with [`Error::Timeout`] if
+    /// `timeout` passes without any packet completing (the device stopped:
+    /// a blocked DMA, a disabled queue), instead of spinning forever.
+    /// Returns how many completed.
+    pub fn wait(&mut self, timeout: Duration) -> Result<usize> {
+        let mut done = 0;
+        let mut since = Instant::now();
+        let mut idle = 0u32;
+        while !self.pending.is_empty() {
+            let n = self.reap()?;
+            if n > 0 {
+                done += n;
+                since = Instant::now();
+                idle = 0;
+                continue;
+            }
+            if since.elapsed() >= timeout {
+                return Err(Error::Timeout {
+                    pending: self.pending.len(),
+                    waited_ms: since.elapsed().as_millis() as u64,
+                    head: self.dev.head(),
+                    tail: self.tail,
+                });
+            }
+            idle += 1;
+            if idle < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        Ok(done)
+    }
+
+    /// Detaches the device and hands it back, for another queue. Everything
+    /// posted must have completed ([`wait`](Self::wait)); otherwise the
+    /// queue is dropped with the device stopped first and
+    /// [`Error::Timeout`] tells how many packets were still pending.
+    pub fn into_device(self) -> Result<D> {
+        let TxQueue {
+            mut dev,
+            ring,
+            pending,
+            tail,
+            ..
+        } = self;
+        dev.detach()?;
+        if !pending.is_empty() {
+            return Err(Error::Timeout {
+                pending: pending.len(),
+                waited_ms: 0,
+                head: dev.head(),
+                tail,
+            });
+        }
+        drop(ring);
+        Ok(dev)
+    }
+
+    /// Packets posted and not yet completed.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
     }
 
     /// Frees every packet whose last descriptor has `DD` set, oldest first.

@@ -1,0 +1,229 @@
+//! Host-side checks of a `vm/run.sh` guest run.
+//!
+//! `vmcheck test --console LOG --pcap PCAP`: the guest's test results, then
+//! every frame QEMU captured from the NIC (checksums, per-flow sequence
+//! continuity, payload pattern) and the frame count the tests announced.
+//! Prints `N passed, M failed`; exits non-zero on any failure.
+//!
+//! `vmcheck sweep --console LOG --trace TRACE --pcap PCAP --out CSV`: the
+//! guest's sweep CSV with QEMU's IOMMU trace counts per measured window
+//! added as `vtd_inv_per_pkt`, `vtd_iotlb_fills_per_pkt` and
+//! `vtd_iotlb_hits_per_pkt`, written to CSV and printed.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use pfrag_lab::vm::{self, Capture};
+
+#[derive(Parser)]
+#[command(about = "Check what a vm/run.sh guest run produced")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Guest test results plus the captured frames.
+    Test {
+        /// The guest's console log.
+        #[arg(long)]
+        console: PathBuf,
+        /// QEMU's capture of the NIC's frames.
+        #[arg(long)]
+        pcap: PathBuf,
+    },
+    /// The guest sweep's CSV joined with QEMU's IOMMU trace counts.
+    Sweep {
+        /// The guest's console log (holds the CSV).
+        #[arg(long)]
+        console: PathBuf,
+        /// QEMU's trace log.
+        #[arg(long)]
+        trace: PathBuf,
+        /// QEMU's capture of the NIC's frames.
+        #[arg(long)]
+        pcap: PathBuf,
+        /// Where to write the joined CSV.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+fn read(path: &Path) -> Result<String, String> {
+    std::fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn pcap_lines(cap: &Capture) -> Vec<String> {
+    let r = &cap.report;
+    let mut v = vec![format!(
+        "pcap: {} frames of {} flows in {} streams, {} payload bytes matched, {} bad, {} foreign, {} truncated; {} of blocked flows, {} leaked",
+        r.frames, r.flows, r.streams, r.payload_bytes, r.bad_frames, cap.foreign, cap.truncated,
+        cap.blocked_frames, cap.leaks
+    )];
+    v.extend(r.first_errors.iter().map(|e| format!("pcap: {e}")));
+    v
+}
+
+fn test(console: &Path, pcap: &Path) -> Result<bool, String> {
+    let c = vm::parse_console(&read(console)?);
+    let (mut passed, mut failed) = (c.passed, c.failed);
+    let mut check = |ok: bool, what: String| {
+        println!("host: {what} ... {}", if ok { "ok" } else { "FAILED" });
+        if ok {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
+    };
+    check(
+        c.finished && c.exit == Some(0),
+        format!(
+            "guest tests finished (exit {:?}, {} passed, {} failed)",
+            c.exit, c.passed, c.failed
+        ),
+    );
+    match vm::check_pcap(pcap, &c.blocked_flows) {
+        Ok(cap) => {
+            for l in pcap_lines(&cap) {
+                println!("{l}");
+            }
+            let r = &cap.report;
+            check(
+                r.bad_frames == 0 && cap.truncated == 0 && r.frames > 0,
+                "every captured frame valid (IPv4/TCP checksums, sequence, payload)".into(),
+            );
+            if !c.blocked_flows.is_empty() {
+                check(
+                    cap.leaks == 0,
+                    format!(
+                        "no frame of a blocked flow carries the unmapped memory ({} such frames)",
+                        cap.blocked_frames
+                    ),
+                );
+            }
+            check(
+                r.frames == c.expect_frames,
+                format!(
+                    "frame count {} equals what the tests sent ({})",
+                    r.frames, c.expect_frames
+                ),
+            );
+        }
+        Err(e) => check(false, format!("capture readable: {e}")),
+    }
+    println!("{passed} passed, {failed} failed");
+    Ok(failed == 0)
+}
+
+fn sweep(console: &Path, trace: &Path, pcap: &Path, out: &Path) -> Result<bool, String> {
+    let c = vm::parse_console(&read(console)?);
+    if c.csv.is_empty() {
+        return Err(format!(
+            "{}: the guest printed no CSV (exit {:?})",
+            console.display(),
+            c.exit
+        ));
+    }
+    let windows = vm::count_windows(&read(trace)?, vfio_nic::igb::MARK_REG.offset());
+    let mut rd = csv::Reader::from_reader(c.csv.as_bytes());
+    let mut headers = rd.headers().map_err(|e| e.to_string())?.clone();
+    let packets_col = headers
+        .iter()
+        .position(|h| h == "packets")
+        .ok_or("the CSV has no packets column")?;
+    let rows: Vec<csv::StringRecord> = rd
+        .records()
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    if rows.len() != windows.len() {
+        return Err(format!(
+            "{} CSV rows but {} marked windows in the trace",
+            rows.len(),
+            windows.len()
+        ));
+    }
+    for h in [
+        "vtd_inv_per_pkt",
+        "vtd_iotlb_fills_per_pkt",
+        "vtd_iotlb_hits_per_pkt",
+    ] {
+        headers.push_field(h);
+    }
+    let mut w = csv::Writer::from_path(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    w.write_record(&headers).map_err(|e| e.to_string())?;
+    let mut table = Vec::new();
+    for (row, win) in rows.iter().zip(&windows) {
+        let p: f64 = row
+            .get(packets_col)
+            .and_then(|s| s.parse().ok())
+            .filter(|&p: &f64| p > 0.0)
+            .ok_or("a row without packets")?;
+        let mut r = row.clone();
+        let per = |n: u64| format!("{:.4}", n as f64 / p);
+        r.push_field(&per(win.invalidations));
+        r.push_field(&per(win.iotlb_fills));
+        r.push_field(&per(win.iotlb_hits));
+        w.write_record(&r).map_err(|e| e.to_string())?;
+        table.push(r);
+    }
+    w.flush().map_err(|e| e.to_string())?;
+    let col = |name: &str| headers.iter().position(|h| h == name);
+    let show = [
+        "order",
+        "policy",
+        "header",
+        "maps_per_pkt",
+        "unmaps_per_pkt",
+        "vtd_inv_per_pkt",
+        "vtd_iotlb_fills_per_pkt",
+        "vtd_iotlb_hits_per_pkt",
+        "descs_per_pkt",
+        "gbit_s",
+    ];
+    let idx: Vec<usize> = show.iter().filter_map(|s| col(s)).collect();
+    println!(
+        "{}",
+        idx.iter()
+            .map(|&i| format!("{:>14}", &headers[i]))
+            .collect::<String>()
+    );
+    for r in &table {
+        println!(
+            "{}",
+            idx.iter()
+                .map(|&i| format!("{:>14}", r.get(i).unwrap_or("")))
+                .collect::<String>()
+        );
+    }
+    println!("wrote {}", out.display());
+    let cap = vm::check_pcap(pcap, &[]).map_err(|e| e.to_string())?;
+    for l in pcap_lines(&cap) {
+        println!("{l}");
+    }
+    Ok(cap.report.bad_frames == 0 && c.exit == Some(0))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match &cli.cmd {
+        Cmd::Test { console, pcap } => test(console, pcap),
+        Cmd::Sweep {
+            console,
+            trace,
+            pcap,
+            out,
+        } => sweep(console, trace, pcap, out),
+    };
+    match r {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("vmcheck: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! Host side of the QEMU guest runs (`vm/run.sh`): reading the guest's
+//! console, the frames QEMU captured from the NIC, and QEMU's IOMMU trace.
+
+use std::io::Read;
+use std::path::Path;
+
+use pcap_file::pcap::PcapReader;
+use vfio_nic::wire::{WireCheck, WireReport};
+
+/// Source MAC of every frame a pfrag flow sends.
+pub const FLOW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+
+/// What the guest printed that the host needs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Console {
+    /// Tests passed, summed over `test result:` lines.
+    pub passed: u64,
+    /// Tests failed.
+    pub failed: u64,
+    /// Whether any `test result:` line was seen.
+    pub finished: bool,
+    /// Frames the tests said they put on the wire (`pcap-expect: N`).
+    pub expect_frames: u64,
+    /// The guest program's exit status (`guest-exit: N`).
+    pub exit: Option<i32>,
+    /// The lines between `=== csv begin` and `=== csv end`.
+    pub csv: String,
+    /// Flows whose payload the IOMMU must have blocked
+    /// (`pcap-blocked-flow: F`).
+    pub blocked_flows: Vec<u32>,
+}
+
+fn number_before(words: &[&str], what: &str) -> Option<u64> {
+    words
+        .windows(2)
+        .find(|w| w[1].trim_end_matches([';', ',']) == what)
+        .and_then(|w| w[0].parse().ok())
+}
+
+/// Parses the guest's console log.
+pub fn parse_console(text: &str) -> Console {
+    let mut c = Console::default();
+    let mut in_csv = false;
+    for line in text.lines() {
+        let line = line.trim_end_matches('\r');
+        if line == "=== csv begin" {
+            in_csv = true;
+            continue;
+        }
+        if line == "=== csv end" {
+            in_csv = false;
+            continue;
+        }
+        if in_csv {
+            c.csv.push_str(line);
+            c.csv.push('\n');
+            continue;
+        }
+        // libtest prints `test name ... ` before a test's own output, and
+        // kernel messages may land mid-line: markers are found anywhere.
+        let after = |marker: &str| line.find(marker).map(|i| &line[i + marker.len()..]);
+        if let Some(rest) = after("pcap-expect: ") {
+            c.expect_frames += rest.trim().parse::<u64>().unwrap_or(0);
+        } else if let Some(rest) = after("pcap-blocked-flow: ") {
+            if let Ok(f) = rest.trim().parse() {
+                c.blocked_flows.push(f);
+            }
+        } else if let Some(rest) = line.strip_prefix("guest-exit: ") {
+            c.exit = rest.trim().parse().ok();
+        } else if line.starts_with("test result:") {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            c.finished = true;
+            c.passed += number_before(&words, "passed").unwrap_or(0);
+            c.failed += number_before(&words, "failed").unwrap_or(0);
+        }
+    }
+    c
+}
+
+/// Frames in a capture: pfrag's (checked) and others (counted).
+#[derive(Clone, Debug, Default)]
+pub struct Capture {
+    /// The check of pfrag's frames.
+    pub report: WireReport,
+    /// Frames from other sources (none expected on an isolated hub).
+    pub foreign: u64,
+    /// Frames cut short by the capture.
+    pub truncated: u64,
+    /// Frames of flows whose payload the IOMMU should have blocked.
+    pub blocked_frames: u64,
+    /// Of those, frames that carried the real payload: the IOMMU let the
+    /// device read unmapped memory.
+    pub leaks: u64,
+}
+
+/// Errors reading a capture.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not a pcap file.
+    #[error("{path}: {detail}")]
+    Pcap {
+        /// The file.
+        path: String,
+        /// The parser's message.
+        detail: String,
+    },
+}
+
+/// Checks every pfrag frame of the pcap at `path`; frames of the `blocked`
+/// flows are judged apart: none may carry its flow's real payload.
+pub fn check_pcap(path: &Path, blocked: &[u32]) -> Result<Capture, CaptureError> {
+    let p = path.display().to_string();
+    let f = std::fs::File::open(path).map_err(|source| CaptureError::Io {
+        path: p.clone(),
+        source,
+    })?;
+    check_pcap_from(f, &p, blocked)
+}
+
+fn source_flow(fr: &[u8]) -> Option<u32> {
+    let sport = vfio_nic::flow::MACLEN + vfio_nic::flow::IPLEN;
+    let b = fr.get(sport..sport + 2)?;
+    vfio_nic::flow::flow_of_port(u16::from_be_bytes([b[0], b[1]]))
+}
+
+fn check_pcap_from(r: impl Read, name: &str, blocked: &[u32]) -> Result<Capture, CaptureError> {
+    let mut rd = PcapReader::new(r).map_err(|e| CaptureError::Pcap {
+        path: name.into(),
+        detail: e.to_string(),
+    })?;
+    let mut check = WireCheck::default();
+    let mut leak_check = WireCheck::default();
+    let mut cap = Capture::default();
+    while let Some(pkt) = rd.next_packet() {
+        let pkt = pkt.map_err(|e| CaptureError::Pcap {
+            path: name.into(),
+            detail: e.to_string(),
+        })?;
+        if pkt.data.len() < 12 || pkt.data[6..12] != FLOW_MAC {
+            cap.foreign += 1;
+            continue;
+        }
+        if (pkt.data.len() as u32) < pkt.orig_len {
+            cap.truncated += 1;
+        }
+        if source_flow(&pkt.data).is_some_and(|f| blocked.contains(&f)) {
+            cap.blocked_frames += 1;
+            if leak_check.frame(&pkt.data).is_ok() {
+                cap.leaks += 1;
+            }
+            continue;
+        }
+        let _ = check.frame(&pkt.data);
+    }
+    cap.report = check.report();
+    Ok(cap)
+}
+
+/// IOMMU events QEMU traced inside one measurement window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VtdCounts {
+    /// Invalidation descriptors (page-selective, domain and global IOTLB).
+    pub invalidations: u64,
+    /// IOTLB fills (a page walk whose result was cached).
+    pub iotlb_fills: u64,
+    /// IOTLB hits.
+    pub iotlb_hits: u64,
+}
+
+/// The value a window mark writes: `MARK_MAGIC | (row << 1) | end`.
+pub const MARK_MAGIC: u32 = 0x5f00_0000;
+
+/// Splits QEMU's trace at the NIC register writes of `mark_reg` carrying
+/// [`MARK_MAGIC`] values and counts IOMMU events in each window, in order.
+pub fn count_windows(trace: &str, mark_reg: u32) -> Vec<VtdCounts> {
+    let reg = format!("0x{mark_reg:x},");
+    let mut out = Vec::new();
+    let mut cur: Option<VtdCounts> = None;
+    for line in trace.lines() {
+        if line.contains("e1000e_core_write") {
+            if !line.contains(&reg) {
+                continue;
+            }
+            let Some(v) = line
+                .rsplit("0x")
+                .next()
+                .and_then(|h| u32::from_str_radix(h.trim(), 16).ok())
+            else {
+                continue;
+            };
+            if v & 0xff00_0000 != MARK_MAGIC {
+                continue;
+            }
+            if v & 1 == 0 {
+                cur = Some(VtdCounts::default());
+            } else if let Some(c) = cur.take() {
+                out.push(c);
+            }
+        } else if let Some(c) = cur.as_mut() {
+            if line.contains("vtd_inv_desc_iotlb_") {
+                c.invalidations += 1;
+            } else if line.contains("vtd_iotlb_page_update") {
+                c.iotlb_fills += 1;
+            } else if line.contains("vtd_iotlb_page_hit") {
+                c.iotlb_hits += 1;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn console_sums_results_and_expectations() {
+        let log = "boot noise\n\
+            test x ... pcap-expect: 10\r\n\
+            test a ... ok\n\
+            pcap-expect: 5\n\
+            test result: ok. 3 passed; 1 failed; 0 ignored; 0 measured; 2 filtered out\n\
+            test result: ok. 1 passed; 0 failed; 0 ignored\n\
+            test y ... pcap-blocked-flow: 98\n\
+            guest-exit: 101\n\
+            === csv begin\nh1,h2\n1,2\n=== csv end\n";
+        let c = parse_console(log);
+        assert_eq!((c.passed, c.failed, c.finished), (4, 1, true));
+        assert_eq!(c.expect_frames, 15);
+        assert_eq!(c.exit, Some(101));
+        assert_eq!(c.blocked_flows, vec![98]);
+        assert_eq!(c.csv, "h1,h2\n1,2\n");
+        assert!(!parse_console("kernel panic").finished);
+    }
+
+    #[test]
+    fn windows_count_only_between_marks() {
+        let reg = 0x5478;
+        let w = |v: u32| {
+            format!("e1000e_core_write Write to register 0x{reg:x}, 4 byte(s), value: 0x{v:x}\n")
+        };
+        let mut t = String::new();
+        t += "vtd_iotlb_page_hit x\n";
+        t += "e1000e_core_write Write to register 0xe018, 4 byte(s), value: 0x5f000000\n";
+        t += &w(MARK_MAGIC);
+        t += "vtd_iotlb_page_hit a\nvtd_iotlb_page_update b\nvtd_inv_desc_iotlb_pages c\n";
+        t += "vtd_inv_desc_iotlb_domain d\n";
+        t += &w(MARK_MAGIC | 1);
+        t += "vtd_iotlb_page_hit outside\n";
+        t += &w(MARK_MAGIC | 2);
+        t += "vtd_iotlb_page_hit y\nvtd_iotlb_page_hit z\n";
+        t += &w(MARK_MAGIC | 3);
+        let c = count_windows(&t, reg);
+        assert_eq!(
+            c,
+            vec![
+                VtdCounts {
+                    invalidations: 2,
+                    iotlb_fills: 1,
+                    iotlb_hits: 1
+                },
+                VtdCounts {
+                    invalidations: 0,
+                    iotlb_fills: 0,
+                    iotlb_hits: 2
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn not_a_pcap_is_an_error() {
+        let e = check_pcap_from(&b"hello world, not a capture"[..], "x", &[]).unwrap_err();
+        assert!(e.to_string().starts_with("x: "), "{e}");
+    }
+}

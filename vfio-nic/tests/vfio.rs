@@ -1,0 +1,410 @@
+//! Real VFIO: the TX queue driving an 82576 bound to vfio-pci, with DMA
+//! through the IOMMU. These need the device, so they are ignored by a plain
+//! `cargo test`; `vm/run.sh test` runs them in a QEMU guest with an
+//! emulated VT-d IOMMU and 82576, as
+//! `vfio-<hash> --ignored --test-threads=1 --nocapture`, then checks the
+//! frames QEMU captured against the `pcap-expect:` lines printed here.
+//!
+//! `PFRAG_VFIO_DEVICE` names the device (default `0000:00:02.0`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pfrag::bounce::SlotSize;
+use pfrag::dma::{Coherent, Dir, DmaMapper, Domain};
+use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::Order;
+use vfio_nic::desc::{self, Context, Data, Dcmd, Desc, Popts, Sta};
+use vfio_nic::device::TxDevice;
+use vfio_nic::flow::{self, Flow, HDR_LEN};
+use vfio_nic::igb::{Igb, IgbConfig};
+use vfio_nic::txq::{HeaderMode, TxConfig, TxQueue};
+use vfio_nic::vfio::{self as vf, VfioMapper, VfioPci};
+use vfio_nic::Error;
+
+const WAIT: Duration = Duration::from_secs(10);
+const MSS: usize = 1448;
+
+fn bdf() -> String {
+    std::env::var("PFRAG_VFIO_DEVICE").unwrap_or_else(|_| "0000:00:02.0".into())
+}
+
+type Dom = Arc<Domain<VfioMapper>>;
+
+fn open() -> (Dom, Igb) {
+    let pci = VfioPci::open(&bdf()).expect("open the VFIO device");
+    let mapper = VfioMapper::new(&pci).expect("read the container's IOMMU info");
+    assert!(
+        !mapper.ranges().is_empty(),
+        "the type1 driver reports usable IOVA ranges"
+    );
+    let nic = Igb::new(pci, IgbConfig::default()).expect("reset and link up");
+    (Arc::new(Domain::new(mapper)), nic)
+}
+
+/// TX settings for the emulated device: no buffer may cross an IOMMU page
+/// (QEMU maps each buffer as one IOTLB entry and drops packets whose
+/// buffers cross one).
+fn txcfg(header: HeaderMode, flows: usize) -> TxConfig {
+    TxConfig {
+        header,
+        flows,
+        boundary: Some(4096),
+        ..TxConfig::default()
+    }
+}
+
+/// Tells the host how many frames this test put on the wire.
+fn expect_on_wire(frames: u64) {
+    println!("pcap-expect: {frames}");
+}
+
+fn segments(len: usize) -> u64 {
+    len.div_ceil(MSS) as u64
+}
+
+fn header_for(policy: Policy) -> HeaderMode {
+    match policy {
+        Policy::PerFrag => HeaderMode::Mapped,
+        _ => HeaderMode::Bounce(SlotSize::B128),
+    }
+}
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
+fn tx_tso_and_small_packets_at_every_order_and_policy() {
+    let (domain, mut nic) = open();
+    let avail0 = domain.mapper().dma_avail().unwrap();
+    let mut wire = 0;
+    for order in 0..=4 {
+        for policy in Policy::ALL {
+            let pool = Pool::new(
+                domain.clone(),
+                PoolConfig::new(Order::new(order).unwrap(), policy),
+            )
+            .unwrap();
+            let before = nic.stats().unwrap().good_packets;
+            let cfg = txcfg(header_for(policy), 3);
+            let mut q = TxQueue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
+            let sizes = [65_160usize, 200, 3_000, 1_448, 64_000, 60];
+            let (mut frames, mut packets) = (0, 0);
+            for (i, &len) in sizes.iter().cycle().take(24).enumerate() {
+                loop {
+                    match q.send(i % 3, len) {
+                        Ok(()) => break,
+                        Err(Error::RingFull { .. }) => {
+                            q.kick().unwrap();
+                            q.wait(WAIT).unwrap();
+                        }
+                        Err(e) => panic!("order {order} {policy:?}: {e}"),
+                    }
+                }
+                frames += segments(len);
+                packets += 1;
+            }
+            q.kick().unwrap();
+            q.wait(WAIT).unwrap();
+            assert_eq!(q.stats().completed, 24);
+            nic = q.into_device().unwrap();
+            // The 82576 counts each TSO segment; QEMU's model counts each
+            // packet once. Either way every packet went out.
+            let sent = nic.stats().unwrap().good_packets - before;
+            assert!(
+                sent == frames || sent == packets,
+                "order {order} {policy:?}: device counted {sent} frames, sent {packets} packets of {frames} segments"
+            );
+            wire += frames;
+            drop(pool);
+        }
+    }
+    expect_on_wire(wire);
+    assert_eq!(
+        domain.mapper().dma_avail().unwrap(),
+        avail0,
+        "every mapping was undone"
+    );
+}
+
+/// Sets `dma_entry_limit` for the containers opened while it lives and
+/// puts the old value back on drop (also when the test fails).
+struct Limit(u32);
+
+impl Limit {
+    fn set(n: u32) -> Limit {
+        let old = vf::dma_entry_limit().expect("read dma_entry_limit");
+        vf::set_dma_entry_limit(n).expect("write dma_entry_limit (root)");
+        Limit(old)
+    }
+}
+
+impl Drop for Limit {
+    fn drop(&mut self) {
+        let _ = vf::set_dma_entry_limit(self.0);
+    }
+}
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
+fn mapping_limit_fails_per_frag_with_enospc_and_persistent_keeps_working() {
+    const LIMIT: u32 = 64;
+    let _limit = Limit::set(LIMIT);
+
+    // Per-frag: every payload frag and header is a mapping; with packets
+    // in flight the container runs out.
+    {
+        let (domain, nic) = open();
+        assert_eq!(domain.mapper().dma_avail().unwrap(), Some(LIMIT));
+        let pool = Pool::new(
+            domain.clone(),
+            PoolConfig::new(Order::new(0).unwrap(), Policy::PerFrag),
+        )
+        .unwrap();
+        let cfg = txcfg(HeaderMode::Mapped, 1);
+        let mut q = TxQueue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
+        let mut sent = 0u64;
+        let err = loop {
+            match q.send(0, 65_160) {
+                Ok(()) => sent += 1,
+                Err(e) => break e,
+            }
+            assert!(sent < 1000, "the mapping limit was never reached");
+        };
+        assert_eq!(err.errno(), Some(libc::ENOSPC), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("dma_entry_limit"), "{msg}");
+        println!("per-frag stopped after {sent} packets: {msg}");
+        // The failed packet left nothing mapped; the sent ones complete.
+        q.kick().unwrap();
+        q.wait(WAIT).unwrap();
+        assert_eq!(q.stats().completed, sent);
+        expect_on_wire(sent * segments(65_160));
+        drop(q);
+        drop(pool);
+        assert_eq!(
+            domain.mapper().dma_avail().unwrap(),
+            Some(LIMIT),
+            "nothing stays mapped after the error"
+        );
+    }
+
+    // Persistent: a handful of mappings for the whole run.
+    let (domain, nic) = open();
+    let pool = Pool::new(
+        domain.clone(),
+        PoolConfig::new(Order::new(4).unwrap(), Policy::Persistent),
+    )
+    .unwrap();
+    let cfg = txcfg(HeaderMode::Bounce(SlotSize::B128), 1);
+    let mut q = TxQueue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
+    let n = 300u64;
+    let mut m0 = None;
+    for i in 0..n {
+        if i == 100 {
+            q.kick().unwrap();
+            q.wait(WAIT).unwrap();
+            m0 = Some(domain.mapper().stats());
+        }
+        loop {
+            match q.send(0, 65_160) {
+                Ok(()) => break,
+                Err(Error::RingFull { .. }) => {
+                    q.kick().unwrap();
+                    q.wait(WAIT).unwrap();
+                }
+                Err(e) => panic!("persistent under the limit: {e}"),
+            }
+        }
+    }
+    q.kick().unwrap();
+    q.wait(WAIT).unwrap();
+    assert_eq!(q.stats().completed, n);
+    let d = domain.mapper().stats().since(&m0.unwrap());
+    assert_eq!(
+        (d.map_calls, d.unmap_calls),
+        (0, 0),
+        "steady state maps nothing"
+    );
+    let used = LIMIT - domain.mapper().dma_avail().unwrap().unwrap();
+    println!("persistent: {n} packets with {used} mappings in the container");
+    assert!(used <= 8, "{used} mappings");
+    expect_on_wire(n * segments(65_160));
+}
+
+/// Kernel log records (from `/dev/kmsg`) that contain `needle`, waiting up
+/// to `wait` for one to appear.
+fn kmsg_records(needle: &str, wait: Duration) -> Vec<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let t0 = Instant::now();
+    loop {
+        let mut found = Vec::new();
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open("/dev/kmsg")
+        {
+            let mut buf = vec![0u8; 8192];
+            // One record per read; EAGAIN at the end.
+            while let Ok(n) = f.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
+                if rec.contains(needle) {
+                    found.push(rec.trim_end().to_owned());
+                }
+            }
+        }
+        if !found.is_empty() || t0.elapsed() >= wait {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
+fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
+    const BLOCKED_FLOW: usize = 98;
+    const GOOD_FLOW: usize = 99;
+    let (domain, mut nic) = open();
+    let ring = Coherent::new(domain.clone(), 64 * desc::SIZE, Dir::BIDIRECTIONAL).unwrap();
+    let hdr_mem = Coherent::new(domain.clone(), 4096, Dir::TO_DEVICE).unwrap();
+    let payload = Coherent::new(domain.clone(), 4096, Dir::TO_DEVICE).unwrap();
+    // Memory that holds exactly what the blocked packet's payload should
+    // be, mapped and then unmapped (IOTLB invalidated): if the IOMMU let
+    // the device read it, the host would find a valid frame of that flow.
+    let secret = pfrag::mem::Region::new(4096, 4096, false).unwrap();
+    let mut want = vec![0u8; 1000];
+    vfio_nic::pattern::fill(BLOCKED_FLOW as u32, 0, &mut want);
+    // SAFETY: the region is 4096 bytes, private to this test, and no
+    // device can reach it yet.
+    unsafe { pfrag::mem::write(secret.addr(), &want) };
+    let bad = domain
+        .map(secret.addr(), 4096, 4096, Dir::TO_DEVICE)
+        .unwrap();
+    domain.unmap(bad, 4096).unwrap();
+    nic.attach(ring.iova(), 64).unwrap();
+    let put = |i: usize, d: Desc| {
+        let w = d.encode();
+        ring.write_u64(i * desc::SIZE, w[0]).unwrap();
+        ring.write_u64(i * desc::SIZE + 8, w[1]).unwrap();
+    };
+    let dd = |i: usize| {
+        ring.read_u32(i * desc::SIZE + desc::STATUS_OFFSET).unwrap() & Sta::DD.bits() != 0
+    };
+    let post = |flow: usize, at: usize, buf: pfrag::Iova, len: usize| {
+        let mut fl = Flow::new(flow).unwrap();
+        let mut hdr = [0u8; HDR_LEN];
+        fl.next_header(len, MSS, &mut hdr);
+        hdr_mem.write(at * 128, &hdr).unwrap();
+        let ctx = Context::tcp_ipv4(
+            flow::MACLEN as u8,
+            flow::IPLEN as u16,
+            flow::L4LEN as u8,
+            MSS as u16,
+        );
+        put(at, Desc::Context(ctx));
+        put(
+            at + 1,
+            Desc::Data(Data::new(
+                hdr_mem.iova().raw() + (at * 128) as u64,
+                HDR_LEN as u16,
+                Dcmd::IFCS,
+                (len + HDR_LEN) as u32,
+                Popts::IXSM | Popts::TXSM,
+            )),
+        );
+        put(
+            at + 2,
+            Desc::Data(Data::new(
+                buf.raw(),
+                len as u16,
+                Dcmd::IFCS | Dcmd::EOP | Dcmd::RS,
+                0,
+                Popts::empty(),
+            )),
+        );
+    };
+    println!("pcap-blocked-flow: {BLOCKED_FLOW}");
+    post(BLOCKED_FLOW, 0, bad, 1000);
+    nic.kick(3).unwrap();
+    let t0 = Instant::now();
+    while !dd(2) && t0.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    println!(
+        "blocked descriptor: written back {} after {:?}, device head {:?}",
+        dd(2),
+        t0.elapsed(),
+        nic.head()
+    );
+    let faults = kmsg_records(
+        &format!("fault addr {:#x}", bad.raw()),
+        Duration::from_secs(3),
+    );
+    for f in &faults {
+        println!("kernel: {f}");
+    }
+    assert!(
+        !faults.is_empty(),
+        "the IOMMU reported no fault for the read at {bad}"
+    );
+
+    // The device goes on: a good packet on another flow gets out.
+    let mut data = vec![0u8; 1000];
+    vfio_nic::pattern::fill(GOOD_FLOW as u32, 0, &mut data);
+    payload.write(0, &data).unwrap();
+    post(GOOD_FLOW, 3, payload.iova(), 1000);
+    nic.kick(6).unwrap();
+    let t0 = Instant::now();
+    while !dd(5) {
+        assert!(
+            t0.elapsed() < WAIT,
+            "good packet after a blocked one did not complete"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    expect_on_wire(1);
+    drop(secret);
+}
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
+fn stalled_transmitter_times_out_instead_of_hanging() {
+    let (domain, nic) = open();
+    let pool = Pool::new(
+        domain.clone(),
+        PoolConfig::new(Order::new(2).unwrap(), Policy::Persistent),
+    )
+    .unwrap();
+    let cfg = txcfg(HeaderMode::Bounce(SlotSize::B128), 1);
+    let mut q = TxQueue::new(domain, pool, nic, cfg).unwrap();
+    // Transmitter off: descriptors are posted but never processed.
+    q.device_mut().write(vfio_nic::igb::regs::TCTL, 0).unwrap();
+    q.send(0, 3000).unwrap();
+    q.kick().unwrap();
+    let t0 = Instant::now();
+    let err = q.wait(Duration::from_millis(300)).unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    println!("stalled: {err}");
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                pending: 1,
+                head: Some(0),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Back on, and the same packet completes.
+    let on = vfio_nic::igb::Tctl::EN | vfio_nic::igb::Tctl::PSP;
+    q.device_mut()
+        .write(vfio_nic::igb::regs::TCTL, on.bits())
+        .unwrap();
+    q.kick().unwrap();
+    assert_eq!(q.wait(WAIT).unwrap(), 1);
+    expect_on_wire(segments(3000));
+}
