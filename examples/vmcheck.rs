@@ -156,7 +156,17 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, out: &Path) -> Result<bool, 
     let mut w = csv::Writer::from_path(out).map_err(|e| format!("{}: {e}", out.display()))?;
     w.write_record(&headers).map_err(|e| e.to_string())?;
     let mut table = Vec::new();
+    let col_of = |name: &str| headers.iter().position(|h| h == name);
+    let (warm_col, pay_col) = (col_of("warmup"), col_of("payload_bytes"));
+    let mut expect_frames = 0u64;
     for (row, win) in rows.iter().zip(&windows) {
+        let field = |c: Option<usize>| -> u64 {
+            c.and_then(|i| row.get(i))
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0)
+        };
+        let payload = field(pay_col);
+        expect_frames += (field(Some(packets_col)) + field(warm_col)) * payload.div_ceil(1448);
         let p: f64 = row
             .get(packets_col)
             .and_then(|s| s.parse().ok())
@@ -204,7 +214,14 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, out: &Path) -> Result<bool, 
     for l in pcap_lines(&cap) {
         println!("{l}");
     }
-    Ok(cap.report.bad_frames == 0 && c.exit == Some(0))
+    let count_ok = cap.report.frames == expect_frames;
+    println!(
+        "pcap: {} frames, {} expected from the rows (packets + warm-up, 1448-byte segments): {}",
+        cap.report.frames,
+        expect_frames,
+        if count_ok { "ok" } else { "MISMATCH" }
+    );
+    Ok(cap.report.bad_frames == 0 && count_ok && c.exit == Some(0))
 }
 
 fn main() -> ExitCode {

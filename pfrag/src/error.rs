@@ -146,7 +146,7 @@ impl Error {
 /// locked-memory limit). Carried inside an [`io::Error`] so that
 /// [`Error::errno`] still finds the number.
 #[derive(Debug, thiserror::Error)]
-#[error("{} (os error {errno}); {hint}", io::Error::from_raw_os_error(*errno))]
+#[error("{}; {hint}", io::Error::from_raw_os_error(*errno))]
 pub struct OsAdvice {
     /// The errno the OS returned.
     pub errno: i32,

@@ -408,3 +408,107 @@ fn stalled_transmitter_times_out_instead_of_hanging() {
     assert_eq!(q.wait(WAIT).unwrap(), 1);
     expect_on_wire(segments(3000));
 }
+
+/// The calling thread's capability sets, through the raw capget/capset
+/// system calls (version 3: two 32-bit words per set).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+const CAP_V3: u32 = 0x2008_0522;
+const CAP_IPC_LOCK: u32 = 14;
+
+fn capget() -> [CapData; 2] {
+    let mut h = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    let mut d = [CapData::default(); 2];
+    // SAFETY: capget reads the header and writes two CapData, the layout
+    // of the kernel's v3 structures, both valid for the call.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
+    assert_eq!(r, 0, "capget: {}", std::io::Error::last_os_error());
+    d
+}
+
+fn capset(d: &[CapData; 2]) {
+    let mut h = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    // SAFETY: as in capget; capset only reads `d`.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) };
+    assert_eq!(r, 0, "capset: {}", std::io::Error::last_os_error());
+}
+
+/// Lowers RLIMIT_MEMLOCK and drops CAP_IPC_LOCK from this thread's
+/// effective set (VFIO checks it per map call) while it lives.
+struct NoLockCap {
+    caps: [CapData; 2],
+    limit: libc::rlimit,
+}
+
+impl NoLockCap {
+    fn with_memlock(bytes: u64) -> NoLockCap {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one rlimit.
+        let r = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
+        assert_eq!(r, 0);
+        let low = libc::rlimit {
+            rlim_cur: bytes,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads one rlimit.
+        let r = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &low) };
+        assert_eq!(r, 0);
+        let caps = capget();
+        let mut less = caps;
+        less[0].effective &= !(1 << CAP_IPC_LOCK);
+        capset(&less);
+        NoLockCap { caps, limit }
+    }
+}
+
+impl Drop for NoLockCap {
+    fn drop(&mut self) {
+        capset(&self.caps);
+        // SAFETY: setrlimit reads one rlimit.
+        unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &self.limit) };
+    }
+}
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
+fn memlock_limit_without_cap_ipc_lock_gives_enomem() {
+    let (domain, _nic) = open();
+    let small = Coherent::new(domain.clone(), 64 << 10, Dir::TO_DEVICE).unwrap();
+    let avail = domain.mapper().dma_avail().unwrap();
+    let err = {
+        let _guard = NoLockCap::with_memlock(1 << 20);
+        Coherent::new(domain.clone(), 8 << 20, Dir::TO_DEVICE).unwrap_err()
+    };
+    println!("memlock: {err}");
+    assert_eq!(err.errno(), Some(libc::ENOMEM), "{err}");
+    assert!(err.to_string().contains("RLIMIT_MEMLOCK"), "{err}");
+    assert_eq!(
+        domain.mapper().dma_avail().unwrap(),
+        avail,
+        "the refused map left nothing behind"
+    );
+    // With the capability back, the same request succeeds.
+    let big = Coherent::new(domain.clone(), 8 << 20, Dir::TO_DEVICE).unwrap();
+    drop((big, small));
+}
