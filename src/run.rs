@@ -282,36 +282,62 @@ fn measure<M: DmaMapper + Translate + 'static>(
     let (qs, cs) = (q.stats(), q.cache().stats());
 
     let p = cfg.packets as f64;
-    let ps = pool.stats();
-    let backing = backing_name(cfg.hugepages, ps.huge_fallbacks);
+    let common = Measured {
+        map: m,
+        descs: qs.descs - q0.descs,
+        waste: cs.waste_bytes - c0.waste_bytes,
+        ns,
+        pool: pool.stats(),
+    };
     Ok(Row {
-        backend: "soft".into(),
-        order: cfg.order.to_string(),
-        policy: cfg.policy.name().into(),
-        iommu: cfg.iommu.name().into(),
-        header: header_name(cfg.header).into(),
-        flows: cfg.flows,
-        packets: cfg.packets,
-        payload_bytes: cfg.payload,
-        maps_per_pkt: m.map_calls as f64 / p,
-        unmaps_per_pkt: m.unmap_calls as f64 / p,
-        map_pages_per_pkt: m.ptes_written as f64 / p,
-        invalidations_per_pkt: m.invalidations as f64 / p,
         iotlb_misses_per_pkt: m.iotlb_misses as f64 / p,
         pages_per_pkt: (n.pages - n0.pages) as f64 / (n.packets - n0.packets).max(1) as f64,
-        descs_per_pkt: (qs.descs - q0.descs) as f64 / p,
-        waste_bytes_per_pkt: (cs.waste_bytes - c0.waste_bytes) as f64 / p,
-        ns_per_pkt: ns / p,
-        gbit_s: cfg.payload as f64 * 8.0 * p / ns,
         model_iommu_ns_per_pkt: m.model_ns / p,
         faults: n.faults + n.bad_payload + n.bad_desc,
         bytes_verified: n.bytes_verified - n0.bytes_verified,
-        fit_whole: cfg.fit_whole,
-        pool_bytes: ps.mapped_bytes,
-        warmup: cfg.warmup,
         touch: touch_name(cfg.touch).into(),
-        backing: backing.into(),
+        ..common.row("soft", cfg)
     })
+}
+
+/// What both backends measure over a run's measured part.
+struct Measured {
+    map: pfrag::dma::MapStats,
+    descs: u64,
+    waste: u64,
+    ns: f64,
+    pool: pfrag::pool::PoolStats,
+}
+
+impl Measured {
+    /// The row's columns common to both backends.
+    fn row(&self, backend: &str, cfg: &RunConfig) -> Row {
+        let p = cfg.packets as f64;
+        let m = &self.map;
+        Row {
+            backend: backend.into(),
+            order: cfg.order.to_string(),
+            policy: cfg.policy.name().into(),
+            iommu: cfg.iommu.name().into(),
+            header: header_name(cfg.header).into(),
+            flows: cfg.flows,
+            packets: cfg.packets,
+            payload_bytes: cfg.payload,
+            maps_per_pkt: m.map_calls as f64 / p,
+            unmaps_per_pkt: m.unmap_calls as f64 / p,
+            map_pages_per_pkt: m.ptes_written as f64 / p,
+            invalidations_per_pkt: m.invalidations as f64 / p,
+            descs_per_pkt: self.descs as f64 / p,
+            waste_bytes_per_pkt: self.waste as f64 / p,
+            ns_per_pkt: self.ns / p,
+            gbit_s: cfg.payload as f64 * 8.0 * p / self.ns,
+            fit_whole: cfg.fit_whole,
+            pool_bytes: self.pool.mapped_bytes,
+            warmup: cfg.warmup,
+            backing: backing_name(cfg.hugepages, self.pool.huge_fallbacks).into(),
+            ..Row::default()
+        }
+    }
 }
 
 /// Runs `cfg` on the Intel 82576 at PCI address `bdf` through VFIO (the
@@ -372,34 +398,19 @@ pub fn run_vfio(
     let m = mapper.stats().since(&m0);
     let (qs, cs) = (q.stats(), q.cache().stats());
     let sent = q.device_mut().stats()?.good_packets - g0;
-    let p = cfg.packets as f64;
-    let ps = pool.stats();
+    let common = Measured {
+        map: m,
+        descs: qs.descs - q0.descs,
+        waste: cs.waste_bytes - c0.waste_bytes,
+        ns,
+        pool: pool.stats(),
+    };
     Ok(Row {
-        backend: "vfio".into(),
-        order: cfg.order.to_string(),
-        policy: cfg.policy.name().into(),
-        iommu: cfg.iommu.name().into(),
-        header: header_name(cfg.header).into(),
-        flows: cfg.flows,
-        packets: cfg.packets,
-        payload_bytes: cfg.payload,
-        maps_per_pkt: m.map_calls as f64 / p,
-        unmaps_per_pkt: m.unmap_calls as f64 / p,
-        map_pages_per_pkt: m.ptes_written as f64 / p,
-        invalidations_per_pkt: m.invalidations as f64 / p,
-        descs_per_pkt: (qs.descs - q0.descs) as f64 / p,
-        waste_bytes_per_pkt: (cs.waste_bytes - c0.waste_bytes) as f64 / p,
-        ns_per_pkt: ns / p,
-        gbit_s: cfg.payload as f64 * 8.0 * p / ns,
         // Packets the device did not count as sent (the 82576 counts each
         // TSO segment, QEMU's model each packet once: both reach `packets`).
         faults: cfg.packets.saturating_sub(sent),
-        fit_whole: cfg.fit_whole,
-        pool_bytes: ps.mapped_bytes,
-        warmup: cfg.warmup,
         touch: "wire".into(),
-        backing: backing_name(cfg.hugepages, ps.huge_fallbacks).into(),
-        ..Row::default()
+        ..common.row("vfio", cfg)
     })
 }
 

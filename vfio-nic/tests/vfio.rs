@@ -54,6 +54,22 @@ fn txcfg(header: HeaderMode, flows: usize) -> TxConfig {
     }
 }
 
+type Queue = TxQueue<VfioMapper, Igb>;
+
+/// Posts one packet, kicking and waiting for completions while the ring is
+/// full.
+fn send(q: &mut Queue, flow: usize, len: usize) -> Result<(), Error> {
+    loop {
+        match q.send(flow, len) {
+            Err(Error::RingFull { .. }) => {
+                q.kick()?;
+                q.wait(WAIT)?;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Tells the host how many frames this test put on the wire.
 fn expect_on_wire(frames: u64) {
     println!("pcap-expect: {frames}");
@@ -89,15 +105,8 @@ fn tx_tso_and_small_packets_at_every_order_and_policy() {
             let sizes = [65_160usize, 200, 3_000, 1_448, 64_000, 60];
             let (mut frames, mut packets) = (0, 0);
             for (i, &len) in sizes.iter().cycle().take(24).enumerate() {
-                loop {
-                    match q.send(i % 3, len) {
-                        Ok(()) => break,
-                        Err(Error::RingFull { .. }) => {
-                            q.kick().unwrap();
-                            q.wait(WAIT).unwrap();
-                        }
-                        Err(e) => panic!("order {order} {policy:?}: {e}"),
-                    }
+                if let Err(e) = send(&mut q, i % 3, len) {
+                    panic!("order {order} {policy:?}: {e}");
                 }
                 frames += segments(len);
                 packets += 1;
@@ -204,15 +213,8 @@ fn mapping_limit_fails_per_frag_with_enospc_and_persistent_keeps_working() {
             q.wait(WAIT).unwrap();
             m0 = Some(domain.mapper().stats());
         }
-        loop {
-            match q.send(0, 65_160) {
-                Ok(()) => break,
-                Err(Error::RingFull { .. }) => {
-                    q.kick().unwrap();
-                    q.wait(WAIT).unwrap();
-                }
-                Err(e) => panic!("persistent under the limit: {e}"),
-            }
+        if let Err(e) = send(&mut q, 0, 65_160) {
+            panic!("persistent under the limit: {e}");
         }
     }
     q.kick().unwrap();
