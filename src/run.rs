@@ -207,17 +207,20 @@ fn pump<M: DmaMapper, D: TxDevice>(
         loop {
             match q.send(flow, cfg.payload) {
                 Ok(()) => break,
-                Err(vfio_nic::Error::RingFull { .. }) => {
+                Err(e) if e.is_backoff() => {
                     q.kick()?;
                     if q.reap()? > 0 {
                         full_since = None;
                         continue;
                     }
                     if q.in_flight() == 0 {
-                        return Err(RunError::Setting(format!(
-                            "a {}-byte packet cannot fit a {}-descriptor ring",
-                            cfg.payload, cfg.ring
-                        )));
+                        return Err(match e {
+                            vfio_nic::Error::RingFull { .. } => RunError::Setting(format!(
+                                "a {}-byte packet cannot fit a {}-descriptor ring",
+                                cfg.payload, cfg.ring
+                            )),
+                            other => other.into(),
+                        });
                     }
                     let t = *full_since.get_or_insert_with(Instant::now);
                     if t.elapsed() > STALL {

@@ -65,6 +65,26 @@ pub enum Error {
         /// The page size it must be aligned to.
         page: u64,
     },
+    /// Growth would pass the process-wide memory limit of the pool's
+    /// [`MemAccount`](crate::account::MemAccount): back off (complete
+    /// frags) and retry.
+    #[error("memory limit: {allocated} bytes in use, {requested} more requested, max {max}")]
+    MemoryLimit {
+        /// Bytes charged to the account.
+        allocated: u64,
+        /// Bytes the growth needed.
+        requested: u64,
+        /// The account's `max`.
+        max: u64,
+    },
+    /// A queue index past the pool's queues.
+    #[error("queue {queue} does not exist (the pool has {queues})")]
+    BadQueue {
+        /// The queue asked for.
+        queue: usize,
+        /// Queues configured.
+        queues: usize,
+    },
     /// The mapper refused a map request.
     #[error("DMA map of {len:#x} bytes at iova {iova} failed (errno {errno:?}): {source}", errno = errno_of(.source))]
     Map {

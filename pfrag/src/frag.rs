@@ -8,8 +8,8 @@
 //! burst of frags of one chunk ([`complete_burst`]) is one atomic for the
 //! burst. Whoever drops the refcount to zero recycles the chunk.
 
+use crate::sync::Ordering;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::Ordering;
 
 use crate::addr::{align_down, align_up, Iova, VirtAddr, PAGE_SIZE};
 use crate::dma::DmaMapper;
@@ -180,6 +180,8 @@ pub struct FragCache<M: DmaMapper> {
     /// References charged on `cur` and not yet given to frags.
     bias: u32,
     chunk_size: usize,
+    /// The queue whose reserve the cache takes from.
+    queue: usize,
     stats: CacheStats,
 }
 
@@ -197,7 +199,7 @@ impl<M: DmaMapper> std::fmt::Debug for FragCache<M> {
 }
 
 impl<M: DmaMapper> FragCache<M> {
-    /// A cache that carves chunks of `pool`.
+    /// A cache that carves chunks of `pool` for its queue 0.
     pub fn new(pool: Pool<M>) -> FragCache<M> {
         let chunk_size = pool.chunk_size();
         FragCache {
@@ -206,8 +208,28 @@ impl<M: DmaMapper> FragCache<M> {
             offset: 0,
             bias: 0,
             chunk_size,
+            queue: 0,
             stats: CacheStats::default(),
         }
+    }
+
+    /// A cache for queue `queue` of `pool`: it takes chunks from that
+    /// queue's reserve first, and its freed chunks return there.
+    pub fn for_queue(pool: Pool<M>, queue: usize) -> Result<FragCache<M>> {
+        if queue >= pool.queues() {
+            return Err(Error::BadQueue {
+                queue,
+                queues: pool.queues(),
+            });
+        }
+        let mut c = FragCache::new(pool);
+        c.queue = queue;
+        Ok(c)
+    }
+
+    /// The queue the cache serves.
+    pub fn queue(&self) -> usize {
+        self.queue
     }
 
     /// The pool behind the cache.
@@ -330,7 +352,7 @@ impl<M: DmaMapper> FragCache<M> {
             self.cur = None;
             self.bias = 0;
         }
-        let c = self.pool.take()?;
+        let c = self.pool.take(self.queue)?;
         c.get().refcnt.store(BIAS, Ordering::Relaxed);
         self.cur = Some(c);
         self.bias = BIAS;

@@ -16,7 +16,10 @@
 //!   mapping policies;
 //! - [`frag`]: the per-queue [`FragCache`](frag::FragCache) and
 //!   [`Frag`](frag::Frag);
-//! - [`bounce`]: the header bounce ring.
+//! - [`bounce`]: the header bounce ring;
+//! - [`account`]: process-wide memory limits with pressure hooks;
+//! - `sync`: the atomics, mutex and queue the shared state uses (loom's
+//!   models under `--cfg loom`).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -39,6 +42,7 @@
 //! # Ok::<(), pfrag::Error>(())
 //! ```
 
+pub mod account;
 pub mod addr;
 pub mod bounce;
 pub mod dma;
@@ -47,6 +51,7 @@ pub mod frag;
 pub mod iova;
 pub mod mem;
 pub mod pool;
+mod sync;
 
 pub use addr::{Iova, Order, VirtAddr, PAGE_SIZE};
 pub use error::{Error, OsAdvice, Result};

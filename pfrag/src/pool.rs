@@ -3,6 +3,24 @@
 //! shrinking past a high watermark in batches unmapped one call per
 //! contiguous range.
 //!
+//! Per-queue reserves. A pool serves `queues` TX queues. Under
+//! [`Reclaim::Eager`] a chunk freed by a completion goes straight back to
+//! the shared free list (one reclaim per freed chunk). Under
+//! [`Reclaim::Hysteresis`] it goes to its queue's reserve (forward
+//! allocation), which the queue takes from first; the reserve is trimmed
+//! only past `threshold` bytes, `chunk` bytes at once, so the shared list
+//! (and its atomics) is touched rarely. A queue that runs dry takes from
+//! the shared list, then borrows from its neighbours' reserves, skipping any
+//! neighbour that flagged itself *under pressure* (it ran dry too); only
+//! the owner clears its flag, when its reserve has room again. Borrowing is
+//! a lock-free pop: it never waits for a busy neighbour.
+//!
+//! Memory pressure. With a [`MemAccount`](crate::account::MemAccount)
+//! ([`Pool::with_account`]), growth is charged and shrinking uncharged;
+//! while the account is under pressure (one relaxed load per completion),
+//! queues hand their whole reserve back and the pool gives free memory back
+//! to the OS (unmapped first) regardless of its watermark.
+//!
 //! Lifetime. Chunk metadata (the side table) lives in boxed slices owned by
 //! the pool's shared state, so its address never changes. Every chunk that is
 //! out of the free list (held by a frag cache or by in-flight frags) holds one
@@ -11,15 +29,14 @@
 //! atomic per frag.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-use crossbeam_queue::SegQueue;
-
+use crate::account::Charge;
 use crate::addr::{Iova, Order, VirtAddr, HUGE_PAGE_SIZE};
 use crate::dma::{Dir, DmaMapper, Domain};
 use crate::error::{Error, Result};
 use crate::mem::{Backing, Region};
+use crate::sync::{lock, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, Queue};
 
 /// When chunk memory is mapped for DMA.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,6 +48,38 @@ pub enum Policy {
     PerChunk,
     /// Map on grow, keep mapped while recycled, unmap on shrink.
     Persistent,
+}
+
+/// How a queue's freed chunks return to the shared pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reclaim {
+    /// Straight back to the shared free list, every time a completion frees
+    /// a chunk ("keep the forward allocation as small as possible").
+    Eager,
+    /// Kept in the queue's reserve; when the reserve passes `threshold`
+    /// bytes, `chunk` bytes go back at once.
+    Hysteresis {
+        /// Bytes a queue may keep in reserve.
+        threshold: u64,
+        /// Bytes returned per reclaim.
+        chunk: u64,
+    },
+}
+
+impl Reclaim {
+    /// Hysteresis with the values Linux used: 2 MiB threshold, 1 MiB back.
+    pub const HYSTERESIS: Reclaim = Reclaim::Hysteresis {
+        threshold: 2 << 20,
+        chunk: 1 << 20,
+    };
+
+    /// The lab's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reclaim::Eager => "eager",
+            Reclaim::Hysteresis { .. } => "hysteresis",
+        }
+    }
 }
 
 impl Policy {
@@ -73,6 +122,10 @@ pub struct PoolConfig {
     pub max_payload: usize,
     /// Back arenas with 2 MiB huge pages when available.
     pub hugepages: bool,
+    /// TX queues served, each with its own reserve (1..=4096).
+    pub queues: usize,
+    /// How freed chunks go back to the shared list.
+    pub reclaim: Reclaim,
 }
 
 impl PoolConfig {
@@ -89,6 +142,8 @@ impl PoolConfig {
             max_bytes: None,
             max_payload: 256 << 10,
             hugepages: false,
+            queues: 1,
+            reclaim: Reclaim::Eager,
         }
     }
 
@@ -120,6 +175,20 @@ impl PoolConfig {
                 value: 0,
             });
         }
+        if self.queues == 0 || self.queues > 4096 {
+            return Err(Error::BadConfig {
+                what: "queues (1..=4096)",
+                value: self.queues as u64,
+            });
+        }
+        if let Reclaim::Hysteresis { threshold, chunk } = self.reclaim {
+            if chunk < self.order.size() as u64 || threshold < chunk {
+                return Err(Error::BadConfig {
+                    what: "hysteresis (chunk >= one pool chunk, threshold >= chunk)",
+                    value: chunk,
+                });
+            }
+        }
         Ok(self)
     }
 }
@@ -146,6 +215,74 @@ pub struct PoolStats {
     /// Unmaps that failed where no error could be returned (completion in
     /// `Drop`).
     pub unmap_errors: u64,
+    /// Pushes and pops on the shared free list by queues (takes, eager
+    /// frees, reclaims).
+    pub shared_ops: u64,
+    /// Reclaim calls of all queues.
+    pub reclaim_calls: u64,
+    /// Chunks queues borrowed from neighbours.
+    pub borrows: u64,
+    /// Neighbours skipped because they were under pressure.
+    pub skipped_pressured: u64,
+}
+
+/// A snapshot of one queue's reserve.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Bytes in the reserve now.
+    pub held: u64,
+    /// Most bytes the reserve held.
+    pub peak_held: u64,
+    /// Times the queue gave memory back to the shared list.
+    pub reclaim_calls: u64,
+    /// Bytes it gave back.
+    pub reclaimed_bytes: u64,
+    /// Its pushes and pops on the shared free list.
+    pub shared_ops: u64,
+    /// Chunks it borrowed from neighbours.
+    pub borrows: u64,
+    /// Chunks neighbours borrowed from it.
+    pub lent: u64,
+    /// Neighbours it skipped because they were under pressure.
+    pub skipped_pressured: u64,
+    /// Times it flagged itself under pressure (ran dry).
+    pub pressure_flags: u64,
+    /// Whether it is flagged now.
+    pub pressured: bool,
+}
+
+#[derive(Default)]
+struct QueueCounters {
+    peak_held: AtomicU64,
+    reclaim_calls: AtomicU64,
+    reclaimed_bytes: AtomicU64,
+    shared_ops: AtomicU64,
+    borrows: AtomicU64,
+    lent: AtomicU64,
+    skipped_pressured: AtomicU64,
+    pressure_flags: AtomicU64,
+}
+
+/// One queue's reserve of free chunks.
+struct Reserve<M: DmaMapper> {
+    free: Queue<ChunkPtr<M>>,
+    /// Bytes in `free`.
+    held: AtomicU64,
+    /// "Under pressure: do not borrow from me." Set by the owner when it
+    /// runs dry, cleared by the owner when it has room again.
+    pressured: AtomicBool,
+    c: QueueCounters,
+}
+
+impl<M: DmaMapper> Reserve<M> {
+    fn new() -> Reserve<M> {
+        Reserve {
+            free: Queue::new(),
+            held: AtomicU64::new(0),
+            pressured: AtomicBool::new(false),
+            c: QueueCounters::default(),
+        }
+    }
 }
 
 /// Sentinel for "no IOVA".
@@ -168,6 +305,8 @@ pub(crate) struct Chunk<M: DmaMapper> {
     pub(crate) pool: *const Shared<M>,
     /// Index of the arena that holds the memory.
     arena: u32,
+    /// The queue that took it last (whose reserve it returns to).
+    owner: AtomicU32,
 }
 
 // SAFETY: the fields are atomics or immutable after construction; `pool`
@@ -221,6 +360,7 @@ struct Counters {
     huge_fallbacks: AtomicU64,
     huge_arenas: AtomicU64,
     unmap_errors: AtomicU64,
+    shared_ops: AtomicU64,
 }
 
 /// State shared by a pool's handles, caches and frags.
@@ -228,7 +368,7 @@ pub(crate) struct Shared<M: DmaMapper> {
     pub(crate) domain: Arc<Domain<M>>,
     pub(crate) cfg: PoolConfig,
     /// Chunks ready to hand out. Invariant: refcnt 0; mapped iff Persistent.
-    free: SegQueue<ChunkPtr<M>>,
+    free: Queue<ChunkPtr<M>>,
     /// Chunks whose memory was given back. Invariant: refcnt 0, unmapped.
     released: Mutex<Vec<ChunkPtr<M>>>,
     /// All arenas; also the lock that serialises grow and shrink.
@@ -236,6 +376,12 @@ pub(crate) struct Shared<M: DmaMapper> {
     /// Set while one thread shrinks, so completions never queue behind it.
     shrinking: AtomicBool,
     counters: Counters,
+    /// One reserve per queue.
+    reserves: Box<[Reserve<M>]>,
+    /// The memory account charged on grow, uncharged on shrink.
+    account: Option<Arc<dyn Charge>>,
+    /// The account's pressure flag, read on the completion path.
+    pressure: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// A pool of order-N chunks. Cheap to clone (a shared handle).
@@ -260,25 +406,41 @@ impl<M: DmaMapper> std::fmt::Debug for Pool<M> {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Pool state is updated before any call that can fail or panic, so a
-    // poisoned lock still guards consistent data.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl<M: DmaMapper> Pool<M> {
     /// A new, empty pool in `domain`.
     pub fn new(domain: Arc<Domain<M>>, cfg: PoolConfig) -> Result<Pool<M>> {
+        Pool::build(domain, cfg, None)
+    }
+
+    /// A new, empty pool whose memory counts against `account` (shared by
+    /// every pool that should share its limits).
+    pub fn with_account(
+        domain: Arc<Domain<M>>,
+        cfg: PoolConfig,
+        account: Arc<dyn Charge>,
+    ) -> Result<Pool<M>> {
+        Pool::build(domain, cfg, Some(account))
+    }
+
+    fn build(
+        domain: Arc<Domain<M>>,
+        cfg: PoolConfig,
+        account: Option<Arc<dyn Charge>>,
+    ) -> Result<Pool<M>> {
         let cfg = cfg.resolve()?;
+        let pressure = account.as_ref().map(|a| a.pressure_flag());
         Ok(Pool {
             shared: Arc::new(Shared {
                 domain,
-                cfg,
-                free: SegQueue::new(),
+                free: Queue::new(),
                 released: Mutex::new(Vec::new()),
                 arenas: Mutex::new(Vec::new()),
                 shrinking: AtomicBool::new(false),
                 counters: Counters::default(),
+                reserves: (0..cfg.queues).map(|_| Reserve::new()).collect(),
+                account,
+                pressure,
+                cfg,
             }),
         })
     }
@@ -298,9 +460,42 @@ impl<M: DmaMapper> Pool<M> {
         self.shared.cfg.order.size()
     }
 
-    /// Chunks in the free list now.
+    /// Chunks in the shared free list now.
     pub fn free_chunks(&self) -> usize {
         self.shared.free.len()
+    }
+
+    /// Chunks in queue reserves now.
+    pub fn reserved_chunks(&self) -> usize {
+        self.shared.reserves.iter().map(|r| r.free.len()).sum()
+    }
+
+    /// Queues the pool serves.
+    pub fn queues(&self) -> usize {
+        self.shared.reserves.len()
+    }
+
+    /// Whether the pool's memory account is under pressure.
+    pub fn under_pressure(&self) -> bool {
+        self.shared.under_pressure()
+    }
+
+    /// A snapshot of queue `q`'s reserve.
+    pub fn queue_stats(&self, q: usize) -> Result<QueueStats> {
+        let r = self.shared.reserve(q)?;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Ok(QueueStats {
+            held: l(&r.held),
+            peak_held: l(&r.c.peak_held),
+            reclaim_calls: l(&r.c.reclaim_calls),
+            reclaimed_bytes: l(&r.c.reclaimed_bytes),
+            shared_ops: l(&r.c.shared_ops),
+            borrows: l(&r.c.borrows),
+            lent: l(&r.c.lent),
+            skipped_pressured: l(&r.c.skipped_pressured),
+            pressure_flags: l(&r.c.pressure_flags),
+            pressured: r.pressured.load(Ordering::Relaxed),
+        })
     }
 
     /// A snapshot of the counters.
@@ -317,19 +512,51 @@ impl<M: DmaMapper> Pool<M> {
             huge_fallbacks: l(&c.huge_fallbacks),
             huge_arenas: l(&c.huge_arenas),
             unmap_errors: l(&c.unmap_errors),
+            shared_ops: l(&c.shared_ops),
+            reclaim_calls: self
+                .shared
+                .reserves
+                .iter()
+                .map(|r| l(&r.c.reclaim_calls))
+                .sum(),
+            borrows: self.shared.reserves.iter().map(|r| l(&r.c.borrows)).sum(),
+            skipped_pressured: self
+                .shared
+                .reserves
+                .iter()
+                .map(|r| l(&r.c.skipped_pressured))
+                .sum(),
         }
     }
 
-    /// Takes a free chunk (growing if needed) for exclusive use by a cache.
-    /// Maps it under `PerChunk`. The chunk holds a strong count on the pool.
-    pub(crate) fn take(&self) -> Result<ChunkPtr<M>> {
+    /// Takes a free chunk for exclusive use by queue `q`'s cache: from its
+    /// reserve, else the shared list, else a neighbour's reserve, else by
+    /// growing. Maps it under `PerChunk`. The chunk holds a strong count on
+    /// the pool.
+    pub(crate) fn take(&self, q: usize) -> Result<ChunkPtr<M>> {
         let sh = &self.shared;
+        let r = sh.reserve(q)?;
+        let size = sh.cfg.order.size() as u64;
         let c = loop {
+            if let Some(c) = r.free.pop() {
+                r.held.fetch_sub(size, Ordering::Relaxed);
+                break c;
+            }
+            if sh.cfg.reclaim != Reclaim::Eager && !r.pressured.load(Ordering::Relaxed) {
+                // Ran dry: ask the neighbours to leave our reserve alone.
+                r.pressured.store(true, Ordering::Relaxed);
+                r.c.pressure_flags.fetch_add(1, Ordering::Relaxed);
+            }
             if let Some(c) = sh.free.pop() {
+                sh.shared_op(r, 1);
+                break c;
+            }
+            if let Some(c) = sh.borrow(q) {
                 break c;
             }
             sh.grow()?;
         };
+        c.get().owner.store(q as u32, Ordering::Relaxed);
         if sh.cfg.policy == Policy::PerChunk {
             let size = sh.cfg.order.size() as u64;
             match sh.domain.map(c.get().addr, size, size, sh.cfg.dir) {
@@ -339,6 +566,7 @@ impl<M: DmaMapper> Pool<M> {
                 }
                 Err(e) => {
                     sh.free.push(c);
+                    sh.shared_op(r, 1);
                     return Err(e);
                 }
             }
@@ -347,14 +575,73 @@ impl<M: DmaMapper> Pool<M> {
         Ok(c)
     }
 
-    /// Gives back free chunks past the high watermark now (normally done by
-    /// completions). Returns the number of chunks released.
+    /// Gives back free chunks past the high watermark (all free chunks
+    /// under memory pressure) now; normally done by completions. Returns the
+    /// number of chunks released.
     pub fn trim(&self) -> Result<usize> {
         self.shared.shrink()
     }
 }
 
 impl<M: DmaMapper> Shared<M> {
+    fn reserve(&self, q: usize) -> Result<&Reserve<M>> {
+        self.reserves.get(q).ok_or(Error::BadQueue {
+            queue: q,
+            queues: self.reserves.len(),
+        })
+    }
+
+    fn under_pressure(&self) -> bool {
+        self.pressure
+            .as_ref()
+            .is_some_and(|p| p.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn shared_op(&self, r: &Reserve<M>, n: u64) {
+        self.counters.shared_ops.fetch_add(n, Ordering::Relaxed);
+        r.c.shared_ops.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A chunk from the first neighbour of `q` (in ring order) that is not
+    /// under pressure and has one. Lock-free pops only.
+    fn borrow(&self, q: usize) -> Option<ChunkPtr<M>> {
+        let n = self.reserves.len();
+        let me = &self.reserves[q];
+        let size = self.cfg.order.size() as u64;
+        for i in 1..n {
+            let nb = &self.reserves[(q + i) % n];
+            if nb.pressured.load(Ordering::Relaxed) {
+                me.c.skipped_pressured.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if let Some(c) = nb.free.pop() {
+                nb.held.fetch_sub(size, Ordering::Relaxed);
+                nb.c.lent.fetch_add(1, Ordering::Relaxed);
+                me.c.borrows.fetch_add(1, Ordering::Relaxed);
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// Moves up to `bytes` (at least one chunk) from queue `r`'s reserve to
+    /// the shared list: one reclaim call.
+    fn reclaim(&self, r: &Reserve<M>, bytes: u64) {
+        let size = self.cfg.order.size() as u64;
+        let mut moved = 0u64;
+        while moved < bytes.max(size) {
+            let Some(c) = r.free.pop() else { break };
+            r.held.fetch_sub(size, Ordering::Relaxed);
+            self.free.push(c);
+            moved += size;
+        }
+        if moved > 0 {
+            r.c.reclaim_calls.fetch_add(1, Ordering::Relaxed);
+            r.c.reclaimed_bytes.fetch_add(moved, Ordering::Relaxed);
+            self.shared_op(r, moved / size);
+        }
+    }
+
     pub(crate) fn note_unmap_error(&self) {
         self.counters.unmap_errors.fetch_add(1, Ordering::Relaxed);
     }
@@ -397,6 +684,15 @@ impl<M: DmaMapper> Shared<M> {
                 });
             }
         }
+        let charge = (count * size) as u64;
+        if let Some(a) = &self.account {
+            a.charge(charge)?;
+        }
+        let uncharge = || {
+            if let Some(a) = &self.account {
+                a.uncharge(charge);
+            }
+        };
         let mut huge = false;
         let chunks: Vec<ChunkPtr<M>> = if !fresh {
             let at = released.len() - reuse;
@@ -407,7 +703,13 @@ impl<M: DmaMapper> Shared<M> {
             } else {
                 size
             };
-            let region = Region::new(batch * size, align.max(size), cfg.hugepages)?;
+            let region = match Region::new(batch * size, align.max(size), cfg.hugepages) {
+                Ok(r) => r,
+                Err(e) => {
+                    uncharge();
+                    return Err(e);
+                }
+            };
             huge = region.backing() == Backing::Huge;
             match region.backing() {
                 Backing::Huge => self.counters.huge_arenas.fetch_add(1, Ordering::Relaxed),
@@ -424,6 +726,7 @@ impl<M: DmaMapper> Shared<M> {
                     iova: AtomicU64::new(NO_IOVA),
                     pool: self as *const Shared<M>,
                     arena: idx,
+                    owner: AtomicU32::new(0),
                 })
                 .collect();
             arenas.push(Arena { region, chunks });
@@ -461,6 +764,7 @@ impl<M: DmaMapper> Shared<M> {
                             .released
                             .fetch_add(batch as u64, Ordering::Relaxed);
                     }
+                    uncharge();
                     return Err(e);
                 }
             }
@@ -502,9 +806,33 @@ impl<M: DmaMapper> Shared<M> {
                     }
                 }
             }
-            sh.free.push(c);
+            let size = sh.cfg.order.size() as u64;
+            let r = &sh.reserves[c.get().owner.load(Ordering::Relaxed) as usize];
+            let pressure = sh.under_pressure();
+            match sh.cfg.reclaim {
+                Reclaim::Eager => {
+                    sh.free.push(c);
+                    sh.shared_op(r, 1);
+                    r.c.reclaim_calls.fetch_add(1, Ordering::Relaxed);
+                    r.c.reclaimed_bytes.fetch_add(size, Ordering::Relaxed);
+                }
+                Reclaim::Hysteresis { threshold, chunk } => {
+                    r.free.push(c);
+                    let held = r.held.fetch_add(size, Ordering::Relaxed) + size;
+                    r.c.peak_held.fetch_max(held, Ordering::Relaxed);
+                    if r.pressured.load(Ordering::Relaxed) && held >= (threshold / 4).max(size) {
+                        // The owner has room again.
+                        r.pressured.store(false, Ordering::Relaxed);
+                    }
+                    if pressure {
+                        sh.reclaim(r, u64::MAX);
+                    } else if held > threshold {
+                        sh.reclaim(r, chunk);
+                    }
+                }
+            }
             sh.counters.recycles.fetch_add(1, Ordering::Relaxed);
-            if sh.free.len() > sh.cfg.high_watermark {
+            if pressure || sh.free.len() > sh.cfg.high_watermark {
                 let _ = sh.shrink();
             }
         }
@@ -513,8 +841,9 @@ impl<M: DmaMapper> Shared<M> {
     }
 
     /// Gives back one batch of free chunks if the free list is past the high
-    /// watermark: unmapped first (one call per contiguous range), then their
-    /// memory returned to the OS. Returns chunks released.
+    /// watermark (or holds any, under memory pressure): unmapped first (one
+    /// call per contiguous range), then their memory returned to the OS and
+    /// uncharged. Returns chunks released.
     fn shrink(&self) -> Result<usize> {
         if self.shrinking.swap(true, Ordering::Acquire) {
             return Ok(0);
@@ -526,7 +855,12 @@ impl<M: DmaMapper> Shared<M> {
 
     fn shrink_locked(&self) -> Result<usize> {
         let cfg = &self.cfg;
-        if self.free.len() <= cfg.high_watermark {
+        let mark = if self.under_pressure() {
+            0
+        } else {
+            cfg.high_watermark
+        };
+        if self.free.len() <= mark {
             return Ok(0);
         }
         let arenas = lock(&self.arenas);
@@ -573,6 +907,9 @@ impl<M: DmaMapper> Shared<M> {
             .fetch_add(n as u64, Ordering::Relaxed);
         self.counters.chunks.fetch_sub(n as u64, Ordering::Relaxed);
         self.counters.shrinks.fetch_add(1, Ordering::Relaxed);
+        if let Some(a) = &self.account {
+            a.uncharge((n * size) as u64);
+        }
         Ok(n)
     }
 }
@@ -582,13 +919,19 @@ impl<M: DmaMapper> Drop for Shared<M> {
         // Every chunk is back (each outstanding one held a strong count).
         let size = self.cfg.order.size() as u64;
         let mut ranges = Vec::new();
-        while let Some(c) = self.free.pop() {
-            let i = c.get().iova.load(Ordering::Relaxed);
-            if i != NO_IOVA {
-                ranges.push((Iova(i), size));
+        let lists = std::iter::once(&self.free).chain(self.reserves.iter().map(|r| &r.free));
+        for list in lists {
+            while let Some(c) = list.pop() {
+                let i = c.get().iova.load(Ordering::Relaxed);
+                if i != NO_IOVA {
+                    ranges.push((Iova(i), size));
+                }
             }
         }
         // Unmap before the arenas (and their memory) go away.
         let _ = self.domain.unmap_many(&ranges);
+        if let Some(a) = &self.account {
+            a.uncharge(self.counters.chunks.load(Ordering::Relaxed) * size);
+        }
     }
 }

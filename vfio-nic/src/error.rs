@@ -135,6 +135,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the failure is transient backpressure (ring full, memory
+    /// limit): reap completions and retry.
+    pub fn is_backoff(&self) -> bool {
+        matches!(
+            self,
+            Error::RingFull { .. }
+                | Error::Pool(pfrag::Error::MemoryLimit { .. })
+                | Error::Pool(pfrag::Error::LimitReached { .. })
+        )
+    }
+
     /// The errno behind the failure, where the OS gave one.
     pub fn errno(&self) -> Option<i32> {
         match self {

@@ -56,6 +56,8 @@ pub struct TxConfig {
     /// an IOMMU page, so runs under emulation set this to 4096; real
     /// hardware needs no split.
     pub boundary: Option<usize>,
+    /// The pool queue (reserve) whose chunks the payload cache takes.
+    pub queue: usize,
 }
 
 impl Default for TxConfig {
@@ -68,6 +70,7 @@ impl Default for TxConfig {
             flows: 1,
             max_bufs: 64,
             boundary: None,
+            queue: 0,
         }
     }
 }
@@ -91,6 +94,8 @@ pub struct TxStats {
     pub ring_full: u64,
     /// Frag completions whose unmap failed.
     pub unmap_errors: u64,
+    /// Sends refused because the pool hit a memory limit.
+    pub mem_backoffs: u64,
 }
 
 enum Hdr<M: DmaMapper> {
@@ -194,7 +199,7 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
             ring,
             tail: 0,
             used: 0,
-            cache: FragCache::new(pool),
+            cache: FragCache::for_queue(pool, cfg.queue)?,
             hdr_cache: FragCache::new(hdr_pool),
             bounce,
             pending: VecDeque::with_capacity(usize::from(cfg.ring)),
@@ -288,6 +293,14 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
         let mut frags = self.spare.pop().unwrap_or_default();
         if let Err(e) = self.cache.frags(len, self.cfg.fit_whole, &mut frags) {
             self.spare.push(frags);
+            if matches!(
+                e,
+                pfrag::Error::MemoryLimit { .. } | pfrag::Error::LimitReached { .. }
+            ) {
+                // Out of memory by policy, not by bug: the caller backs off
+                // (reaps completions) and retries.
+                self.stats.mem_backoffs += 1;
+            }
             return Err(e.into());
         }
         let mut hdr = [0u8; HDR_LEN];

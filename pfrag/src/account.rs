@@ -1,0 +1,326 @@
+//! Process-wide accounting of pool memory, with `tcp_mem`-style limits.
+//!
+//! A [`MemAccount`] is shared by every pool of a process that should count
+//! against the same limits (pass it to [`Pool::with_account`]). It is charged
+//! when a pool grows and uncharged when a pool gives memory back to the OS.
+//!
+//! - Above `pressure` bytes the account enters *memory pressure*; it leaves
+//!   it only when usage falls below `min` (the gap is hysteresis, as in
+//!   `tcp_mem`). Queues under pressure return their reserves to the shared
+//!   pool and pools give free memory back to the OS.
+//! - Growth past `max` fails with [`Error::MemoryLimit`]; nothing is mapped
+//!   or allocated for it.
+//!
+//! The hot path reads the pressure state with one relaxed load of an
+//! `AtomicBool`. The user's [`PressureHooks`] run only on transitions, once
+//! per transition (a compare-and-swap decides which thread runs them), and
+//! are called statically: `MemAccount<H>` knows `H`.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use pfrag::account::{Limits, MemAccount, PressureHooks};
+//!
+//! #[derive(Default)]
+//! struct Log { entered: AtomicU32, left: AtomicU32 }
+//! impl PressureHooks for Log {
+//!     fn enter(&self, _bytes: u64) { self.entered.fetch_add(1, Ordering::Relaxed); }
+//!     fn leave(&self, _bytes: u64) { self.left.fetch_add(1, Ordering::Relaxed); }
+//! }
+//!
+//! let acct = MemAccount::new(Limits { min: 4 << 20, pressure: 8 << 20, max: 16 << 20 }, Log::default())?;
+//! acct.charge(10 << 20)?;            // past `pressure`: enter
+//! assert!(acct.under_pressure());
+//! acct.uncharge(5 << 20);            // 5 MiB: still above `min`
+//! assert!(acct.under_pressure());
+//! acct.uncharge(2 << 20);            // 3 MiB: below `min`: leave
+//! assert!(!acct.under_pressure());
+//! assert!(acct.charge(14 << 20).is_err()); // past `max`
+//! assert_eq!(acct.hooks().entered.load(Ordering::Relaxed), 1);
+//! assert_eq!(acct.hooks().left.load(Ordering::Relaxed), 1);
+//! # Ok::<(), pfrag::Error>(())
+//! ```
+//!
+//! [`Pool::with_account`]: crate::pool::Pool::with_account
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+/// Byte limits, like the three numbers of `tcp_mem`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Pressure ends when usage falls below this.
+    pub min: u64,
+    /// Pressure starts when usage rises above this.
+    pub pressure: u64,
+    /// Growth past this fails.
+    pub max: u64,
+}
+
+impl Limits {
+    /// No limits at all.
+    pub const UNLIMITED: Limits = Limits {
+        min: u64::MAX,
+        pressure: u64::MAX,
+        max: u64::MAX,
+    };
+}
+
+/// Called when the account enters or leaves memory pressure, with the bytes
+/// in use at that moment. Runs once per transition, on the thread whose
+/// charge or uncharge caused it; never per packet.
+pub trait PressureHooks: Send + Sync + 'static {
+    /// Usage rose above `pressure`.
+    fn enter(&self, _bytes: u64) {}
+    /// Usage fell below `min`.
+    fn leave(&self, _bytes: u64) {}
+}
+
+/// Hooks that do nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoHooks;
+
+impl PressureHooks for NoHooks {}
+
+/// What a pool needs of an account: charge and uncharge on its cold paths
+/// (grow and shrink, a batch at a time), and the pressure flag for its hot
+/// path.
+pub trait Charge: Send + Sync {
+    /// Adds `bytes` to the usage, or fails past `max`.
+    fn charge(&self, bytes: u64) -> Result<()>;
+    /// Removes `bytes` from the usage.
+    fn uncharge(&self, bytes: u64);
+    /// The flag read on the hot path.
+    fn pressure_flag(&self) -> Arc<AtomicBool>;
+}
+
+/// Counters of an account.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AccountStats {
+    /// Bytes in use now.
+    pub bytes: u64,
+    /// Largest usage seen.
+    pub peak: u64,
+    /// Times pressure was entered.
+    pub entered: u64,
+    /// Times pressure was left.
+    pub left: u64,
+    /// Charges refused at `max`.
+    pub refused: u64,
+}
+
+/// Memory shared by pools, with limits and pressure hooks `H`.
+#[derive(Debug)]
+pub struct MemAccount<H: PressureHooks = NoHooks> {
+    limits: Limits,
+    bytes: AtomicU64,
+    peak: AtomicU64,
+    pressure: Arc<AtomicBool>,
+    entered: AtomicU64,
+    left: AtomicU64,
+    refused: AtomicU64,
+    hooks: H,
+}
+
+impl<H: PressureHooks> MemAccount<H> {
+    /// An account with `limits` (`min <= pressure <= max`) and `hooks`.
+    pub fn new(limits: Limits, hooks: H) -> Result<Arc<MemAccount<H>>> {
+        if limits.min > limits.pressure || limits.pressure > limits.max {
+            return Err(Error::BadConfig {
+                what: "limits (min <= pressure <= max)",
+                value: limits.pressure,
+            });
+        }
+        Ok(Arc::new(MemAccount {
+            limits,
+            bytes: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            pressure: Arc::new(AtomicBool::new(false)),
+            entered: AtomicU64::new(0),
+            left: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            hooks,
+        }))
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The hooks.
+    pub fn hooks(&self) -> &H {
+        &self.hooks
+    }
+
+    /// Whether the account is under memory pressure (one relaxed load).
+    #[inline]
+    pub fn under_pressure(&self) -> bool {
+        self.pressure.load(Ordering::Relaxed)
+    }
+
+    /// Bytes charged now.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> AccountStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        AccountStats {
+            bytes: l(&self.bytes),
+            peak: l(&self.peak),
+            entered: l(&self.entered),
+            left: l(&self.left),
+            refused: l(&self.refused),
+        }
+    }
+
+    /// Adds `bytes`, entering pressure if usage passes `pressure`; fails
+    /// with [`Error::MemoryLimit`] (and changes nothing) past `max`.
+    pub fn charge(&self, bytes: u64) -> Result<()> {
+        let mut cur = self.bytes.load(Ordering::Relaxed);
+        let new = loop {
+            let new = cur.saturating_add(bytes);
+            if new > self.limits.max {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::MemoryLimit {
+                    allocated: cur,
+                    requested: bytes,
+                    max: self.limits.max,
+                });
+            }
+            match self
+                .bytes
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => break new,
+                Err(now) => cur = now,
+            }
+        };
+        self.peak.fetch_max(new, Ordering::Relaxed);
+        self.settle();
+        Ok(())
+    }
+
+    /// Brings the pressure flag in line with the usage. Each transition is
+    /// made by exactly one compare-and-swap, whose winner runs the hook;
+    /// the loop re-reads the usage afterwards, so that a charge and an
+    /// uncharge racing across both limits cannot leave the flag stale.
+    fn settle(&self) {
+        loop {
+            let bytes = self.bytes.load(Ordering::Acquire);
+            let on = self.pressure.load(Ordering::Acquire);
+            let want = if on {
+                bytes >= self.limits.min
+            } else {
+                bytes > self.limits.pressure
+            };
+            if want == on {
+                return;
+            }
+            if self
+                .pressure
+                .compare_exchange(on, want, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                if want {
+                    self.entered.fetch_add(1, Ordering::Relaxed);
+                    self.hooks.enter(bytes);
+                } else {
+                    self.left.fetch_add(1, Ordering::Relaxed);
+                    self.hooks.leave(bytes);
+                }
+            }
+        }
+    }
+
+    /// Removes `bytes`, leaving pressure if usage falls below `min`.
+    pub fn uncharge(&self, bytes: u64) {
+        let old = self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+        debug_assert!(old >= bytes, "uncharge of {bytes} with {old} charged");
+        self.settle();
+    }
+}
+
+impl<H: PressureHooks> Charge for MemAccount<H> {
+    fn charge(&self, bytes: u64) -> Result<()> {
+        MemAccount::charge(self, bytes)
+    }
+    fn uncharge(&self, bytes: u64) {
+        MemAccount::uncharge(self, bytes)
+    }
+    fn pressure_flag(&self) -> Arc<AtomicBool> {
+        self.pressure.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    #[derive(Default)]
+    struct Count {
+        enter: AtomicU32,
+        leave: AtomicU32,
+    }
+    impl PressureHooks for Count {
+        fn enter(&self, _: u64) {
+            self.enter.fetch_add(1, Ordering::Relaxed);
+        }
+        fn leave(&self, _: u64) {
+            self.leave.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn bad_limits_are_refused() {
+        let l = Limits {
+            min: 10,
+            pressure: 5,
+            max: 20,
+        };
+        assert!(matches!(
+            MemAccount::new(l, NoHooks),
+            Err(Error::BadConfig { .. })
+        ));
+    }
+
+    /// Many threads charging and uncharging across both limits: every
+    /// transition runs exactly one hook, and enters and leaves alternate.
+    #[test]
+    fn concurrent_transitions_run_one_hook_each() {
+        let a = MemAccount::new(
+            Limits {
+                min: 100,
+                pressure: 200,
+                max: 1000,
+            },
+            Count::default(),
+        )
+        .unwrap();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                let a = &a;
+                s.spawn(move || {
+                    for _ in 0..2000 {
+                        a.charge(60).unwrap();
+                        a.uncharge(60);
+                    }
+                });
+            }
+        });
+        assert_eq!(a.bytes(), 0);
+        let st = a.stats();
+        assert_eq!(
+            u64::from(a.hooks().enter.load(Ordering::Relaxed)),
+            st.entered
+        );
+        assert_eq!(u64::from(a.hooks().leave.load(Ordering::Relaxed)), st.left);
+        // Ends at 0 < min: every enter was followed by its leave.
+        assert_eq!(st.entered, st.left);
+        assert!(!a.under_pressure());
+    }
+}

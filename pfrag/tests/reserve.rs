@@ -1,0 +1,384 @@
+//! Per-queue reserves, reclaim policies, borrowing between queues and the
+//! process-wide memory account.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use pfrag::account::{Limits, MemAccount, PressureHooks};
+use pfrag::dma::{Dir, DmaMapper, Domain, Invalidation, SoftIommu, SoftIommuConfig, Translate};
+use pfrag::frag::{Frag, FragCache};
+use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
+use pfrag::{Error, Order};
+
+fn domain() -> Arc<Domain<SoftIommu>> {
+    Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig {
+        invalidation: Invalidation::Strict,
+        ..SoftIommuConfig::default()
+    })))
+}
+
+fn config(order: u32, reclaim: Reclaim, queues: usize) -> PoolConfig {
+    let mut c = PoolConfig::new(Order::new(order).unwrap(), Policy::Persistent);
+    c.reclaim = reclaim;
+    c.queues = queues;
+    c
+}
+
+/// A deterministic stream of sizes 64 B ..= 16 KiB.
+fn sizes(seed: u64) -> impl Iterator<Item = usize> {
+    let mut x = seed | 1;
+    std::iter::from_fn(move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        Some(64 + (x % (16 * 1024 - 63)) as usize)
+    })
+}
+
+/// Sends sizes through `cache`, keeping `window` payloads in flight and
+/// completing the oldest, then every burst of `burst` sends completes all
+/// (so memory comes back in waves).
+fn churn(cache: &mut FragCache<SoftIommu>, n: usize, window: usize, burst: usize) -> u64 {
+    let mut inflight: VecDeque<Vec<Frag<SoftIommu>>> = VecDeque::new();
+    let mut bytes = 0;
+    for (i, len) in sizes(7).take(n).enumerate() {
+        let mut v = Vec::new();
+        cache.frags(len, true, &mut v).unwrap();
+        bytes += len as u64;
+        inflight.push_back(v);
+        if inflight.len() > window {
+            inflight.pop_front();
+        }
+        if (i + 1) % burst == 0 {
+            inflight.clear();
+        }
+    }
+    bytes
+}
+
+#[test]
+fn eager_reclaims_every_freed_chunk_hysteresis_almost_never() {
+    let run = |reclaim| {
+        let pool = Pool::new(domain(), config(2, reclaim, 1)).unwrap();
+        let mut c = FragCache::new(pool.clone());
+        churn(&mut c, 20_000, 64, 500);
+        drop(c);
+        (pool.stats(), pool.queue_stats(0).unwrap())
+    };
+    let (ep, eq) = run(Reclaim::Eager);
+    let (hp, hq) = run(Reclaim::HYSTERESIS);
+    // Eager: one reclaim per chunk freed by a completion.
+    assert_eq!(eq.reclaim_calls, ep.recycles);
+    assert!(eq.reclaim_calls * 2 >= 20_000 / 4, "{eq:?}");
+    // Hysteresis with a 2 MiB threshold: the working set (a window of 64
+    // payloads of up to 16 KiB) never passes it.
+    assert_eq!(hq.reclaim_calls, 0, "{hq:?}");
+    assert!(hq.shared_ops < eq.shared_ops / 10, "{hq:?} vs {eq:?}");
+    assert!(hp.recycles > 0);
+}
+
+#[test]
+fn hysteresis_holds_at_most_threshold_plus_a_chunk_and_reclaims_in_chunks() {
+    let (threshold, chunk) = (256 << 10, 128 << 10);
+    let pool = Pool::new(
+        domain(),
+        config(2, Reclaim::Hysteresis { threshold, chunk }, 1),
+    )
+    .unwrap();
+    let size = pool.chunk_size() as u64;
+    let mut c = FragCache::new(pool.clone());
+    // Waves of up to 400 payloads in flight, all freed at once: far more
+    // than the threshold comes back in each wave.
+    churn(&mut c, 10_000, 400, 400);
+    let q = pool.queue_stats(0).unwrap();
+    let freed = pool.stats().recycles * size;
+    assert!(q.reclaim_calls > 0, "{q:?}");
+    assert!(q.peak_held <= threshold + size, "{q:?}");
+    assert_eq!(q.reclaimed_bytes, q.reclaim_calls * chunk, "{q:?}");
+    assert!(q.reclaim_calls <= freed / chunk, "{q:?}, {freed} freed");
+    assert!(q.held <= threshold);
+}
+
+/// Counts hook calls.
+#[derive(Default)]
+struct Hooks {
+    enter: AtomicU32,
+    leave: AtomicU32,
+}
+
+impl PressureHooks for Hooks {
+    fn enter(&self, _: u64) {
+        self.enter.fetch_add(1, Ordering::Relaxed);
+    }
+    fn leave(&self, _: u64) {
+        self.leave.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn pressure_hooks_fire_once_per_transition_and_pressure_gives_memory_back() {
+    let mib = 1u64 << 20;
+    let acct = MemAccount::new(
+        Limits {
+            min: mib,
+            pressure: 2 * mib,
+            max: 8 * mib,
+        },
+        Hooks::default(),
+    )
+    .unwrap();
+    let d = domain();
+    let mut cfg = config(4, Reclaim::HYSTERESIS, 1);
+    cfg.grow_batch = 4; // 256 KiB per grow
+    let pool = Pool::with_account(d.clone(), cfg, acct.clone()).unwrap();
+    let size = pool.chunk_size() as u64;
+    let mut c = FragCache::new(pool.clone());
+    let mut transitions = 0;
+    let mut was = false;
+    let mut seen = |p: bool| {
+        if p != was {
+            transitions += 1;
+            was = p;
+        }
+    };
+    for round in 0..3 {
+        // Hold 3 MiB: past `pressure`.
+        let mut held = Vec::new();
+        for _ in 0..48 {
+            c.frags(65_000, true, &mut held).unwrap();
+            seen(acct.under_pressure());
+        }
+        assert!(acct.under_pressure(), "round {round}: {:?}", acct.stats());
+        assert_eq!(pool.under_pressure(), acct.under_pressure());
+        let inv0 = d.mapper().stats().invalidations;
+        // Free it all: under pressure the reserve goes back and the pool
+        // gives memory to the OS until usage is below `min`.
+        for f in held.drain(..) {
+            f.complete().unwrap();
+            seen(acct.under_pressure());
+        }
+        c.release();
+        seen(acct.under_pressure());
+        assert!(!acct.under_pressure(), "round {round}: {:?}", acct.stats());
+        assert!(acct.bytes() < mib);
+        assert_eq!(acct.bytes(), pool.stats().chunks * size);
+        // Given back means unmapped first: each released range cost a
+        // strict invalidation.
+        assert!(d.mapper().stats().invalidations > inv0);
+    }
+    let st = acct.stats();
+    assert_eq!(transitions, 6);
+    assert_eq!((st.entered, st.left), (3, 3));
+    assert_eq!(acct.hooks().enter.load(Ordering::Relaxed), 3);
+    assert_eq!(acct.hooks().leave.load(Ordering::Relaxed), 3);
+    assert!(pool.stats().released > 0);
+}
+
+#[test]
+fn released_memory_no_longer_translates() {
+    let mib = 1u64 << 20;
+    let acct = MemAccount::new(
+        Limits {
+            min: mib / 2,
+            pressure: mib,
+            max: 4 * mib,
+        },
+        pfrag::account::NoHooks,
+    )
+    .unwrap();
+    let d = domain();
+    let mut cfg = config(4, Reclaim::HYSTERESIS, 1);
+    cfg.grow_batch = 4;
+    let pool = Pool::with_account(d.clone(), cfg, acct.clone()).unwrap();
+    let mut c = FragCache::new(pool.clone());
+    let mut held = Vec::new();
+    for _ in 0..24 {
+        c.frags(65_536, true, &mut held).unwrap();
+    }
+    let iovas: Vec<_> = held.iter().map(|f| f.iova()).collect();
+    for f in &iovas {
+        assert!(d.mapper().translate(*f, Dir::TO_DEVICE).is_ok());
+    }
+    drop(held);
+    c.release();
+    let released = pool.stats().released as usize;
+    assert!(released > 0);
+    let gone = iovas
+        .iter()
+        .filter(|i| d.mapper().translate(**i, Dir::TO_DEVICE).is_err())
+        .count();
+    // Every chunk whose memory went back is unmapped; the rest stay mapped.
+    assert_eq!(gone, released);
+}
+
+#[test]
+fn past_max_growth_fails_typed_and_nothing_leaks() {
+    let acct = MemAccount::new(
+        Limits {
+            min: 0,
+            pressure: 1 << 20,
+            max: 1 << 20,
+        },
+        pfrag::account::NoHooks,
+    )
+    .unwrap();
+    let d = domain();
+    let mut cfg = config(4, Reclaim::HYSTERESIS, 1);
+    cfg.grow_batch = 4;
+    let pool = Pool::with_account(d.clone(), cfg, acct.clone()).unwrap();
+    let mut c = FragCache::new(pool.clone());
+    let mut held = Vec::new();
+    let err = loop {
+        // 100 KB: two chunks each, so a failure can land mid-payload.
+        match c.frags(100_000, true, &mut held) {
+            Ok(()) => assert!(held.len() < 100),
+            Err(e) => break e,
+        }
+    };
+    let n = held.len();
+    match err {
+        Error::MemoryLimit {
+            allocated,
+            requested,
+            max,
+        } => {
+            assert_eq!(max, 1 << 20);
+            assert_eq!(allocated, 1 << 20);
+            assert_eq!(requested, 4 * 65_536);
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(held.len(), n, "the failed call left no frag behind");
+    assert_eq!(acct.bytes(), 1 << 20);
+    assert_eq!(d.mapper().stats().map_calls, 4, "one map per grow");
+    drop(held);
+    drop(c);
+    drop(pool);
+    assert_eq!(acct.bytes(), 0);
+    assert_eq!(d.iova_in_use(), 0);
+}
+
+#[test]
+fn borrowing_skips_pressured_neighbours_and_only_owners_clear_flags() {
+    let d = domain();
+    // 16 KiB chunks; a queue has room again at a quarter of the threshold
+    // (two chunks).
+    let reclaim = Reclaim::Hysteresis {
+        threshold: 128 << 10,
+        chunk: 64 << 10,
+    };
+    let mut cfg = config(2, reclaim, 3);
+    cfg.grow_batch = 1; // the shared list runs dry at once
+    let pool = Pool::new(d, cfg).unwrap();
+    let mut q: Vec<FragCache<SoftIommu>> = (0..3)
+        .map(|i| FragCache::for_queue(pool.clone(), i).unwrap())
+        .collect();
+    let chunk = pool.chunk_size();
+    let c64 = chunk as u64;
+    // `n` whole chunks through queue `i`, then all freed into its reserve.
+    let cycle = |q: &mut Vec<FragCache<SoftIommu>>, i: usize, n: usize| {
+        let mut v = Vec::new();
+        for _ in 0..n {
+            q[i].frags(chunk, true, &mut v).unwrap();
+        }
+        q[i].release();
+        drop(v);
+    };
+    // Queue 1 runs dry on its first take and flags itself; one chunk back
+    // is below its room mark (two chunks): still flagged.
+    cycle(&mut q, 1, 1);
+    let s1 = pool.queue_stats(1).unwrap();
+    assert!(s1.pressured && s1.held == c64, "{s1:?}");
+    // Queue 2 runs dry too and, borrowing, skips queue 1 every time; with
+    // four chunks back it has room and clears its own flag.
+    cycle(&mut q, 2, 4);
+    let s2 = pool.queue_stats(2).unwrap();
+    assert_eq!((s2.skipped_pressured, s2.borrows), (4, 0), "{s2:?}");
+    assert!(!s2.pressured && s2.held == 4 * c64, "{s2:?}");
+
+    // Queue 0 has nothing and the shared list is empty: it borrows,
+    // skipping queue 1, from queue 2.
+    assert_eq!(pool.free_chunks(), 0);
+    let mut v0 = Vec::new();
+    q[0].frags(chunk, true, &mut v0).unwrap();
+    let s0 = pool.queue_stats(0).unwrap();
+    assert_eq!((s0.borrows, s0.skipped_pressured), (1, 1), "{s0:?}");
+    assert_eq!(pool.queue_stats(2).unwrap().lent, 1);
+    let s1 = pool.queue_stats(1).unwrap();
+    assert_eq!((s1.lent, s1.held), (0, c64), "queue 1 was left alone");
+    assert!(s1.pressured, "a borrower never clears another queue's flag");
+
+    // The owner gets two chunks back: room again, its flag clears.
+    cycle(&mut q, 1, 2);
+    let s1 = pool.queue_stats(1).unwrap();
+    assert!(!s1.pressured && s1.held == 2 * c64, "{s1:?}");
+    drop(v0);
+    drop(q);
+    assert_eq!(
+        pool.stats().chunks as usize,
+        pool.free_chunks() + pool.reserved_chunks()
+    );
+}
+
+#[test]
+fn bad_queue_and_bad_hysteresis_are_typed_errors() {
+    let pool = Pool::new(domain(), config(2, Reclaim::Eager, 2)).unwrap();
+    assert!(matches!(
+        FragCache::for_queue(pool, 2),
+        Err(Error::BadQueue {
+            queue: 2,
+            queues: 2
+        })
+    ));
+    let tiny = Reclaim::Hysteresis {
+        threshold: 1 << 20,
+        chunk: 4096,
+    };
+    assert!(matches!(
+        Pool::new(domain(), config(2, tiny, 1)),
+        Err(Error::BadConfig { .. })
+    ));
+    assert!(matches!(
+        Pool::new(domain(), config(2, Reclaim::Eager, 0)),
+        Err(Error::BadConfig { .. })
+    ));
+}
+
+/// Frags of queue 0 completed on another thread while queue 0 keeps
+/// sending: every chunk returns to queue 0's reserve or the shared list,
+/// none is lost or counted twice.
+#[test]
+fn cross_thread_completions_keep_the_books_straight() {
+    let pool = Pool::new(domain(), config(1, Reclaim::HYSTERESIS, 2)).unwrap();
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Frag<SoftIommu>>>(64);
+    let reaper = std::thread::spawn(move || {
+        let mut n = 0;
+        for v in rx {
+            n += v.len();
+        }
+        n
+    });
+    let mut c0 = FragCache::for_queue(pool.clone(), 0).unwrap();
+    let mut sent = 0;
+    for len in sizes(3).take(5000) {
+        let mut v = Vec::new();
+        c0.frags(len, true, &mut v).unwrap();
+        sent += v.len();
+        tx.send(v).unwrap();
+    }
+    drop(tx);
+    assert_eq!(reaper.join().unwrap(), sent);
+    drop(c0);
+    let st = pool.stats();
+    assert_eq!(
+        st.chunks as usize,
+        pool.free_chunks() + pool.reserved_chunks(),
+        "{st:?}"
+    );
+    let q0 = pool.queue_stats(0).unwrap();
+    assert_eq!(
+        q0.held,
+        pool.reserved_chunks() as u64 * pool.chunk_size() as u64
+    );
+}
