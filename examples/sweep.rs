@@ -15,11 +15,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use pfrag::account::Limits;
 use pfrag::bounce::SlotSize;
 use pfrag::dma::CostModel;
-use pfrag::pool::Policy;
+use pfrag::pool::{Policy, Reclaim};
 use pfrag_lab::report;
-use pfrag_lab::run::run_vfio;
+use pfrag_lab::run::{run_vfio, Workload};
 use pfrag_lab::{limit, run, IommuMode, Row, RunConfig};
 use vfio_nic::softnic::Touch;
 use vfio_nic::txq::HeaderMode;
@@ -57,6 +58,14 @@ enum Backend {
     /// An Intel 82576 bound to vfio-pci (see --device), through the
     /// kernel's IOMMU.
     Vfio,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ReclaimArg {
+    /// Every freed chunk straight back to the shared pool.
+    Eager,
+    /// Per-queue reserves, trimmed 1 MiB at a time past 2 MiB.
+    Hysteresis,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -129,6 +138,17 @@ struct Args {
     /// No progress bar (for serial consoles and logs).
     #[arg(long)]
     no_progress: bool,
+    /// TX queues, one thread each, sharing one pool and one mapper; rows
+    /// for each queue follow each configuration's total row.
+    #[arg(long, default_value_t = 1)]
+    queues: usize,
+    /// Share of the packets queue 0 sends (e.g. 0.9); the other queues
+    /// split the rest. Default: even.
+    #[arg(long)]
+    skew: Option<f64>,
+    /// How freed chunks return to the shared pool.
+    #[arg(long, value_enum, default_value = "eager")]
+    reclaim: ReclaimArg,
     /// Write all columns as CSV.
     #[arg(long)]
     csv: Option<PathBuf>,
@@ -247,6 +267,14 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
                     invalidation_ns: a.cost_inval_ns,
                     miss_ns: a.cost_miss_ns,
                 },
+                queues: a.queues,
+                skew: a.skew,
+                reclaim: match a.reclaim {
+                    ReclaimArg::Eager => Reclaim::Eager,
+                    ReclaimArg::Hysteresis => Reclaim::HYSTERESIS,
+                },
+                workload: Workload::Fixed,
+                limits: Limits::UNLIMITED,
             });
         }
     }
@@ -260,7 +288,7 @@ type Key<'a> = (&'a str, &'a str, &'a str);
 fn ratio(rows: &[Row], a: Key, b: Key) -> Option<f64> {
     let find = |(o, p, i): Key| {
         rows.iter()
-            .find(|r| r.order == o && r.policy == p && r.iommu == i)
+            .find(|r| r.order == o && r.policy == p && r.iommu == i && r.queue == "all")
     };
     Some(find(a)?.gbit_s / find(b)?.gbit_s)
 }
@@ -279,6 +307,18 @@ fn main() -> ExitCode {
             a.warmup.unwrap_or(2 * u64::from(a.ring)),
         )
     };
+    if a.queues == 0 || (a.queues > 1 && a.backend == Backend::Vfio) {
+        eprintln!(
+            "error: --queues must be >= 1, and 1 with --backend vfio (one NIC queue is driven)"
+        );
+        return ExitCode::from(2);
+    }
+    if let Some(f) = a.skew {
+        if !(0.0..=1.0).contains(&f) || a.queues < 2 {
+            eprintln!("error: --skew takes a share in 0..=1 and needs --queues >= 2 (got {f})");
+            return ExitCode::from(2);
+        }
+    }
     let cfgs = configs(&a, packets, warmup);
     let on = match a.backend {
         Backend::Soft => "on the software NIC (a simulator)".to_string(),
@@ -322,10 +362,10 @@ fn main() -> ExitCode {
         }
         let r = match a.backend {
             Backend::Soft => run(c, &mut |n| bar.inc(n)),
-            Backend::Vfio => run_vfio(c, &a.device, i as u32, &mut |n| bar.inc(n)),
+            Backend::Vfio => run_vfio(c, &a.device, i as u32, &mut |n| bar.inc(n)).map(|r| vec![r]),
         };
         match r {
-            Ok(r) => rows.push(r),
+            Ok(r) => rows.extend(r),
             Err(e) => {
                 bar.abandon();
                 eprintln!(

@@ -10,7 +10,7 @@ use crate::run::Row;
 
 /// CSV columns, in order. The first 21 are the design's contract (never
 /// renamed); the rest are additions.
-pub const COLUMNS: [&str; 26] = [
+pub const COLUMNS: [&str; 36] = [
     "backend",
     "order",
     "policy",
@@ -37,6 +37,16 @@ pub const COLUMNS: [&str; 26] = [
     "warmup",
     "touch",
     "backing",
+    "queues",
+    "queue",
+    "reclaim",
+    "borrows_per_pkt",
+    "skipped_pressured_per_pkt",
+    "reclaim_calls_per_pkt",
+    "shared_pool_ops_per_pkt",
+    "pressure_hook_calls",
+    "pressure_transitions",
+    "peak_bytes",
 ];
 
 fn f(v: f64) -> String {
@@ -78,6 +88,16 @@ pub fn record(r: &Row) -> Vec<String> {
         r.warmup.to_string(),
         r.touch.clone(),
         r.backing.clone(),
+        r.queues.to_string(),
+        r.queue.clone(),
+        r.reclaim.clone(),
+        f(r.borrows_per_pkt),
+        f(r.skipped_pressured_per_pkt),
+        f(r.reclaim_calls_per_pkt),
+        f(r.shared_pool_ops_per_pkt),
+        r.pressure_hook_calls.to_string(),
+        r.pressure_transitions.to_string(),
+        r.peak_bytes.to_string(),
     ]
 }
 
@@ -110,10 +130,21 @@ const TABLE: [&str; 14] = [
     "faults",
 ];
 
+/// Columns the table adds when a run has more than one queue.
+const MULTI: [&str; 4] = [
+    "queue",
+    "borrows_per_pkt",
+    "skipped_pressured_per_pkt",
+    "shared_pool_ops_per_pkt",
+];
+
 /// Prints an aligned table of the main columns to `out`.
 pub fn print_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
+    let multi = rows.iter().any(|r| r.queues > 1);
+    let extra: &[&str] = if multi { &MULTI } else { &[] };
     let idx: Vec<usize> = TABLE
         .iter()
+        .chain(extra)
         .map(|n| {
             COLUMNS
                 .iter()
@@ -126,6 +157,7 @@ pub fn print_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
         n.trim_end_matches("_per_pkt")
             .replace("invalidations", "invals")
             .replace("model_iommu_ns", "model_ns")
+            .replace("skipped_pressured", "skipped")
     };
     let width: Vec<usize> = idx
         .iter()
@@ -163,7 +195,10 @@ type Point = (u32, f64, f64);
 /// (policy, iommu, header) series, with the limit as a dashed level.
 pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
     let mut series: Vec<(String, Vec<Point>)> = Vec::new();
-    for r in rows.iter().filter(|r| !r.order.is_empty()) {
+    for r in rows
+        .iter()
+        .filter(|r| !r.order.is_empty() && r.queue == "all")
+    {
         let name = format!("{} {} {}", r.policy, r.iommu, r.header);
         let o: u32 = r.order.parse()?;
         match series.iter_mut().find(|s| s.0 == name) {

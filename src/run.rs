@@ -6,10 +6,11 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pfrag::account::{Limits, MemAccount, PressureHooks};
 use pfrag::dma::{
     CostModel, DmaMapper, Domain, Identity, Invalidation, SoftIommu, SoftIommuConfig, Translate,
 };
-use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
 use pfrag::Order;
 use vfio_nic::csum::Csum;
 use vfio_nic::device::TxDevice;
@@ -74,6 +75,80 @@ pub struct RunConfig {
     pub touch: Touch,
     /// Cost model for modelled IOMMU time.
     pub cost: CostModel,
+    /// TX queues, one thread each, sharing one pool and one mapper.
+    pub queues: usize,
+    /// Share of the packets queue 0 sends (the rest split evenly); `None`
+    /// splits evenly.
+    pub skew: Option<f64>,
+    /// How freed chunks return to the shared pool.
+    pub reclaim: Reclaim,
+    /// What each packet looks like.
+    pub workload: Workload,
+    /// Process-wide memory limits of the pool's account (`Limits::UNLIMITED`
+    /// to only measure).
+    pub limits: Limits,
+}
+
+/// Pressure hooks that count their calls.
+#[derive(Debug, Default)]
+pub struct CountHooks {
+    /// `enter` plus `leave` calls.
+    pub calls: std::sync::atomic::AtomicU64,
+}
+
+impl PressureHooks for CountHooks {
+    fn enter(&self, _bytes: u64) {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn leave(&self, _bytes: u64) {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Packet sizes and flows of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Every packet `payload` bytes, flows round robin.
+    Fixed,
+    /// tbench-like: many small sends, sizes uniform in `min..=max` bytes,
+    /// flows picked at random (deterministic per queue).
+    Small {
+        /// Smallest send.
+        min: usize,
+        /// Largest send.
+        max: usize,
+    },
+}
+
+/// A deterministic xorshift stream per queue.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+impl Workload {
+    /// Flow and payload of packet `i`.
+    fn packet(&self, cfg: &RunConfig, i: u64, rng: &mut Rng) -> (usize, usize) {
+        match *self {
+            Workload::Fixed => ((i % cfg.flows as u64) as usize, cfg.payload),
+            Workload::Small { min, max } => {
+                let r = rng.next();
+                let span = (max - min + 1) as u64;
+                (
+                    (r >> 32) as usize % cfg.flows,
+                    min + ((r & 0xffff_ffff) % span) as usize,
+                )
+            }
+        }
+    }
 }
 
 /// One result row. Field names are the CSV column names.
@@ -131,6 +206,26 @@ pub struct Row {
     pub touch: String,
     /// `small`, `huge` or `huge-fallback`.
     pub backing: String,
+    /// Queues in the run.
+    pub queues: usize,
+    /// `all`, or the queue this row is about.
+    pub queue: String,
+    /// `eager` or `hysteresis`.
+    pub reclaim: String,
+    /// Chunks borrowed from neighbour queues, per packet.
+    pub borrows_per_pkt: f64,
+    /// Neighbours skipped as under pressure while borrowing, per packet.
+    pub skipped_pressured_per_pkt: f64,
+    /// Returns of memory from a queue to the shared pool, per packet.
+    pub reclaim_calls_per_pkt: f64,
+    /// Pushes and pops on the shared free list, per packet.
+    pub shared_pool_ops_per_pkt: f64,
+    /// Calls of the memory-pressure hooks (whole run).
+    pub pressure_hook_calls: u64,
+    /// Memory-pressure transitions of the account (whole run).
+    pub pressure_transitions: u64,
+    /// Most pool memory in use at once (whole run).
+    pub peak_bytes: u64,
 }
 
 /// Failures of a run.
@@ -161,15 +256,29 @@ fn touch_name(t: Touch) -> &'static str {
     }
 }
 
-/// Runs `cfg` on the software NIC. `tick` is called with packet counts as
-/// they are sent (for progress).
-pub fn run(cfg: &RunConfig, tick: &mut dyn FnMut(u64)) -> Result<Row, RunError> {
+/// Runs `cfg` on the software NIC, one thread per queue. Returns the total
+/// row first, then (with more than one queue) one row per queue. `tick` is
+/// called with packet counts as they are sent (for progress).
+pub fn run(cfg: &RunConfig, tick: &mut dyn FnMut(u64)) -> Result<Vec<Row>, RunError> {
     Order::new(cfg.order)?;
     if cfg.payload == 0 || cfg.packets == 0 || cfg.burst == 0 {
         return Err(RunError::Setting(format!(
             "payload {}, packets {} and burst {} must be > 0",
             cfg.payload, cfg.packets, cfg.burst
         )));
+    }
+    if cfg.queues == 0 || (cfg.packets as usize) < cfg.queues {
+        return Err(RunError::Setting(format!(
+            "queues {} must be >= 1 and <= packets {}",
+            cfg.queues, cfg.packets
+        )));
+    }
+    if let Workload::Small { min, max } = cfg.workload {
+        if min == 0 || min > max {
+            return Err(RunError::Setting(format!(
+                "send sizes {min}..={max} are not a range of positive sizes"
+            )));
+        }
     }
     match cfg.iommu {
         IommuMode::Off => measure(cfg, Arc::new(Identity::new()), tick),
@@ -198,14 +307,17 @@ fn pump<M: DmaMapper, D: TxDevice>(
     q: &mut TxQueue<M, D>,
     cfg: &RunConfig,
     n: u64,
+    rng: &mut Rng,
     tick: &mut dyn FnMut(u64),
-) -> Result<(), RunError> {
+) -> Result<u64, RunError> {
     let mut since_tick = 0;
+    let mut bytes = 0u64;
     for i in 0..n {
-        let flow = (i % cfg.flows as u64) as usize;
+        let (flow, len) = cfg.workload.packet(cfg, i, rng);
+        bytes += len as u64;
         let mut full_since: Option<Instant> = None;
         loop {
-            match q.send(flow, cfg.payload) {
+            match q.send(flow, len) {
                 Ok(()) => break,
                 Err(e) if e.is_backoff() => {
                     q.kick()?;
@@ -216,8 +328,8 @@ fn pump<M: DmaMapper, D: TxDevice>(
                     if q.in_flight() == 0 {
                         return Err(match e {
                             vfio_nic::Error::RingFull { .. } => RunError::Setting(format!(
-                                "a {}-byte packet cannot fit a {}-descriptor ring",
-                                cfg.payload, cfg.ring
+                                "a {len}-byte packet cannot fit a {}-descriptor ring",
+                                cfg.ring
                             )),
                             other => other.into(),
                         });
@@ -243,79 +355,278 @@ fn pump<M: DmaMapper, D: TxDevice>(
     q.kick()?;
     q.wait(STALL)?;
     tick(since_tick);
-    Ok(())
+    Ok(bytes)
+}
+
+/// Packets queue `i` of `n` sends out of `total`.
+fn share(total: u64, n: usize, i: usize, skew: Option<f64>) -> u64 {
+    let n64 = n as u64;
+    match skew {
+        Some(f) if n > 1 => {
+            let first = ((total as f64) * f.clamp(0.0, 1.0)).round() as u64;
+            let rest = total - first.min(total);
+            if i == 0 {
+                first.min(total)
+            } else {
+                rest / (n64 - 1) + u64::from(((i - 1) as u64) < rest % (n64 - 1))
+            }
+        }
+        _ => total / n64 + u64::from((i as u64) < total % n64),
+    }
+}
+
+/// One queue's figures over the measured part.
+struct QueueRun {
+    packets: u64,
+    bytes: u64,
+    descs: u64,
+    waste: u64,
+    nic: vfio_nic::softnic::NicStats,
+    faults: u64,
+    start: Instant,
+    end: Instant,
+    ns: f64,
 }
 
 fn measure<M: DmaMapper + Translate + 'static>(
     cfg: &RunConfig,
     mapper: Arc<M>,
     tick: &mut dyn FnMut(u64),
-) -> Result<Row, RunError> {
+) -> Result<Vec<Row>, RunError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Barrier;
+
+    let queues = cfg.queues.max(1);
     let domain = Arc::new(Domain::new(mapper.clone()));
     let mut pcfg = PoolConfig::new(Order::new(cfg.order)?, cfg.policy);
     pcfg.hugepages = cfg.hugepages;
-    let pool = Pool::new(domain.clone(), pcfg)?;
-    let nic = SoftNic::new(
-        mapper.clone(),
-        SoftNicConfig {
-            touch: cfg.touch,
-            capture: false,
+    pcfg.queues = queues;
+    pcfg.reclaim = cfg.reclaim;
+    let account = MemAccount::new(cfg.limits, CountHooks::default())?;
+    let pool = Pool::with_account(domain.clone(), pcfg, account.clone())?;
+    let progress = AtomicU64::new(0);
+    // Phases: all warmed up (main snapshots the counters), go, all done
+    // (main snapshots again before any queue is dropped, since dropping
+    // unmaps its ring), release.
+    let warmed = Barrier::new(queues + 1);
+    let go = Barrier::new(queues + 1);
+    let done = Barrier::new(queues + 1);
+    let release = Barrier::new(queues + 1);
+    let finished = std::sync::atomic::AtomicUsize::new(0);
+
+    let one = |i: usize| -> Result<QueueRun, RunError> {
+        let nic = SoftNic::new(
+            mapper.clone(),
+            SoftNicConfig {
+                touch: cfg.touch,
+                capture: false,
+            },
+        );
+        let tx = TxConfig {
+            ring: cfg.ring,
+            header: cfg.header,
+            fit_whole: cfg.fit_whole,
+            flows: cfg.flows,
+            queue: i,
+            ..TxConfig::default()
+        };
+        let mut tick = |n| {
+            progress.fetch_add(n, Ordering::Relaxed);
+        };
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
+        let setup = TxQueue::new(domain.clone(), pool.clone(), nic, tx)
+            .map_err(RunError::from)
+            .and_then(|mut q| pump(&mut q, cfg, cfg.warmup, &mut rng, &mut tick).map(|_| q));
+        // Every thread passes every barrier, even after an error, so that
+        // none waits forever.
+        warmed.wait();
+        go.wait();
+        let t0 = Instant::now();
+        let measured = setup.and_then(|mut q| {
+            let snap = (q.device().stats(), q.stats(), q.cache().stats());
+            let packets = share(cfg.packets, queues, i, cfg.skew);
+            let bytes = pump(&mut q, cfg, packets, &mut rng, &mut tick)?;
+            Ok((q, snap, packets, bytes, Instant::now()))
+        });
+        finished.fetch_add(1, Ordering::Release);
+        done.wait();
+        release.wait();
+        let (q, (n0, q0, c0), packets, bytes, end) = measured?;
+        let ns = (end - t0).as_nanos() as f64;
+        let (n, qs, cs) = (q.device().stats(), q.stats(), q.cache().stats());
+        Ok(QueueRun {
+            packets,
+            bytes,
+            descs: qs.descs - q0.descs,
+            waste: cs.waste_bytes - c0.waste_bytes,
+            faults: (n.faults + n.bad_payload + n.bad_desc)
+                - (n0.faults + n0.bad_payload + n0.bad_desc),
+            nic: vfio_nic::softnic::NicStats {
+                pages: n.pages - n0.pages,
+                packets: n.packets - n0.packets,
+                bytes_verified: n.bytes_verified - n0.bytes_verified,
+                ..n
+            },
+            start: t0,
+            end,
+            ns,
+        })
+    };
+
+    let (runs, m, pool0, pool1, qdelta) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..queues).map(|i| s.spawn(move || one(i))).collect();
+        let mut seen = 0;
+        let mut poll = |seen: &mut u64| {
+            let now = progress.load(Ordering::Relaxed);
+            tick(now - *seen);
+            *seen = now;
+        };
+        let qstats = || -> Vec<pfrag::pool::QueueStats> {
+            (0..queues)
+                .map(|i| pool.queue_stats(i).unwrap_or_default())
+                .collect()
+        };
+        warmed.wait();
+        let (m0, pool0, q0) = (mapper.stats(), pool.stats(), qstats());
+        go.wait();
+        while finished.load(Ordering::Acquire) < queues {
+            std::thread::sleep(Duration::from_millis(20));
+            poll(&mut seen);
+        }
+        done.wait();
+        let (m, pool1, q1) = (mapper.stats().since(&m0), pool.stats(), qstats());
+        release.wait();
+        poll(&mut seen);
+        let runs: Vec<Result<QueueRun, RunError>> = handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(RunError::Setting("a queue thread panicked".into())))
+            })
+            .collect();
+        let qdelta: Vec<pfrag::pool::QueueStats> = q0
+            .iter()
+            .zip(&q1)
+            .map(|(a, b)| pfrag::pool::QueueStats {
+                borrows: b.borrows - a.borrows,
+                skipped_pressured: b.skipped_pressured - a.skipped_pressured,
+                reclaim_calls: b.reclaim_calls - a.reclaim_calls,
+                shared_ops: b.shared_ops - a.shared_ops,
+                ..*b
+            })
+            .collect();
+        (runs, m, pool0, pool1, qdelta)
+    });
+    let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
+    // Wall time of the measured part: first start to last end.
+    let start = runs.iter().map(|r| r.start).min();
+    let end = runs.iter().map(|r| r.end).max();
+    let ns = match (start, end) {
+        (Some(a), Some(b)) => (b - a).as_nanos() as f64,
+        _ => 0.0,
+    };
+
+    let total = QueueRun {
+        packets: runs.iter().map(|r| r.packets).sum(),
+        bytes: runs.iter().map(|r| r.bytes).sum(),
+        descs: runs.iter().map(|r| r.descs).sum(),
+        waste: runs.iter().map(|r| r.waste).sum(),
+        faults: runs.iter().map(|r| r.faults).sum(),
+        nic: vfio_nic::softnic::NicStats {
+            pages: runs.iter().map(|r| r.nic.pages).sum(),
+            packets: runs.iter().map(|r| r.nic.packets).sum(),
+            bytes_verified: runs.iter().map(|r| r.nic.bytes_verified).sum(),
+            ..Default::default()
         },
-    );
-    let tx = TxConfig {
-        ring: cfg.ring,
-        header: cfg.header,
-        fit_whole: cfg.fit_whole,
-        flows: cfg.flows,
-        ..TxConfig::default()
-    };
-    let mut q = TxQueue::new(domain, pool.clone(), nic, tx)?;
-    pump(&mut q, cfg, cfg.warmup, tick)?;
-
-    let (m0, n0, q0, c0) = (
-        mapper.stats(),
-        q.device().stats(),
-        q.stats(),
-        q.cache().stats(),
-    );
-    let t0 = Instant::now();
-    pump(&mut q, cfg, cfg.packets, tick)?;
-    let ns = t0.elapsed().as_nanos() as f64;
-    let (m, n) = (mapper.stats().since(&m0), q.device().stats());
-    let (qs, cs) = (q.stats(), q.cache().stats());
-
-    let p = cfg.packets as f64;
-    let common = Measured {
-        map: m,
-        descs: qs.descs - q0.descs,
-        waste: cs.waste_bytes - c0.waste_bytes,
+        start: start.unwrap_or_else(Instant::now),
+        end: end.unwrap_or_else(Instant::now),
         ns,
-        pool: pool.stats(),
     };
-    Ok(Row {
-        iotlb_misses_per_pkt: m.iotlb_misses as f64 / p,
-        pages_per_pkt: (n.pages - n0.pages) as f64 / (n.packets - n0.packets).max(1) as f64,
-        model_iommu_ns_per_pkt: m.model_ns / p,
-        faults: n.faults + n.bad_payload + n.bad_desc,
-        bytes_verified: n.bytes_verified - n0.bytes_verified,
-        touch: touch_name(cfg.touch).into(),
-        ..common.row("soft", cfg)
-    })
+    let row = |r: &QueueRun, queue: Option<usize>| -> Row {
+        let p = r.packets.max(1) as f64;
+        let (map, pool_delta) = match queue {
+            None => (m, pool_delta(&pool0, &pool1)),
+            Some(_) => (
+                pfrag::dma::MapStats::default(),
+                pfrag::pool::PoolStats::default(),
+            ),
+        };
+        let common = Measured {
+            map,
+            packets: r.packets,
+            bytes: r.bytes,
+            descs: r.descs,
+            waste: r.waste,
+            ns: r.ns,
+            pool: pool1,
+            delta: pool_delta,
+        };
+        let mut row = Row {
+            iotlb_misses_per_pkt: map.iotlb_misses as f64 / p,
+            pages_per_pkt: r.nic.pages as f64 / r.nic.packets.max(1) as f64,
+            model_iommu_ns_per_pkt: map.model_ns / p,
+            faults: r.faults,
+            bytes_verified: r.nic.bytes_verified,
+            touch: touch_name(cfg.touch).into(),
+            ..common.row("soft", cfg)
+        };
+        if let Some(i) = queue {
+            let qs = qdelta[i];
+            row.queue = i.to_string();
+            row.borrows_per_pkt = qs.borrows as f64 / p;
+            row.skipped_pressured_per_pkt = qs.skipped_pressured as f64 / p;
+            row.reclaim_calls_per_pkt = qs.reclaim_calls as f64 / p;
+            row.shared_pool_ops_per_pkt = qs.shared_ops as f64 / p;
+        }
+        row
+    };
+    let acct = account.stats();
+    let mut top = row(&total, None);
+    top.pressure_hook_calls = account
+        .hooks()
+        .calls
+        .load(std::sync::atomic::Ordering::Relaxed);
+    top.pressure_transitions = acct.entered + acct.left;
+    top.peak_bytes = acct.peak;
+    let mut rows = vec![top];
+    if queues > 1 {
+        for (i, r) in runs.iter().enumerate() {
+            rows.push(row(r, Some(i)));
+        }
+    }
+    Ok(rows)
+}
+
+fn pool_delta(a: &pfrag::pool::PoolStats, b: &pfrag::pool::PoolStats) -> pfrag::pool::PoolStats {
+    pfrag::pool::PoolStats {
+        shared_ops: b.shared_ops - a.shared_ops,
+        reclaim_calls: b.reclaim_calls - a.reclaim_calls,
+        borrows: b.borrows - a.borrows,
+        skipped_pressured: b.skipped_pressured - a.skipped_pressured,
+        ..*b
+    }
 }
 
 /// What both backends measure over a run's measured part.
 struct Measured {
     map: pfrag::dma::MapStats,
+    /// Packets measured.
+    packets: u64,
+    /// Payload bytes of those packets.
+    bytes: u64,
     descs: u64,
     waste: u64,
     ns: f64,
+    /// Pool counters at the end.
     pool: pfrag::pool::PoolStats,
+    /// Pool counters over the measured part.
+    delta: pfrag::pool::PoolStats,
 }
 
 impl Measured {
     /// The row's columns common to both backends.
     fn row(&self, backend: &str, cfg: &RunConfig) -> Row {
-        let p = cfg.packets as f64;
+        let p = self.packets.max(1) as f64;
         let m = &self.map;
         Row {
             backend: backend.into(),
@@ -324,8 +635,8 @@ impl Measured {
             iommu: cfg.iommu.name().into(),
             header: header_name(cfg.header).into(),
             flows: cfg.flows,
-            packets: cfg.packets,
-            payload_bytes: cfg.payload,
+            packets: self.packets,
+            payload_bytes: (self.bytes / self.packets.max(1)) as usize,
             maps_per_pkt: m.map_calls as f64 / p,
             unmaps_per_pkt: m.unmap_calls as f64 / p,
             map_pages_per_pkt: m.ptes_written as f64 / p,
@@ -333,11 +644,18 @@ impl Measured {
             descs_per_pkt: self.descs as f64 / p,
             waste_bytes_per_pkt: self.waste as f64 / p,
             ns_per_pkt: self.ns / p,
-            gbit_s: cfg.payload as f64 * 8.0 * p / self.ns,
+            gbit_s: self.bytes as f64 * 8.0 / self.ns.max(1.0),
             fit_whole: cfg.fit_whole,
             pool_bytes: self.pool.mapped_bytes,
             warmup: cfg.warmup,
             backing: backing_name(cfg.hugepages, self.pool.huge_fallbacks).into(),
+            queues: cfg.queues.max(1),
+            queue: "all".into(),
+            reclaim: cfg.reclaim.name().into(),
+            borrows_per_pkt: self.delta.borrows as f64 / p,
+            skipped_pressured_per_pkt: self.delta.skipped_pressured as f64 / p,
+            reclaim_calls_per_pkt: self.delta.reclaim_calls as f64 / p,
+            shared_pool_ops_per_pkt: self.delta.shared_ops as f64 / p,
             ..Row::default()
         }
     }
@@ -378,6 +696,7 @@ pub fn run_vfio(
     let domain = Arc::new(Domain::new(mapper.clone()));
     let mut pcfg = PoolConfig::new(Order::new(cfg.order)?, cfg.policy);
     pcfg.hugepages = cfg.hugepages;
+    pcfg.reclaim = cfg.reclaim;
     let pool = Pool::new(domain.clone(), pcfg)?;
     let tx = TxConfig {
         ring: cfg.ring,
@@ -388,25 +707,30 @@ pub fn run_vfio(
         ..TxConfig::default()
     };
     let mut q = TxQueue::new(domain, pool.clone(), nic, tx)?;
-    pump(&mut q, cfg, cfg.warmup, tick)?;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    pump(&mut q, cfg, cfg.warmup, &mut rng, tick)?;
 
     let magic = crate::vm::MARK_MAGIC | (window & 0x7f_ffff) << 1;
-    let (m0, q0, c0) = (mapper.stats(), q.stats(), q.cache().stats());
+    let (m0, q0, c0, pool0) = (mapper.stats(), q.stats(), q.cache().stats(), pool.stats());
     let g0 = q.device_mut().stats()?.good_packets;
     q.device().mark(magic)?;
     let t0 = Instant::now();
-    pump(&mut q, cfg, cfg.packets, tick)?;
+    let bytes = pump(&mut q, cfg, cfg.packets, &mut rng, tick)?;
     let ns = t0.elapsed().as_nanos() as f64;
     q.device().mark(magic | 1)?;
     let m = mapper.stats().since(&m0);
     let (qs, cs) = (q.stats(), q.cache().stats());
     let sent = q.device_mut().stats()?.good_packets - g0;
+    let pool1 = pool.stats();
     let common = Measured {
         map: m,
+        packets: cfg.packets,
+        bytes,
         descs: qs.descs - q0.descs,
         waste: cs.waste_bytes - c0.waste_bytes,
         ns,
-        pool: pool.stats(),
+        pool: pool1,
+        delta: pool_delta(&pool0, &pool1),
     };
     Ok(Row {
         // Packets the device did not count as sent (the 82576 counts each

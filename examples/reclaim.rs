@@ -1,0 +1,277 @@
+//! Reclaim thrash, measured: a tbench-like workload (many small sends of
+//! 64 B ..= 16 KiB over 1..1024 flows, completions interleaved with sends)
+//! on the software NIC, under `Eager` reclaim (every freed chunk straight
+//! back to the shared pool) and `Hysteresis` (per-queue reserves trimmed
+//! 1 MiB at a time past 2 MiB).
+//!
+//! ```text
+//! cargo run --release --example reclaim
+//! cargo run --release --example reclaim -- --flows 1,1024 --queues 2 --csv reclaim.csv
+//! cargo run --release --example reclaim -- --mem-limits 1,2,64   # MiB: cross the pressure limits
+//! ```
+//!
+//! Columns: `policy,queues,flows,packets,reclaim_calls_per_pkt,
+//! shared_pool_ops_per_pkt,pressure_hook_calls,gbit_s,peak_bytes`, plus
+//! `pressure_transitions` (the account's own count, which the hook count
+//! must equal) and `bytes_verified`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use pfrag::account::Limits;
+use pfrag::bounce::SlotSize;
+use pfrag::dma::CostModel;
+use pfrag::pool::{Policy, Reclaim};
+use pfrag_lab::run::{run, IommuMode, Row, RunConfig, Workload};
+use vfio_nic::softnic::Touch;
+use vfio_nic::txq::HeaderMode;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ReclaimArg {
+    Eager,
+    Hysteresis,
+}
+
+/// Reclaim calls and shared-pool traffic per packet under Eager and
+/// Hysteresis reclaim, on a many-small-sends workload.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Reclaim policies to compare.
+    #[arg(long, value_delimiter = ',', default_value = "eager,hysteresis")]
+    policies: Vec<ReclaimArg>,
+    /// Flow counts, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "1,64,1024")]
+    flows: Vec<usize>,
+    /// TX queues (threads) sharing the pool.
+    #[arg(long, default_value_t = 1)]
+    queues: usize,
+    /// Sends per run.
+    #[arg(long, default_value_t = 200_000)]
+    packets: u64,
+    /// Smallest send, bytes.
+    #[arg(long, default_value_t = 64)]
+    min: usize,
+    /// Largest send, bytes.
+    #[arg(long, default_value_t = 16 * 1024)]
+    max: usize,
+    /// Chunk order of the pool (2 = 16 KiB chunks).
+    #[arg(long, default_value_t = 2)]
+    order: u32,
+    /// TX ring descriptors (in-flight sends).
+    #[arg(long, default_value_t = 256)]
+    ring: u16,
+    /// Sends per doorbell (completions are reaped between bursts).
+    #[arg(long, default_value_t = 8)]
+    burst: u64,
+    /// Account limits MIN,PRESSURE,MAX in MiB (default: none).
+    #[arg(long, value_parser = parse_limits)]
+    mem_limits: Option<Limits>,
+    /// Write the rows as CSV.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+}
+
+fn parse_limits(s: &str) -> Result<Limits, String> {
+    let v: Vec<u64> = s
+        .split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("'{x}' is not a number of MiB"))
+        })
+        .collect::<Result<_, _>>()?;
+    match v[..] {
+        [min, pressure, max] if min <= pressure && pressure <= max => Ok(Limits {
+            min: min << 20,
+            pressure: pressure << 20,
+            max: max << 20,
+        }),
+        _ => Err("expected MIN,PRESSURE,MAX in MiB with MIN <= PRESSURE <= MAX".into()),
+    }
+}
+
+const COLUMNS: [&str; 11] = [
+    "policy",
+    "queues",
+    "flows",
+    "packets",
+    "reclaim_calls_per_pkt",
+    "shared_pool_ops_per_pkt",
+    "pressure_hook_calls",
+    "gbit_s",
+    "peak_bytes",
+    "pressure_transitions",
+    "bytes_verified",
+];
+
+fn record(r: &Row) -> Vec<String> {
+    vec![
+        r.reclaim.clone(),
+        r.queues.to_string(),
+        r.flows.to_string(),
+        r.packets.to_string(),
+        format!("{:.4}", r.reclaim_calls_per_pkt),
+        format!("{:.4}", r.shared_pool_ops_per_pkt),
+        r.pressure_hook_calls.to_string(),
+        format!("{:.2}", r.gbit_s),
+        r.peak_bytes.to_string(),
+        r.pressure_transitions.to_string(),
+        r.bytes_verified.to_string(),
+    ]
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    if a.min == 0 || a.min > a.max || a.queues == 0 || a.flows.contains(&0) {
+        eprintln!("error: need 0 < --min <= --max, --queues >= 1 and flows >= 1");
+        return ExitCode::from(2);
+    }
+    let limits = a.mem_limits.unwrap_or(Limits::UNLIMITED);
+    let mut cfgs = Vec::new();
+    for &p in &a.policies {
+        for &flows in &a.flows {
+            cfgs.push(RunConfig {
+                order: a.order,
+                policy: Policy::Persistent,
+                iommu: IommuMode::Strict,
+                header: HeaderMode::Bounce(SlotSize::B128),
+                fit_whole: true,
+                payload: a.max,
+                flows,
+                packets: a.packets,
+                warmup: 2 * u64::from(a.ring),
+                ring: a.ring,
+                burst: a.burst,
+                iotlb_entries: 128,
+                hugepages: false,
+                touch: Touch::Checksum,
+                cost: CostModel::default(),
+                queues: a.queues,
+                skew: None,
+                reclaim: match p {
+                    ReclaimArg::Eager => Reclaim::Eager,
+                    ReclaimArg::Hysteresis => Reclaim::HYSTERESIS,
+                },
+                workload: Workload::Small {
+                    min: a.min,
+                    max: a.max,
+                },
+                limits,
+            });
+        }
+    }
+    eprintln!(
+        "reclaim: {} runs of {} sends of {}..={} B on the software NIC, {} queue(s), order-{} chunks",
+        cfgs.len(),
+        a.packets,
+        a.min,
+        a.max,
+        a.queues,
+        a.order
+    );
+    let bar =
+        ProgressBar::new(cfgs.len() as u64 * (a.packets + 2 * u64::from(a.ring) * a.queues as u64));
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} sends  {msg}  [{elapsed_precise}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut rows = Vec::new();
+    for c in &cfgs {
+        bar.set_message(format!("{} {} flows", c.reclaim.name(), c.flows));
+        match run(c, &mut |n| bar.inc(n)) {
+            Ok(mut r) => rows.push(r.remove(0)),
+            Err(e) => {
+                bar.abandon();
+                eprintln!("error: {} {} flows: {e}", c.reclaim.name(), c.flows);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    bar.finish_and_clear();
+
+    let mut out = std::io::stdout().lock();
+    let cells: Vec<Vec<String>> = rows.iter().map(record).collect();
+    let width: Vec<usize> = (0..COLUMNS.len())
+        .map(|i| {
+            cells
+                .iter()
+                .map(|c| c[i].len())
+                .max()
+                .unwrap_or(0)
+                .max(COLUMNS[i].len())
+        })
+        .collect();
+    let line = |v: Vec<String>| {
+        v.iter()
+            .zip(&width)
+            .map(|(s, w)| format!("{s:>w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    let _ = writeln!(
+        out,
+        "{}",
+        line(COLUMNS.iter().map(|s| s.to_string()).collect())
+    );
+    for c in &cells {
+        let _ = writeln!(out, "{}", line(c.clone()));
+    }
+    let _ = writeln!(out);
+    for &flows in &a.flows {
+        let find = |name: &str| rows.iter().find(|r| r.reclaim == name && r.flows == flows);
+        if let (Some(e), Some(h)) = (find("eager"), find("hysteresis")) {
+            let _ = writeln!(
+                out,
+                "{flows} flows: reclaim calls per packet eager {:.4} vs hysteresis {:.4}; \
+                 shared-pool ops {:.4} vs {:.4}; hysteresis/eager throughput {:.2}x",
+                e.reclaim_calls_per_pkt,
+                h.reclaim_calls_per_pkt,
+                e.shared_pool_ops_per_pkt,
+                h.shared_pool_ops_per_pkt,
+                h.gbit_s / e.gbit_s
+            );
+        }
+    }
+    if let Some(path) = &a.csv {
+        let w = csv::Writer::from_path(path).and_then(|mut w| {
+            w.write_record(COLUMNS)?;
+            for c in &cells {
+                w.write_record(c)?;
+            }
+            w.flush()?;
+            Ok(())
+        });
+        if let Err(e) = w {
+            eprintln!("error: writing {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("wrote {}", path.display());
+    }
+    let mut bad = false;
+    for r in &rows {
+        let sent = r.packets * r.payload_bytes as u64;
+        if r.faults > 0 || r.pressure_hook_calls != r.pressure_transitions {
+            eprintln!(
+                "error: {} {} flows: {} faults, {} hook calls for {} transitions",
+                r.reclaim, r.flows, r.faults, r.pressure_hook_calls, r.pressure_transitions
+            );
+            bad = true;
+        }
+        if r.bytes_verified == 0 || r.bytes_verified < sent.saturating_sub(r.packets) {
+            eprintln!(
+                "error: {} {} flows: {} bytes verified of about {sent}",
+                r.reclaim, r.flows, r.bytes_verified
+            );
+            bad = true;
+        }
+    }
+    if bad {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

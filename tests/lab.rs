@@ -1,0 +1,112 @@
+//! The lab's runner end to end on the software NIC: several queues on one
+//! pool, skewed traffic, and the reclaim policies on the small-sends
+//! workload.
+
+use pfrag::account::Limits;
+use pfrag::bounce::SlotSize;
+use pfrag::dma::CostModel;
+use pfrag::pool::{Policy, Reclaim};
+use pfrag_lab::run::{run, IommuMode, RunConfig, Workload};
+use vfio_nic::softnic::Touch;
+use vfio_nic::txq::HeaderMode;
+
+fn config(queues: usize, reclaim: Reclaim, workload: Workload, packets: u64) -> RunConfig {
+    RunConfig {
+        order: 2,
+        policy: Policy::Persistent,
+        iommu: IommuMode::Strict,
+        header: HeaderMode::Bounce(SlotSize::B128),
+        fit_whole: true,
+        payload: 16_000,
+        flows: 16,
+        packets,
+        warmup: 128,
+        ring: 256,
+        burst: 8,
+        iotlb_entries: 128,
+        hugepages: false,
+        touch: Touch::Checksum,
+        cost: CostModel::default(),
+        queues,
+        skew: None,
+        reclaim,
+        workload,
+        limits: Limits::UNLIMITED,
+    }
+}
+
+#[test]
+fn two_skewed_queues_share_one_pool_and_verify_every_byte() {
+    let mut c = config(2, Reclaim::HYSTERESIS, Workload::Fixed, 4000);
+    c.skew = Some(0.9);
+    let rows = run(&c, &mut |_| {}).unwrap();
+    assert_eq!(rows.len(), 3, "a total row and one per queue");
+    let (total, q0, q1) = (&rows[0], &rows[1], &rows[2]);
+    assert_eq!(
+        (total.queue.as_str(), q0.queue.as_str(), q1.queue.as_str()),
+        ("all", "0", "1")
+    );
+    assert_eq!((q0.packets, q1.packets), (3600, 400));
+    assert_eq!(total.packets, 4000);
+    for r in &rows {
+        assert_eq!(r.faults, 0);
+        assert_eq!(r.bytes_verified, r.packets * 16_000, "{}", r.queue);
+    }
+    assert_eq!(total.pressure_hook_calls, total.pressure_transitions);
+}
+
+#[test]
+fn eager_reclaims_often_hysteresis_rarely_on_small_sends() {
+    let small = Workload::Small {
+        min: 64,
+        max: 16 * 1024,
+    };
+    let rows = |reclaim| run(&config(1, reclaim, small, 20_000), &mut |_| {}).unwrap();
+    let eager = &rows(Reclaim::Eager)[0];
+    let hyst = &rows(Reclaim::HYSTERESIS)[0];
+    assert!(
+        eager.reclaim_calls_per_pkt >= 0.5,
+        "{}",
+        eager.reclaim_calls_per_pkt
+    );
+    assert!(
+        hyst.reclaim_calls_per_pkt <= 0.01,
+        "{}",
+        hyst.reclaim_calls_per_pkt
+    );
+    assert!(hyst.shared_pool_ops_per_pkt < eager.shared_pool_ops_per_pkt / 10.0);
+    for r in [eager, hyst] {
+        assert_eq!(r.faults, 0);
+        assert!(r.bytes_verified > 20_000 * 64);
+    }
+}
+
+#[test]
+fn crossing_the_pressure_limits_runs_one_hook_per_transition() {
+    let small = Workload::Small {
+        min: 64,
+        max: 16 * 1024,
+    };
+    let mut c = config(1, Reclaim::HYSTERESIS, small, 20_000);
+    c.ring = 4096;
+    c.burst = 512;
+    c.limits = Limits {
+        min: 2 << 20,
+        pressure: 4 << 20,
+        max: 64 << 20,
+    };
+    let r = &run(&c, &mut |_| {}).unwrap()[0];
+    assert!(r.pressure_transitions >= 2, "{}", r.pressure_transitions);
+    assert_eq!(r.pressure_hook_calls, r.pressure_transitions);
+    assert!(r.peak_bytes > 4 << 20 && r.peak_bytes <= 64 << 20);
+    assert_eq!(r.faults, 0);
+}
+
+#[test]
+fn bad_settings_are_refused() {
+    let mut c = config(0, Reclaim::Eager, Workload::Fixed, 100);
+    assert!(run(&c, &mut |_| {}).is_err());
+    c.queues = 1;
+    c.workload = Workload::Small { min: 10, max: 5 };
+    assert!(run(&c, &mut |_| {}).is_err());
+}
