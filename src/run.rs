@@ -799,6 +799,8 @@ pub fn limit(cfg: &RunConfig) -> Row {
         bytes_verified: verified,
         touch: touch_name(cfg.touch).into(),
         backing: "small".into(),
+        queues: 1,
+        queue: "all".into(),
         ..Row::default()
     }
 }
