@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pfrag::account::{Limits, MemAccount, PressureHooks};
+use pfrag::account::{CountHooks, Limits, MemAccount};
 use pfrag::dma::{
     CostModel, DmaMapper, Domain, Identity, Invalidation, SoftIommu, SoftIommuConfig, Translate,
 };
@@ -87,24 +87,6 @@ pub struct RunConfig {
     /// Process-wide memory limits of the pool's account (`Limits::UNLIMITED`
     /// to only measure).
     pub limits: Limits,
-}
-
-/// Pressure hooks that count their calls.
-#[derive(Debug, Default)]
-pub struct CountHooks {
-    /// `enter` plus `leave` calls.
-    pub calls: std::sync::atomic::AtomicU64,
-}
-
-impl PressureHooks for CountHooks {
-    fn enter(&self, _bytes: u64) {
-        self.calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-    fn leave(&self, _bytes: u64) {
-        self.calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
 }
 
 /// Packet sizes and flows of a run.
@@ -582,10 +564,7 @@ fn measure<M: DmaMapper + Translate + 'static>(
     };
     let acct = account.stats();
     let mut top = row(&total, None);
-    top.pressure_hook_calls = account
-        .hooks()
-        .calls
-        .load(std::sync::atomic::Ordering::Relaxed);
+    top.pressure_hook_calls = account.hooks().calls();
     top.pressure_transitions = acct.entered + acct.left;
     top.peak_bytes = acct.peak;
     let mut rows = vec![top];

@@ -83,6 +83,31 @@ pub struct NoHooks;
 
 impl PressureHooks for NoHooks {}
 
+/// Hooks that count their calls (for tests and the lab).
+#[derive(Debug, Default)]
+pub struct CountHooks {
+    /// `enter` calls.
+    pub enter: AtomicU64,
+    /// `leave` calls.
+    pub leave: AtomicU64,
+}
+
+impl CountHooks {
+    /// `enter` plus `leave` calls so far.
+    pub fn calls(&self) -> u64 {
+        self.enter.load(Ordering::Relaxed) + self.leave.load(Ordering::Relaxed)
+    }
+}
+
+impl PressureHooks for CountHooks {
+    fn enter(&self, _bytes: u64) {
+        self.enter.fetch_add(1, Ordering::Relaxed);
+    }
+    fn leave(&self, _bytes: u64) {
+        self.leave.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// What a pool needs of an account: charge and uncharge on its cold paths
 /// (grow and shrink, a batch at a time), and the pressure flag for its hot
 /// path.
@@ -259,21 +284,6 @@ impl<H: PressureHooks> Charge for MemAccount<H> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU32;
-
-    #[derive(Default)]
-    struct Count {
-        enter: AtomicU32,
-        leave: AtomicU32,
-    }
-    impl PressureHooks for Count {
-        fn enter(&self, _: u64) {
-            self.enter.fetch_add(1, Ordering::Relaxed);
-        }
-        fn leave(&self, _: u64) {
-            self.leave.fetch_add(1, Ordering::Relaxed);
-        }
-    }
 
     #[test]
     fn bad_limits_are_refused() {
@@ -298,7 +308,7 @@ mod tests {
                 pressure: 200,
                 max: 1000,
             },
-            Count::default(),
+            CountHooks::default(),
         )
         .unwrap();
         std::thread::scope(|s| {
@@ -314,11 +324,8 @@ mod tests {
         });
         assert_eq!(a.bytes(), 0);
         let st = a.stats();
-        assert_eq!(
-            u64::from(a.hooks().enter.load(Ordering::Relaxed)),
-            st.entered
-        );
-        assert_eq!(u64::from(a.hooks().leave.load(Ordering::Relaxed)), st.left);
+        assert_eq!(a.hooks().enter.load(Ordering::Relaxed), st.entered);
+        assert_eq!(a.hooks().leave.load(Ordering::Relaxed), st.left);
         // Ends at 0 < min: every enter was followed by its leave.
         assert_eq!(st.entered, st.left);
         assert!(!a.under_pressure());

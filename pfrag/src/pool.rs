@@ -817,8 +817,11 @@ impl<M: DmaMapper> Shared<M> {
                     r.c.reclaimed_bytes.fetch_add(size, Ordering::Relaxed);
                 }
                 Reclaim::Hysteresis { threshold, chunk } => {
-                    r.free.push(c);
+                    // Count before the push: a taker pops first and
+                    // subtracts after, so `held` never drops below what the
+                    // reserve holds (loom found the other order underflow).
                     let held = r.held.fetch_add(size, Ordering::Relaxed) + size;
+                    r.free.push(c);
                     r.c.peak_held.fetch_max(held, Ordering::Relaxed);
                     if r.pressured.load(Ordering::Relaxed) && held >= (threshold / 4).max(size) {
                         // The owner has room again.

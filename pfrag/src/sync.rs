@@ -5,7 +5,7 @@
 //! explore).
 //!
 //! Run the model tests with
-//! `RUSTFLAGS="--cfg loom" cargo test -p pfrag --test loom --release`.
+//! `RUSTFLAGS="--cfg loom -C overflow-checks=on" cargo test -p pfrag --test loom --release`.
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

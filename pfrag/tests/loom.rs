@@ -5,7 +5,7 @@
 //! explore the interleavings of the real code:
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" cargo test -p pfrag --test loom --release
+//! RUSTFLAGS="--cfg loom -C overflow-checks=on" cargo test -p pfrag --test loom --release
 //! ```
 #![cfg(loom)]
 
@@ -119,6 +119,39 @@ fn borrowing_races_with_the_owner_freeing_and_clearing_its_flag() {
         drop(got);
         drop(q0);
         drop(q1);
+        accounted(&p, 0);
+    });
+}
+
+/// The owner frees a chunk into its empty, unflagged reserve while a dry
+/// neighbour borrows: the borrower may pop the chunk the moment it is
+/// pushed. The reserve's byte count must never go below zero (run with
+/// overflow checks) and ends equal to what the reserve holds.
+#[test]
+fn borrowing_the_chunk_being_freed_keeps_the_byte_count_exact() {
+    model(|| {
+        // Room mark and threshold: one 4 KiB chunk.
+        let reclaim = Reclaim::Hysteresis {
+            threshold: 4 << 10,
+            chunk: 4 << 10,
+        };
+        let p = pool(2, reclaim);
+        let mut q1 = FragCache::for_queue(p.clone(), 1).unwrap();
+        let a = q1.refill(4096, true).unwrap();
+        let b = q1.refill(4096, true).unwrap();
+        q1.release();
+        drop(a); // reserve {A}: room again, flag cleared
+        let again = q1.refill(4096, true).unwrap(); // takes A back
+        assert!(!p.queue_stats(1).unwrap().pressured);
+        assert_eq!(p.reserved_chunks(), 0);
+        let owner = loom::thread::spawn(move || b.complete().unwrap());
+        let mut q0 = FragCache::for_queue(p.clone(), 0).unwrap();
+        let got = q0.refill(4096, true).unwrap();
+        owner.join().unwrap();
+        let held = p.queue_stats(1).unwrap().held;
+        assert_eq!(held, p.reserved_chunks() as u64 * 4096);
+        drop((got, again));
+        drop((q0, q1));
         accounted(&p, 0);
     });
 }

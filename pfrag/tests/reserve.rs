@@ -2,10 +2,10 @@
 //! process-wide memory account.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use pfrag::account::{Limits, MemAccount, PressureHooks};
+use pfrag::account::{CountHooks, Limits, MemAccount};
 use pfrag::dma::{Dir, DmaMapper, Domain, Invalidation, SoftIommu, SoftIommuConfig, Translate};
 use pfrag::frag::{Frag, FragCache};
 use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
@@ -100,38 +100,31 @@ fn hysteresis_holds_at_most_threshold_plus_a_chunk_and_reclaims_in_chunks() {
     assert!(q.held <= threshold);
 }
 
-/// Counts hook calls.
-#[derive(Default)]
-struct Hooks {
-    enter: AtomicU32,
-    leave: AtomicU32,
-}
-
-impl PressureHooks for Hooks {
-    fn enter(&self, _: u64) {
-        self.enter.fetch_add(1, Ordering::Relaxed);
-    }
-    fn leave(&self, _: u64) {
-        self.leave.fetch_add(1, Ordering::Relaxed);
-    }
+/// A pool of 64 KiB chunks, grown 256 KiB at a time, charged to an account
+/// with `limits` (MiB granularity is enough here).
+fn limited(
+    limits: Limits,
+) -> (
+    Arc<MemAccount<CountHooks>>,
+    Arc<Domain<SoftIommu>>,
+    Pool<SoftIommu>,
+) {
+    let acct = MemAccount::new(limits, CountHooks::default()).unwrap();
+    let d = domain();
+    let mut cfg = config(4, Reclaim::HYSTERESIS, 1);
+    cfg.grow_batch = 4;
+    let pool = Pool::with_account(d.clone(), cfg, acct.clone()).unwrap();
+    (acct, d, pool)
 }
 
 #[test]
 fn pressure_hooks_fire_once_per_transition_and_pressure_gives_memory_back() {
     let mib = 1u64 << 20;
-    let acct = MemAccount::new(
-        Limits {
-            min: mib,
-            pressure: 2 * mib,
-            max: 8 * mib,
-        },
-        Hooks::default(),
-    )
-    .unwrap();
-    let d = domain();
-    let mut cfg = config(4, Reclaim::HYSTERESIS, 1);
-    cfg.grow_batch = 4; // 256 KiB per grow
-    let pool = Pool::with_account(d.clone(), cfg, acct.clone()).unwrap();
+    let (acct, d, pool) = limited(Limits {
+        min: mib,
+        pressure: 2 * mib,
+        max: 8 * mib,
+    });
     let size = pool.chunk_size() as u64;
     let mut c = FragCache::new(pool.clone());
     let mut transitions = 0;
@@ -178,19 +171,11 @@ fn pressure_hooks_fire_once_per_transition_and_pressure_gives_memory_back() {
 #[test]
 fn released_memory_no_longer_translates() {
     let mib = 1u64 << 20;
-    let acct = MemAccount::new(
-        Limits {
-            min: mib / 2,
-            pressure: mib,
-            max: 4 * mib,
-        },
-        pfrag::account::NoHooks,
-    )
-    .unwrap();
-    let d = domain();
-    let mut cfg = config(4, Reclaim::HYSTERESIS, 1);
-    cfg.grow_batch = 4;
-    let pool = Pool::with_account(d.clone(), cfg, acct.clone()).unwrap();
+    let (_acct, d, pool) = limited(Limits {
+        min: mib / 2,
+        pressure: mib,
+        max: 4 * mib,
+    });
     let mut c = FragCache::new(pool.clone());
     let mut held = Vec::new();
     for _ in 0..24 {
@@ -214,19 +199,11 @@ fn released_memory_no_longer_translates() {
 
 #[test]
 fn past_max_growth_fails_typed_and_nothing_leaks() {
-    let acct = MemAccount::new(
-        Limits {
-            min: 0,
-            pressure: 1 << 20,
-            max: 1 << 20,
-        },
-        pfrag::account::NoHooks,
-    )
-    .unwrap();
-    let d = domain();
-    let mut cfg = config(4, Reclaim::HYSTERESIS, 1);
-    cfg.grow_batch = 4;
-    let pool = Pool::with_account(d.clone(), cfg, acct.clone()).unwrap();
+    let (acct, d, pool) = limited(Limits {
+        min: 0,
+        pressure: 1 << 20,
+        max: 1 << 20,
+    });
     let mut c = FragCache::new(pool.clone());
     let mut held = Vec::new();
     let err = loop {
