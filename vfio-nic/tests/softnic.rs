@@ -445,3 +445,50 @@ fn boundary_keeps_every_buffer_inside_one_page() {
     );
     assert!(matches!(bad, Err(Error::BadConfig { value: 3000, .. })));
 }
+
+/// Past the account's `max` the queue refuses the packet with a back-off
+/// error (no panic, nothing posted), and after completions are reaped the
+/// same send goes through.
+#[test]
+fn memory_limit_makes_the_queue_back_off() {
+    use pfrag::account::{Limits, MemAccount, NoHooks};
+    let acct = MemAccount::new(
+        Limits {
+            min: 0,
+            pressure: 1 << 20,
+            max: 1 << 20,
+        },
+        NoHooks,
+    )
+    .unwrap();
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()));
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let pool = Pool::with_account(
+        domain.clone(),
+        PoolConfig::new(Order::new(4).unwrap(), Policy::Persistent),
+        acct.clone(),
+    )
+    .unwrap();
+    let nic = SoftNic::new(iommu, SoftNicConfig::default());
+    let mut q = TxQueue::new(domain, pool, nic, TxConfig::default()).unwrap();
+    let mut sent = 0;
+    let err = loop {
+        match q.send(0, 65_160) {
+            Ok(()) => sent += 1,
+            Err(e) => break e,
+        }
+        assert!(sent <= 16, "1 MiB holds 16 chunks of 64 KiB");
+    };
+    assert!(err.is_backoff(), "{err}");
+    assert!(matches!(
+        err,
+        Error::Pool(pfrag::Error::MemoryLimit { max: 0x10_0000, .. })
+    ));
+    assert_eq!(sent, 16);
+    assert_eq!(q.stats().mem_backoffs, 1);
+    assert_eq!(q.stats().packets, 16);
+    q.kick().unwrap();
+    assert_eq!(q.reap().unwrap(), 16);
+    q.send(0, 65_160).unwrap();
+    assert_eq!(acct.bytes(), 1 << 20);
+}
