@@ -383,11 +383,14 @@ impl DmaMapper for VfioMapper {
             len: m.len as usize,
             max: usize::MAX,
         })?;
-        // SAFETY: per vfio_dma_map's contract, the device may access
-        // `m.addr..+len` until it is unmapped; pfrag hands such memory to
-        // the device only through `Frag`/`Coherent`, which access it by raw
-        // pointer or volatile copies, and unmaps before the memory is
-        // reused by the OS (pool shrink and `Coherent` drop unmap first).
+        // SAFETY: vfio_dma_map lets the device reach `m.addr..+len` until
+        // the unmap. The memory is a pfrag `Region` that outlives the
+        // mapping (pools and `Coherent` unmap before freeing or releasing
+        // it). Rings and bounce slots are touched only with volatile
+        // accesses. A frag's slice is written by the driver before its IOVA
+        // is put in a descriptor and not touched again until completion;
+        // a TX device only reads it in between, and the IOMMU confines any
+        // device access to these ranges.
         let r = unsafe {
             self.container
                 .vfio_dma_map(m.iova.raw(), len, m.addr.raw() as *mut u8)
