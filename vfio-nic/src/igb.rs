@@ -4,7 +4,8 @@
 //! queue 0 as a [`TxDevice`]: the [`TxQueue`](crate::txq::TxQueue) that
 //! drives the software NIC drives this one unchanged. Completions come from
 //! the descriptor-done write-back of the report-status descriptor (head
-//! write-back stays off).
+//! write-back stays off). An optional receive queue ([`RxRing`],
+//! [`Igb::start_rx`]) with MAC loopback lets a test receive what it sent.
 //!
 //! Register names and bits follow the 82576 datasheet (section 8); only the
 //! registers this driver uses are named.
@@ -33,6 +34,9 @@
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use pfrag::dma::{Coherent, Dir, DmaMapper, Domain};
 use pfrag::Iova;
 
 use crate::device::TxDevice;
@@ -80,6 +84,36 @@ pub mod regs {
 
     const TX_BASE: u32 = 0x0_E000;
     const TX_STRIDE: u32 = 0x40;
+    const RX_BASE: u32 = 0x0_C000;
+
+    /// Receive Descriptor Base Address Low, queue `n`.
+    pub const fn rdbal(n: u32) -> Reg {
+        Reg(RX_BASE + TX_STRIDE * n)
+    }
+    /// Receive Descriptor Base Address High, queue `n`.
+    pub const fn rdbah(n: u32) -> Reg {
+        Reg(RX_BASE + 0x04 + TX_STRIDE * n)
+    }
+    /// Receive Descriptor Ring Length (bytes), queue `n`.
+    pub const fn rdlen(n: u32) -> Reg {
+        Reg(RX_BASE + 0x08 + TX_STRIDE * n)
+    }
+    /// Split and Replication Receive Control, queue `n`.
+    pub const fn srrctl(n: u32) -> Reg {
+        Reg(RX_BASE + 0x0C + TX_STRIDE * n)
+    }
+    /// Receive Descriptor Head, queue `n`.
+    pub const fn rdh(n: u32) -> Reg {
+        Reg(RX_BASE + 0x10 + TX_STRIDE * n)
+    }
+    /// Receive Descriptor Tail, queue `n`.
+    pub const fn rdt(n: u32) -> Reg {
+        Reg(RX_BASE + 0x18 + TX_STRIDE * n)
+    }
+    /// Receive Descriptor Control, queue `n`.
+    pub const fn rxdctl(n: u32) -> Reg {
+        Reg(RX_BASE + 0x28 + TX_STRIDE * n)
+    }
 
     /// Transmit Descriptor Base Address Low, queue `n`.
     pub const fn tdbal(n: u32) -> Reg {
@@ -174,6 +208,32 @@ bitflags::bitflags! {
     pub struct Rctl: u32 {
         /// Receiver enable.
         const EN = 1 << 1;
+        /// Unicast promiscuous.
+        const UPE = 1 << 3;
+        /// Multicast promiscuous.
+        const MPE = 1 << 4;
+        /// Loopback mode: MAC loopback (LBM = 01b).
+        const LBM_MAC = 1 << 6;
+        /// Broadcast accept.
+        const BAM = 1 << 15;
+        /// Strip the Ethernet CRC.
+        const SECRC = 1 << 26;
+    }
+
+    /// RXDCTL bits.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Rxdctl: u32 {
+        /// Queue enable.
+        const ENABLE = 1 << 25;
+    }
+
+    /// Advanced receive descriptor write-back status bits.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct RxSta: u32 {
+        /// Descriptor done.
+        const DD = 1 << 0;
+        /// End of packet.
+        const EOP = 1 << 1;
     }
 }
 
@@ -188,6 +248,14 @@ const MDIC_PHY_SHIFT: u32 = 21;
 const PHY_ADDR: u32 = 1;
 /// PHY Control, MII register 0.
 const PHY_CTRL: u32 = 0;
+
+/// SRRCTL packet buffer size field, in 1 KiB units (bits 6:0).
+const SRRCTL_BSIZEPKT_2K: u32 = 2;
+/// SRRCTL descriptor type (bits 27:25): advanced, one buffer.
+const SRRCTL_DESCTYPE_ADV_ONEBUF: u32 = 1 << 25;
+
+/// Bytes per receive buffer.
+pub const RX_BUF: usize = 2048;
 
 /// TCTL collision threshold field (bits 11:4); the datasheet's value 0xF.
 const TCTL_CT: u32 = 0xF << 4;
@@ -393,6 +461,140 @@ impl Igb {
     }
 }
 
+/// Receive queue 0 with advanced one-buffer descriptors and one 2 KiB
+/// buffer each, all
+/// in two coherent regions mapped through the IOMMU. Used with MAC
+/// loopback ([`Igb::start_rx`]) so that the guest can receive what it sent.
+pub struct RxRing<M: DmaMapper> {
+    ring: Coherent<M>,
+    bufs: Coherent<M>,
+    len: u16,
+    next: u16,
+}
+
+impl<M: DmaMapper> std::fmt::Debug for RxRing<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxRing")
+            .field("len", &self.len)
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+impl<M: DmaMapper> RxRing<M> {
+    /// A ring of `len` descriptors (a multiple of 8, 8..=4096), each with
+    /// its buffer, mapped in `domain`.
+    pub fn new(domain: Arc<Domain<M>>, len: u16) -> Result<RxRing<M>> {
+        if len < 8 || len > 4096 || len % 8 != 0 {
+            return Err(Error::BadConfig {
+                what: "RX ring length (multiple of 8, 8..=4096)",
+                value: u64::from(len),
+            });
+        }
+        let n = usize::from(len);
+        let ring = Coherent::new(domain.clone(), n * crate::desc::SIZE, Dir::BIDIRECTIONAL)?;
+        let bufs = Coherent::new(domain, n * RX_BUF, Dir::FROM_DEVICE)?;
+        let rx = RxRing {
+            ring,
+            bufs,
+            len,
+            next: 0,
+        };
+        for i in 0..len {
+            rx.arm(i)?;
+        }
+        Ok(rx)
+    }
+
+    /// Writes descriptor `i` in its read format: packet buffer address, and
+    /// a zero header address (which also clears the write-back status).
+    fn arm(&self, i: u16) -> Result<()> {
+        let off = usize::from(i) * crate::desc::SIZE;
+        let addr = self.bufs.iova().raw() + (usize::from(i) * RX_BUF) as u64;
+        self.ring.write_u64(off, addr)?;
+        self.ring.write_u64(off + 8, 0)?;
+        Ok(())
+    }
+
+    /// The next received frame, if its descriptor is done: its bytes (CRC
+    /// stripped), after which the descriptor is re-armed. Returns the tail
+    /// to hand back to the device with [`Igb::rx_tail`].
+    pub fn next_frame(&mut self) -> Result<Option<(Vec<u8>, u16)>> {
+        let off = usize::from(self.next) * crate::desc::SIZE;
+        // Write-back format, upper half: status/error (32 bits), length
+        // (16), VLAN (16).
+        let w1 = self.ring.read_u64(off + 8)?;
+        let status = RxSta::from_bits_truncate(w1 as u32);
+        if !status.contains(RxSta::DD) {
+            return Ok(None);
+        }
+        // Descriptor fields before the buffer: pairs with the device's write.
+        fence(Ordering::Acquire);
+        let len = ((w1 >> 32) & 0xffff) as usize;
+        let mut frame = vec![0u8; len.min(RX_BUF)];
+        self.bufs
+            .read(usize::from(self.next) * RX_BUF, &mut frame)?;
+        let done = self.next;
+        self.arm(done)?;
+        self.next = (self.next + 1) % self.len;
+        Ok(Some((frame, done)))
+    }
+
+    /// Descriptors in the ring.
+    pub fn len(&self) -> u16 {
+        self.len
+    }
+
+    /// Never true: a ring has at least 8 descriptors.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Igb {
+    /// Points receive queue 0 at `rx`, hands the device all but one of its
+    /// descriptors and enables the receiver, promiscuous, CRC stripped, and
+    /// with `loopback` in MAC loopback: transmitted frames come back to this
+    /// queue instead of going to the wire. Call [`stop_rx`](Self::stop_rx)
+    /// before dropping `rx` (dropping the `Igb` also stops it).
+    pub fn start_rx<M: DmaMapper>(&mut self, rx: &RxRing<M>, loopback: bool) -> Result<()> {
+        let base = rx.ring.iova().raw();
+        self.write(regs::RCTL, 0)?;
+        self.write(regs::rxdctl(0), 0)?;
+        self.write(regs::rdbal(0), base as u32)?;
+        self.write(regs::rdbah(0), (base >> 32) as u32)?;
+        self.write(regs::rdlen(0), u32::from(rx.len) * crate::desc::SIZE as u32)?;
+        self.write(
+            regs::srrctl(0),
+            SRRCTL_BSIZEPKT_2K | SRRCTL_DESCTYPE_ADV_ONEBUF,
+        )?;
+        self.write(regs::rdh(0), 0)?;
+        self.write(regs::rxdctl(0), Rxdctl::ENABLE.bits())?;
+        wait_for("RX queue enable", self.cfg.enable_timeout, || {
+            Ok(self.read(regs::rxdctl(0))? & Rxdctl::ENABLE.bits() != 0)
+        })?;
+        fence(Ordering::SeqCst);
+        self.write(regs::rdt(0), u32::from(rx.len - 1))?;
+        let mut rctl = Rctl::EN | Rctl::UPE | Rctl::MPE | Rctl::BAM | Rctl::SECRC;
+        if loopback {
+            rctl |= Rctl::LBM_MAC;
+        }
+        self.write(regs::RCTL, rctl.bits())
+    }
+
+    /// Gives descriptors up to (not including) `tail` back to the device.
+    pub fn rx_tail(&self, tail: u16) -> Result<()> {
+        fence(Ordering::SeqCst);
+        self.write(regs::rdt(0), u32::from(tail))
+    }
+
+    /// Turns the receiver (and loopback) off.
+    pub fn stop_rx(&self) -> Result<()> {
+        self.write(regs::RCTL, 0)?;
+        self.write(regs::rxdctl(0), 0)
+    }
+}
+
 impl TxDevice for Igb {
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         let bytes = u32::from(len) * crate::desc::SIZE as u32;
@@ -454,10 +656,11 @@ impl TxDevice for Igb {
 
 impl Drop for Igb {
     fn drop(&mut self) {
-        // Stop DMA before the rings and buffers the device may still read
+        // Stop DMA before the rings and buffers the device may still use
         // are unmapped and freed.
         let _ = self.write(regs::TCTL, 0);
         let _ = self.write(regs::txdctl(0), 0);
+        let _ = self.stop_rx();
     }
 }
 
@@ -475,5 +678,9 @@ mod tests {
         assert_eq!(txdctl(0).offset(), 0xE028);
         assert_eq!(tdt(1).offset(), 0xE058);
         assert_eq!(ral(15).offset(), 0x5478);
+        assert_eq!(rdbal(0).offset(), 0xC000);
+        assert_eq!(srrctl(0).offset(), 0xC00C);
+        assert_eq!(rdt(0).offset(), 0xC018);
+        assert_eq!(rxdctl(0).offset(), 0xC028);
     }
 }
