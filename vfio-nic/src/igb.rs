@@ -485,7 +485,7 @@ impl<M: DmaMapper> RxRing<M> {
     /// A ring of `len` descriptors (a multiple of 8, 8..=4096), each with
     /// its buffer, mapped in `domain`.
     pub fn new(domain: Arc<Domain<M>>, len: u16) -> Result<RxRing<M>> {
-        if len < 8 || len > 4096 || len % 8 != 0 {
+        if !(8..=4096).contains(&len) || len % 8 != 0 {
             return Err(Error::BadConfig {
                 what: "RX ring length (multiple of 8, 8..=4096)",
                 value: u64::from(len),
