@@ -1,6 +1,6 @@
 //! Criterion benches: the frag fast path per order and policy, burst
-//! completion, batched against single DMA maps on the software IOMMU, and
-//! the header bounce copy.
+//! completion, batched against single DMA maps on the software IOMMU, the
+//! header bounce copy, and chunk turnover under each reclaim policy.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use pfrag::bounce::{Ring, SlotSize};
 use pfrag::dma::{Dir, Domain, SoftIommu, SoftIommuConfig};
 use pfrag::frag::{complete_burst, FragCache};
 use pfrag::mem::Region;
-use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
 use pfrag::Order;
 
 fn domain() -> Arc<Domain<SoftIommu>> {
@@ -117,5 +117,51 @@ fn bounce(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, fast_path, burst, map_batch, bounce);
+/// Chunk turnover: 3000-byte frags on 4 KiB chunks, so every frag takes a
+/// fresh chunk and every completion frees one, held in flight 64 at a time:
+/// the take and recycle paths under each reclaim policy, one queue and two
+/// queues sharing the pool from two threads.
+fn reclaim(c: &mut Criterion) {
+    let mut g = c.benchmark_group("chunk_turnover_64_frags");
+    g.throughput(Throughput::Elements(64));
+    for (name, policy) in [
+        ("eager", Reclaim::Eager),
+        ("hysteresis", Reclaim::HYSTERESIS),
+    ] {
+        for queues in [1usize, 2] {
+            let mut cfg = PoolConfig::new(Order::new(0).expect("order"), Policy::Persistent);
+            cfg.reclaim = policy;
+            cfg.queues = queues;
+            let pool = Pool::new(domain(), cfg).expect("pool");
+            let mut caches: Vec<FragCache<SoftIommu>> = (0..queues)
+                .map(|q| FragCache::for_queue(pool.clone(), q).expect("queue"))
+                .collect();
+            let id = BenchmarkId::new(name, format!("{queues}q"));
+            g.bench_function(id, |b| {
+                // Threads started once per sample; each runs `iters` rounds.
+                b.iter_custom(|iters| {
+                    let t0 = std::time::Instant::now();
+                    std::thread::scope(|s| {
+                        for cache in caches.iter_mut() {
+                            s.spawn(move || {
+                                let mut v = Vec::with_capacity(64);
+                                for _ in 0..iters {
+                                    for _ in 0..64 {
+                                        v.push(cache.refill(3000, true).expect("frag"));
+                                    }
+                                    complete_burst(v.drain(..)).expect("complete");
+                                    black_box(&v);
+                                }
+                            });
+                        }
+                    });
+                    t0.elapsed()
+                });
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, fast_path, burst, map_batch, bounce, reclaim);
 criterion_main!(benches);

@@ -249,6 +249,7 @@ impl<M: DmaMapper> FragCache<M> {
     /// fresh chunk (the tail is counted as waste); `len` larger than a chunk
     /// is an error. Without it, the frag is `min(len, tail)` bytes (the
     /// stock behaviour), and the caller asks again for the rest.
+    #[inline]
     pub fn refill(&mut self, len: usize, fit_whole: bool) -> Result<Frag<M>> {
         if len == 0 {
             return Err(Error::ZeroLength);
@@ -338,6 +339,7 @@ impl<M: DmaMapper> FragCache<M> {
     /// Moves to a fresh chunk: reuses the current one in place if all its
     /// frags completed, else leaves it to its frags and takes one from the
     /// pool.
+    #[cold]
     fn next_chunk(&mut self) -> Result<()> {
         if let Some(c) = self.cur {
             self.stats.waste_bytes += (self.chunk_size - self.offset) as u64;

@@ -22,11 +22,13 @@
 //! to the OS (unmapped first) regardless of its watermark.
 //!
 //! Lifetime. Chunk metadata (the side table) lives in boxed slices owned by
-//! the pool's shared state, so its address never changes. Every chunk that is
-//! out of the free list (held by a frag cache or by in-flight frags) holds one
-//! strong count on that shared state, taken when the chunk leaves the free
-//! list and dropped when it returns; so the pool outlives its frags without an
-//! atomic per frag.
+//! the pool's shared state, so its address never changes. Each queue counts
+//! the chunks it has out of the lists (held by its frag cache or by
+//! in-flight frags); while that count is above zero the queue holds one
+//! strong count on the shared state, taken when the count leaves zero and
+//! dropped when it returns to zero. So the pool outlives its frags without
+//! an atomic per frag, and chunk turnover touches only the queue's own cache
+//! lines, not a reference count shared by every queue.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -253,6 +255,7 @@ pub struct QueueStats {
 
 #[derive(Default)]
 struct QueueCounters {
+    recycles: AtomicU64,
     peak_held: AtomicU64,
     reclaim_calls: AtomicU64,
     reclaimed_bytes: AtomicU64,
@@ -263,8 +266,13 @@ struct QueueCounters {
     pressure_flags: AtomicU64,
 }
 
-/// One queue's reserve of free chunks.
+/// One queue's reserve of free chunks. Aligned so that two queues' counters
+/// never share a cache line (queues run on different cores).
+#[repr(align(128))]
 struct Reserve<M: DmaMapper> {
+    /// Chunks this queue has out of the lists; while above zero the queue
+    /// holds one strong count on the pool's shared state.
+    out: AtomicU64,
     free: Queue<ChunkPtr<M>>,
     /// Bytes in `free`.
     held: AtomicU64,
@@ -277,6 +285,7 @@ struct Reserve<M: DmaMapper> {
 impl<M: DmaMapper> Reserve<M> {
     fn new() -> Reserve<M> {
         Reserve {
+            out: AtomicU64::new(0),
             free: Queue::new(),
             held: AtomicU64::new(0),
             pressured: AtomicBool::new(false),
@@ -355,12 +364,10 @@ struct Counters {
     shrinks: AtomicU64,
     chunks: AtomicU64,
     released: AtomicU64,
-    recycles: AtomicU64,
     mapped_bytes: AtomicU64,
     huge_fallbacks: AtomicU64,
     huge_arenas: AtomicU64,
     unmap_errors: AtomicU64,
-    shared_ops: AtomicU64,
 }
 
 /// State shared by a pool's handles, caches and frags.
@@ -507,12 +514,17 @@ impl<M: DmaMapper> Pool<M> {
             shrinks: l(&c.shrinks),
             chunks: l(&c.chunks),
             released: l(&c.released),
-            recycles: l(&c.recycles),
+            recycles: self.shared.reserves.iter().map(|r| l(&r.c.recycles)).sum(),
             mapped_bytes: l(&c.mapped_bytes),
             huge_fallbacks: l(&c.huge_fallbacks),
             huge_arenas: l(&c.huge_arenas),
             unmap_errors: l(&c.unmap_errors),
-            shared_ops: l(&c.shared_ops),
+            shared_ops: self
+                .shared
+                .reserves
+                .iter()
+                .map(|r| l(&r.c.shared_ops))
+                .sum(),
             reclaim_calls: self
                 .shared
                 .reserves
@@ -571,7 +583,10 @@ impl<M: DmaMapper> Pool<M> {
                 }
             }
         }
-        std::mem::forget(self.shared.clone());
+        if r.out.fetch_add(1, Ordering::AcqRel) == 0 {
+            // The queue's first chunk out: it now keeps the pool alive.
+            std::mem::forget(self.shared.clone());
+        }
         Ok(c)
     }
 
@@ -598,7 +613,6 @@ impl<M: DmaMapper> Shared<M> {
     }
 
     fn shared_op(&self, r: &Reserve<M>, n: u64) {
-        self.counters.shared_ops.fetch_add(n, Ordering::Relaxed);
         r.c.shared_ops.fetch_add(n, Ordering::Relaxed);
     }
 
@@ -788,13 +802,14 @@ impl<M: DmaMapper> Shared<M> {
     ///
     /// # Safety
     /// `c`'s refcount just dropped to zero (the caller holds the chunk
-    /// exclusively), and the chunk holds a strong count on its pool, which
-    /// this call gives up: `c` must not be used afterwards.
+    /// exclusively), and the chunk is counted out by its owning queue, which
+    /// this call undoes (dropping the queue's strong count on the pool if it
+    /// was the last): `c` must not be used afterwards.
     pub(crate) unsafe fn recycle(c: ChunkPtr<M>) {
         let ptr = c.get().pool;
-        {
-            // SAFETY: the chunk's strong count keeps the shared state alive
-            // until the decrement below.
+        let last = {
+            // SAFETY: the owning queue's strong count (held while this chunk
+            // is out) keeps the shared state alive until the decrement below.
             let sh = unsafe { &*ptr };
             if sh.cfg.policy == Policy::PerChunk {
                 let size = sh.cfg.order.size() as u64;
@@ -834,13 +849,18 @@ impl<M: DmaMapper> Shared<M> {
                     }
                 }
             }
-            sh.counters.recycles.fetch_add(1, Ordering::Relaxed);
+            r.c.recycles.fetch_add(1, Ordering::Relaxed);
             if pressure || sh.free.len() > sh.cfg.high_watermark {
                 let _ = sh.shrink();
             }
+            r.out.fetch_sub(1, Ordering::AcqRel) == 1
+        };
+        if last {
+            // SAFETY: pairs with the `forget(clone)` in `Pool::take` made
+            // when this queue's count left zero; nothing of the shared state
+            // is used after it.
+            unsafe { Arc::decrement_strong_count(ptr) };
         }
-        // SAFETY: pairs with the `forget(clone)` in `Pool::take`.
-        unsafe { Arc::decrement_strong_count(ptr) };
     }
 
     /// Gives back one batch of free chunks if the free list is past the high
