@@ -27,16 +27,25 @@ have_qemu() {
         qemu-system-x86_64 -device help 2>/dev/null | grep -q '"igb"'
 }
 
+# Makes sure apt knows bookworm-backports (for QEMU 10 and the 6.12 kernel).
+ensure_backports() {
+    if apt-cache policy 2>/dev/null | grep -q 'bookworm-backports'; then
+        return
+    fi
+    local uri
+    uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+    [ -n "$uri" ] || uri=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+    [ -n "$uri" ] || die "no Debian archive found in /etc/apt"
+    say "adding bookworm-backports ($uri)"
+    echo "deb $uri bookworm-backports main" > /etc/apt/sources.list.d/pfrag-backports.list
+    apt-get update -q
+}
+
 setup() {
     [ "$(id -u)" = 0 ] || die "run as root (apt-get, and the guest needs nothing else)"
+    ensure_backports
     if ! have_qemu; then
         say "installing QEMU from bookworm-backports (the igb device needs QEMU >= 8)"
-        local uri
-        uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-        [ -n "$uri" ] || uri=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-        [ -n "$uri" ] || die "no Debian archive found in /etc/apt"
-        echo "deb $uri bookworm-backports main" > /etc/apt/sources.list.d/pfrag-backports.list
-        apt-get update -q
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q -t bookworm-backports qemu-system-x86
         have_qemu || die "qemu-system-x86_64 has no igb device after install"
     fi
