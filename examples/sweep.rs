@@ -64,7 +64,8 @@ enum Backend {
 enum ReclaimArg {
     /// Every freed chunk straight back to the shared pool.
     Eager,
-    /// Per-queue reserves, trimmed 1 MiB at a time past 2 MiB.
+    /// Per-queue reserves, trimmed half the threshold at a time past
+    /// --threshold-mib (default 2 MiB).
     Hysteresis,
 }
 
@@ -149,6 +150,9 @@ struct Args {
     /// How freed chunks return to the shared pool.
     #[arg(long, value_enum, default_value = "eager")]
     reclaim: ReclaimArg,
+    /// Hysteresis threshold in MiB (half of it goes back at once).
+    #[arg(long, default_value_t = 2)]
+    threshold_mib: u64,
     /// Write all columns as CSV.
     #[arg(long)]
     csv: Option<PathBuf>,
@@ -271,7 +275,10 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
                 skew: a.skew,
                 reclaim: match a.reclaim {
                     ReclaimArg::Eager => Reclaim::Eager,
-                    ReclaimArg::Hysteresis => Reclaim::HYSTERESIS,
+                    ReclaimArg::Hysteresis => Reclaim::Hysteresis {
+                        threshold: a.threshold_mib << 20,
+                        chunk: (a.threshold_mib << 20) / 2,
+                    },
                 },
                 workload: Workload::Fixed,
                 limits: Limits::UNLIMITED,
