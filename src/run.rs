@@ -238,10 +238,8 @@ fn touch_name(t: Touch) -> &'static str {
     }
 }
 
-/// Runs `cfg` on the software NIC, one thread per queue. Returns the total
-/// row first, then (with more than one queue) one row per queue. `tick` is
-/// called with packet counts as they are sent (for progress).
-pub fn run(cfg: &RunConfig, tick: &mut dyn FnMut(u64)) -> Result<Vec<Row>, RunError> {
+/// Settings every backend needs in range.
+fn check(cfg: &RunConfig) -> Result<(), RunError> {
     Order::new(cfg.order)?;
     if cfg.payload == 0 || cfg.packets == 0 || cfg.burst == 0 {
         return Err(RunError::Setting(format!(
@@ -249,6 +247,14 @@ pub fn run(cfg: &RunConfig, tick: &mut dyn FnMut(u64)) -> Result<Vec<Row>, RunEr
             cfg.payload, cfg.packets, cfg.burst
         )));
     }
+    Ok(())
+}
+
+/// Runs `cfg` on the software NIC, one thread per queue. Returns the total
+/// row first, then (with more than one queue) one row per queue. `tick` is
+/// called with packet counts as they are sent (for progress).
+pub fn run(cfg: &RunConfig, tick: &mut dyn FnMut(u64)) -> Result<Vec<Row>, RunError> {
+    check(cfg)?;
     if cfg.queues == 0 || (cfg.packets as usize) < cfg.queues {
         return Err(RunError::Setting(format!(
             "queues {} must be >= 1 and <= packets {}",
@@ -367,7 +373,13 @@ struct QueueRun {
     faults: u64,
     start: Instant,
     end: Instant,
-    ns: f64,
+}
+
+impl QueueRun {
+    /// Wall time of its measured part.
+    fn ns(&self) -> f64 {
+        (self.end - self.start).as_nanos() as f64
+    }
 }
 
 fn measure<M: DmaMapper + Translate + 'static>(
@@ -434,7 +446,6 @@ fn measure<M: DmaMapper + Translate + 'static>(
         done.wait();
         release.wait();
         let (q, (n0, q0, c0), packets, bytes, end) = measured?;
-        let ns = (end - t0).as_nanos() as f64;
         let (n, qs, cs) = (q.device().stats(), q.stats(), q.cache().stats());
         Ok(QueueRun {
             packets,
@@ -451,7 +462,6 @@ fn measure<M: DmaMapper + Translate + 'static>(
             },
             start: t0,
             end,
-            ns,
         })
     };
 
@@ -486,27 +496,15 @@ fn measure<M: DmaMapper + Translate + 'static>(
                     .unwrap_or_else(|_| Err(RunError::Setting("a queue thread panicked".into())))
             })
             .collect();
-        let qdelta: Vec<pfrag::pool::QueueStats> = q0
-            .iter()
-            .zip(&q1)
-            .map(|(a, b)| pfrag::pool::QueueStats {
-                borrows: b.borrows - a.borrows,
-                skipped_pressured: b.skipped_pressured - a.skipped_pressured,
-                reclaim_calls: b.reclaim_calls - a.reclaim_calls,
-                shared_ops: b.shared_ops - a.shared_ops,
-                ..*b
-            })
-            .collect();
+        let qdelta: Vec<pfrag::pool::QueueStats> =
+            q0.iter().zip(&q1).map(|(a, b)| b.since(a)).collect();
         (runs, m, pool0, pool1, qdelta)
     });
     let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
-    // Wall time of the measured part: first start to last end.
-    let start = runs.iter().map(|r| r.start).min();
-    let end = runs.iter().map(|r| r.end).max();
-    let ns = match (start, end) {
-        (Some(a), Some(b)) => (b - a).as_nanos() as f64,
-        _ => 0.0,
-    };
+    // The total's measured part: first start to last end.
+    let now = Instant::now();
+    let start = runs.iter().map(|r| r.start).min().unwrap_or(now);
+    let end = runs.iter().map(|r| r.end).max().unwrap_or(now);
 
     let total = QueueRun {
         packets: runs.iter().map(|r| r.packets).sum(),
@@ -520,14 +518,13 @@ fn measure<M: DmaMapper + Translate + 'static>(
             bytes_verified: runs.iter().map(|r| r.nic.bytes_verified).sum(),
             ..Default::default()
         },
-        start: start.unwrap_or_else(Instant::now),
-        end: end.unwrap_or_else(Instant::now),
-        ns,
+        start,
+        end,
     };
     let row = |r: &QueueRun, queue: Option<usize>| -> Row {
         let p = r.packets.max(1) as f64;
         let (map, pool_delta) = match queue {
-            None => (m, pool_delta(&pool0, &pool1)),
+            None => (m, pool1.since(&pool0)),
             Some(_) => (
                 pfrag::dma::MapStats::default(),
                 pfrag::pool::PoolStats::default(),
@@ -539,7 +536,7 @@ fn measure<M: DmaMapper + Translate + 'static>(
             bytes: r.bytes,
             descs: r.descs,
             waste: r.waste,
-            ns: r.ns,
+            ns: r.ns(),
             pool: pool1,
             delta: pool_delta,
         };
@@ -574,16 +571,6 @@ fn measure<M: DmaMapper + Translate + 'static>(
         }
     }
     Ok(rows)
-}
-
-fn pool_delta(a: &pfrag::pool::PoolStats, b: &pfrag::pool::PoolStats) -> pfrag::pool::PoolStats {
-    pfrag::pool::PoolStats {
-        shared_ops: b.shared_ops - a.shared_ops,
-        reclaim_calls: b.reclaim_calls - a.reclaim_calls,
-        borrows: b.borrows - a.borrows,
-        skipped_pressured: b.skipped_pressured - a.skipped_pressured,
-        ..*b
-    }
 }
 
 /// What both backends measure over a run's measured part.
@@ -656,7 +643,7 @@ pub fn run_vfio(
     window: u32,
     tick: &mut dyn FnMut(u64),
 ) -> Result<Row, RunError> {
-    Order::new(cfg.order)?;
+    check(cfg)?;
     if cfg.iommu != IommuMode::Strict {
         return Err(RunError::Setting(format!(
             "VFIO runs under the kernel's type1 IOMMU driver, which unmaps strictly; iommu {} is not available",
@@ -709,7 +696,7 @@ pub fn run_vfio(
         waste: cs.waste_bytes - c0.waste_bytes,
         ns,
         pool: pool1,
-        delta: pool_delta(&pool0, &pool1),
+        delta: pool1.since(&pool0),
     };
     Ok(Row {
         // Packets the device did not count as sent (the 82576 counts each

@@ -228,6 +228,21 @@ pub struct PoolStats {
     pub skipped_pressured: u64,
 }
 
+impl PoolStats {
+    /// This snapshot with the queue-traffic counters (`shared_ops`,
+    /// `reclaim_calls`, `borrows`, `skipped_pressured`) taken relative to
+    /// `earlier`; levels (chunks, bytes) stay as they are now.
+    pub fn since(&self, earlier: &PoolStats) -> PoolStats {
+        PoolStats {
+            shared_ops: self.shared_ops - earlier.shared_ops,
+            reclaim_calls: self.reclaim_calls - earlier.reclaim_calls,
+            borrows: self.borrows - earlier.borrows,
+            skipped_pressured: self.skipped_pressured - earlier.skipped_pressured,
+            ..*self
+        }
+    }
+}
+
 /// A snapshot of one queue's reserve.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueStats {
@@ -251,6 +266,23 @@ pub struct QueueStats {
     pub pressure_flags: u64,
     /// Whether it is flagged now.
     pub pressured: bool,
+}
+
+impl QueueStats {
+    /// This snapshot with the event counters taken relative to `earlier`;
+    /// levels (`held`, `peak_held`, `pressured`) stay as they are now.
+    pub fn since(&self, earlier: &QueueStats) -> QueueStats {
+        QueueStats {
+            reclaim_calls: self.reclaim_calls - earlier.reclaim_calls,
+            reclaimed_bytes: self.reclaimed_bytes - earlier.reclaimed_bytes,
+            shared_ops: self.shared_ops - earlier.shared_ops,
+            borrows: self.borrows - earlier.borrows,
+            lent: self.lent - earlier.lent,
+            skipped_pressured: self.skipped_pressured - earlier.skipped_pressured,
+            pressure_flags: self.pressure_flags - earlier.pressure_flags,
+            ..*self
+        }
+    }
 }
 
 #[derive(Default)]
@@ -291,6 +323,11 @@ impl<M: DmaMapper> Reserve<M> {
             pressured: AtomicBool::new(false),
             c: QueueCounters::default(),
         }
+    }
+
+    /// Counts `n` pushes or pops on the shared free list by this queue.
+    fn shared_op(&self, n: u64) {
+        self.c.shared_ops.fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -560,7 +597,7 @@ impl<M: DmaMapper> Pool<M> {
                 r.c.pressure_flags.fetch_add(1, Ordering::Relaxed);
             }
             if let Some(c) = sh.free.pop() {
-                sh.shared_op(r, 1);
+                r.shared_op(1);
                 break c;
             }
             if let Some(c) = sh.borrow(q) {
@@ -578,7 +615,7 @@ impl<M: DmaMapper> Pool<M> {
                 }
                 Err(e) => {
                     sh.free.push(c);
-                    sh.shared_op(r, 1);
+                    r.shared_op(1);
                     return Err(e);
                 }
             }
@@ -610,10 +647,6 @@ impl<M: DmaMapper> Shared<M> {
         self.pressure
             .as_ref()
             .is_some_and(|p| p.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    fn shared_op(&self, r: &Reserve<M>, n: u64) {
-        r.c.shared_ops.fetch_add(n, Ordering::Relaxed);
     }
 
     /// A chunk from the first neighbour of `q` (in ring order) that is not
@@ -652,7 +685,7 @@ impl<M: DmaMapper> Shared<M> {
         if moved > 0 {
             r.c.reclaim_calls.fetch_add(1, Ordering::Relaxed);
             r.c.reclaimed_bytes.fetch_add(moved, Ordering::Relaxed);
-            self.shared_op(r, moved / size);
+            r.shared_op(moved / size);
         }
     }
 
@@ -827,7 +860,7 @@ impl<M: DmaMapper> Shared<M> {
             match sh.cfg.reclaim {
                 Reclaim::Eager => {
                     sh.free.push(c);
-                    sh.shared_op(r, 1);
+                    r.shared_op(1);
                     r.c.reclaim_calls.fetch_add(1, Ordering::Relaxed);
                     r.c.reclaimed_bytes.fetch_add(size, Ordering::Relaxed);
                 }

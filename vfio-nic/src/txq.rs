@@ -293,15 +293,13 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
         let mut frags = self.spare.pop().unwrap_or_default();
         if let Err(e) = self.cache.frags(len, self.cfg.fit_whole, &mut frags) {
             self.spare.push(frags);
-            if matches!(
-                e,
-                pfrag::Error::MemoryLimit { .. } | pfrag::Error::LimitReached { .. }
-            ) {
+            let e = Error::from(e);
+            if e.is_backoff() {
                 // Out of memory by policy, not by bug: the caller backs off
                 // (reaps completions) and retries.
                 self.stats.mem_backoffs += 1;
             }
-            return Err(e.into());
+            return Err(e);
         }
         let mut hdr = [0u8; HDR_LEN];
         let fl = &mut self.flows[flow];
