@@ -14,7 +14,7 @@ use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
 use pfrag::Order;
 
 fn domain() -> Arc<Domain<SoftIommu>> {
-    Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default())))
+    Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default()).unwrap()))
 }
 
 fn cache(order: u32, policy: Policy) -> FragCache<SoftIommu> {

@@ -281,7 +281,7 @@ pub fn run(cfg: &RunConfig, tick: &mut dyn FnMut(u64)) -> Result<Vec<Row>, RunEr
                 superpages: cfg.hugepages,
                 cost: Some(cfg.cost),
                 ..SoftIommuConfig::default()
-            });
+            })?;
             measure(cfg, Arc::new(m), tick)
         }
     }

@@ -45,6 +45,33 @@ pub enum Error {
         /// The configured maximum.
         max: u64,
     },
+    /// A number outside the range the setting accepts.
+    #[error("{what} = {value} is out of range ({min}..={max})")]
+    OutOfRange {
+        /// Which setting.
+        what: &'static str,
+        /// The value given.
+        value: u64,
+        /// The smallest value accepted.
+        min: u64,
+        /// The largest value accepted.
+        max: u64,
+    },
+    /// A floating-point setting that is not a finite, non-negative number.
+    #[error("{what} = {value} is not a finite, non-negative number")]
+    BadFloat {
+        /// Which setting.
+        what: &'static str,
+        /// The value given.
+        value: f64,
+    },
+    /// Flushing deferred IOTLB invalidations failed.
+    #[error("IOTLB flush failed (errno {errno:?}): {source}", errno = errno_of(.source))]
+    Flush {
+        /// What the OS (or a fault injector) said.
+        #[source]
+        source: io::Error,
+    },
     /// An invalid configuration value.
     #[error("invalid configuration: {what} = {value}")]
     BadConfig {
@@ -155,6 +182,7 @@ impl Error {
         match self {
             Error::Map { source, .. }
             | Error::Unmap { source, .. }
+            | Error::Flush { source }
             | Error::Mmap { source, .. } => errno_of(source),
             _ => None,
         }

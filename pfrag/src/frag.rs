@@ -107,9 +107,8 @@ impl<M: DmaMapper> Frag<M> {
 
 impl<M: DmaMapper> Drop for Frag<M> {
     fn drop(&mut self) {
-        if unmap_own(self.chunk, self.own).is_err() {
-            shared(&self.chunk).note_unmap_error();
-        }
+        // A failure is counted and poisons the chunk (see `unmap_own`).
+        let _ = unmap_own(self.chunk, self.own);
         put(self.chunk, 1);
     }
 }
@@ -121,13 +120,13 @@ fn shared<M: DmaMapper>(c: &ChunkPtr<M>) -> &Shared<M> {
     unsafe { &*c.get().pool }
 }
 
+/// Removes a `PerFrag` frag's own mapping. A failure leaves it mapped and
+/// poisons the chunk, which is then pinned instead of reused.
 fn unmap_own<M: DmaMapper>(c: ChunkPtr<M>, own: Option<(Iova, u64)>) -> Result<()> {
-    if let Some((iova, len)) = own {
-        let sh = shared(&c);
-        sh.domain.unmap(iova, len)?;
-        sh.note_mapped(len, false);
+    match own {
+        Some((iova, len)) => shared(&c).unmap_part(c, iova, len),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Drops `n` references on `c`; the last one recycles the chunk.
@@ -148,7 +147,6 @@ pub fn complete_burst<M: DmaMapper>(frags: impl IntoIterator<Item = Frag<M>>) ->
     for f in frags {
         let f = ManuallyDrop::new(f);
         if let Err(e) = unmap_own(f.chunk, f.own) {
-            shared(&f.chunk).note_unmap_error();
             if first_err.is_ok() {
                 first_err = Err(e);
             }
@@ -273,9 +271,14 @@ impl<M: DmaMapper> FragCache<M> {
             Policy::PerFrag => {
                 let lo = align_down(addr.raw() as u64, PAGE_SIZE);
                 let hi = align_up((addr.raw() + flen) as u64, PAGE_SIZE);
-                let base = sh
-                    .domain
-                    .map(VirtAddr(lo as usize), hi - lo, PAGE_SIZE, sh.cfg.dir)?;
+                // SAFETY: the pages lie in the chunk's arena, which lives
+                // until the pool's shared state retires every mapping (the
+                // frag's own is removed at its completion, before the chunk
+                // can be reused).
+                let base = unsafe {
+                    sh.domain
+                        .map(VirtAddr(lo as usize), hi - lo, PAGE_SIZE, sh.cfg.dir)
+                }?;
                 sh.note_mapped(hi - lo, true);
                 (base.offset(addr.raw() as u64 - lo), Some((base, hi - lo)))
             }
@@ -343,15 +346,23 @@ impl<M: DmaMapper> FragCache<M> {
     fn next_chunk(&mut self) -> Result<()> {
         if let Some(c) = self.cur {
             self.stats.waste_bytes += (self.chunk_size - self.offset) as u64;
-            if c.get().refcnt.fetch_sub(self.bias, Ordering::AcqRel) == self.bias {
-                // Every frag completed: the chunk is ours alone; keep it.
-                c.get().refcnt.store(BIAS, Ordering::Relaxed);
-                self.bias = BIAS;
-                self.offset = 0;
-                self.stats.reused_in_place += 1;
-                return Ok(());
-            }
             self.cur = None;
+            if c.get().refcnt.fetch_sub(self.bias, Ordering::AcqRel) == self.bias {
+                self.bias = 0;
+                if self.pool.shared.reusable(c) {
+                    // Every frag completed: the chunk is ours alone; keep it.
+                    c.get().refcnt.store(BIAS, Ordering::Relaxed);
+                    self.cur = Some(c);
+                    self.bias = BIAS;
+                    self.offset = 0;
+                    self.stats.reused_in_place += 1;
+                    return Ok(());
+                }
+                // It waits for a flush, or must be pinned: let the pool
+                // decide. SAFETY: the refcount reached zero here, so the
+                // chunk is ours alone, and `c` is not used again.
+                unsafe { Shared::recycle(c) };
+            }
             self.bias = 0;
         }
         let c = self.pool.take(self.queue)?;

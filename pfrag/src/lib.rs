@@ -28,7 +28,7 @@
 //! use pfrag::frag::FragCache;
 //! use pfrag::Order;
 //!
-//! let domain = Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default())));
+//! let domain = Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default())?));
 //! let pool = Pool::new(domain.clone(), PoolConfig::new(Order::new(4)?, Policy::Persistent))?;
 //! let mut cache = FragCache::new(pool);
 //! let mut frags = Vec::new();

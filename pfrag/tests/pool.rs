@@ -12,7 +12,7 @@ fn domain(inv: Invalidation) -> Arc<Domain<SoftIommu>> {
     Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig {
         invalidation: inv,
         ..SoftIommuConfig::default()
-    })))
+    }).unwrap()))
 }
 
 fn cache(order: u32, policy: Policy) -> (Arc<Domain<SoftIommu>>, FragCache<SoftIommu>) {
@@ -281,7 +281,7 @@ fn pool_outlives_its_handles_while_frags_are_in_flight() {
 struct Refuse(pfrag::dma::Identity);
 
 impl DmaMapper for Refuse {
-    fn map(&self, m: &pfrag::dma::Mapping) -> pfrag::Result<()> {
+    unsafe fn map(&self, m: &pfrag::dma::Mapping) -> pfrag::Result<()> {
         Err(Error::Map {
             iova: m.iova,
             len: m.len,

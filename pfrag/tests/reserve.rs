@@ -15,7 +15,7 @@ fn domain() -> Arc<Domain<SoftIommu>> {
     Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig {
         invalidation: Invalidation::Strict,
         ..SoftIommuConfig::default()
-    })))
+    }).unwrap()))
 }
 
 fn config(order: u32, reclaim: Reclaim, queues: usize) -> PoolConfig {

@@ -29,7 +29,7 @@ fn queue(
     let iommu = Arc::new(SoftIommu::new(SoftIommuConfig {
         invalidation: inv,
         ..SoftIommuConfig::default()
-    }));
+    }).unwrap());
     let domain = Arc::new(Domain::new(iommu.clone()));
     let pool = Pool::new(
         domain.clone(),
@@ -262,7 +262,7 @@ struct RawRing {
 
 impl RawRing {
     fn new(dir: Dir) -> RawRing {
-        let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()));
+        let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
         let domain = Arc::new(Domain::new(iommu.clone()));
         let ring = Coherent::new(domain, 8 * 16, dir).unwrap();
         let mut nic = SoftNic::new(iommu.clone(), SoftNicConfig::default());
@@ -426,7 +426,7 @@ fn boundary_keeps_every_buffer_inside_one_page() {
             }
         }
     }
-    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()));
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
     let domain = Arc::new(Domain::new(iommu.clone()));
     let pool = Pool::new(
         domain.clone(),
@@ -461,7 +461,7 @@ fn memory_limit_makes_the_queue_back_off() {
         NoHooks,
     )
     .unwrap();
-    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()));
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
     let domain = Arc::new(Domain::new(iommu.clone()));
     let pool = Pool::with_account(
         domain.clone(),

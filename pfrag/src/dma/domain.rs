@@ -1,20 +1,63 @@
 //! A DMA domain: a mapper plus the IOVA allocator that serves it, and
 //! coherent regions mapped once for their whole life.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Dir, DmaMapper, IovaSpace, Mapping, Unmapped};
+use super::{BatchUnmap, Dir, DmaMapper, IovaSpace, Mapping, Unmapped};
 use crate::addr::{Iova, VirtAddr, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::iova::IovaAllocator;
 use crate::mem::{self, Region};
+use std::mem::ManuallyDrop;
 
 /// A mapper and its IOVA allocator. An IOVA freed by a lazy unmap is only
 /// handed out again after the mapper's flush covered it.
+///
+/// Memory whose mapping could not be removed is kept out of circulation on
+/// purpose: its IOVA stays allocated and its host memory is never freed or
+/// reused. The domain counts both ([`pinned`](Self::pinned)), so a run can
+/// report them.
 pub struct Domain<M: DmaMapper> {
     mapper: M,
     /// `None` for identity mappers, where IOVA = host address.
     iova: Option<Mutex<IovaAllocator>>,
+    /// IOVA bytes whose unmap failed (still allocated, still mapped).
+    pinned_iova: AtomicU64,
+    /// Host bytes kept allocated for good because a mapping of them, or the
+    /// flush after their unmap, failed.
+    pinned_host: AtomicU64,
+}
+
+/// Memory kept out of circulation after failed unmaps or flushes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pinned {
+    /// IOVA bytes still mapped because their unmap failed.
+    pub iova_bytes: u64,
+    /// Host bytes never freed because a device might still reach them.
+    pub host_bytes: u64,
+}
+
+/// A batch unmap that removed some runs but not all: the runs in `failed`
+/// stay mapped (their IOVA stays allocated); every other range of the batch
+/// is gone and its IOVA freed.
+#[derive(Debug, thiserror::Error)]
+#[error("{} of the ranges stayed mapped: {error}", failed.len())]
+pub struct PartialUnmap {
+    /// The latest flush generation the runs that went wait for.
+    pub how: Unmapped,
+    /// Coalesced runs that stay mapped.
+    pub failed: Vec<(Iova, u64)>,
+    /// The first failure.
+    #[source]
+    pub error: Error,
+}
+
+impl PartialUnmap {
+    /// Whether `iova` lies in a run that stayed mapped.
+    pub fn still_mapped(&self, iova: Iova) -> bool {
+        super::in_runs(&self.failed, iova)
+    }
 }
 
 impl<M: DmaMapper> std::fmt::Debug for Domain<M> {
@@ -32,7 +75,26 @@ impl<M: DmaMapper> Domain<M> {
             IovaSpace::Identity => None,
             IovaSpace::Ranges(r) => Some(Mutex::new(IovaAllocator::new(&r))),
         };
-        Domain { mapper, iova }
+        Domain {
+            mapper,
+            iova,
+            pinned_iova: AtomicU64::new(0),
+            pinned_host: AtomicU64::new(0),
+        }
+    }
+
+    /// Memory kept out of circulation because an unmap or flush failed.
+    pub fn pinned(&self) -> Pinned {
+        Pinned {
+            iova_bytes: self.pinned_iova.load(Relaxed),
+            host_bytes: self.pinned_host.load(Relaxed),
+        }
+    }
+
+    /// Records `bytes` of host memory its owner keeps allocated for good
+    /// (leaks on purpose) because a device might still reach it.
+    pub fn pin_host(&self, bytes: u64) {
+        self.pinned_host.fetch_add(bytes, Relaxed);
     }
 
     /// The mapper.
@@ -72,8 +134,14 @@ impl<M: DmaMapper> Domain<M> {
 
     /// Maps `len` bytes (4 KiB multiples) at `addr` at a fresh IOVA aligned to
     /// `align`. One map call.
-    pub fn map(&self, addr: VirtAddr, len: u64, align: u64, dir: Dir) -> Result<Iova> {
-        Ok(self.map_many(&[addr], len, align, dir, false)?[0])
+    ///
+    /// # Safety
+    /// As [`DmaMapper::map`]: the memory stays allocated until an unmap of
+    /// it through this domain succeeded and, if that unmap was deferred,
+    /// the mapper's flush covered it ([`retire`](Self::retire) does both).
+    pub unsafe fn map(&self, addr: VirtAddr, len: u64, align: u64, dir: Dir) -> Result<Iova> {
+        // SAFETY: the caller's promise, passed on.
+        Ok(unsafe { self.map_many(&[addr], len, align, dir, false) }?[0])
     }
 
     /// Maps `addrs.len()` buffers of `each` bytes at one contiguous IOVA block
@@ -81,7 +149,10 @@ impl<M: DmaMapper> Domain<M> {
     /// call per run that is contiguous in host memory too. `huge` says the
     /// memory is backed by 2 MiB huge pages, so the mapper may use
     /// superpages.
-    pub fn map_many(
+    ///
+    /// # Safety
+    /// As [`map`](Self::map), for every buffer.
+    pub unsafe fn map_many(
         &self,
         addrs: &[VirtAddr],
         each: u64,
@@ -118,7 +189,8 @@ impl<M: DmaMapper> Domain<M> {
                 huge,
             })
             .collect();
-        if let Err(e) = self.mapper.map_batch(&ms) {
+        // SAFETY: the caller's promise covers every buffer.
+        if let Err(e) = unsafe { self.mapper.map_batch(&ms) } {
             if let Some(a) = &self.iova {
                 lock(a).free(iovas[0], each * addrs.len() as u64);
             }
@@ -128,23 +200,68 @@ impl<M: DmaMapper> Domain<M> {
     }
 
     /// Unmaps one range and frees its IOVA (after the flush, if deferred).
-    /// On error the IOVA is kept out of circulation rather than risk reuse.
-    pub fn unmap(&self, iova: Iova, len: u64) -> Result<()> {
-        let how = self.mapper.unmap(iova, len)?;
-        self.release(iova, len, how);
-        Ok(())
+    /// On error the range stays mapped and its IOVA is kept out of
+    /// circulation (counted in [`pinned`](Self::pinned)); the caller must
+    /// keep the memory allocated for good.
+    pub fn unmap(&self, iova: Iova, len: u64) -> Result<Unmapped> {
+        match self.mapper.unmap(iova, len) {
+            Ok(how) => {
+                self.release(iova, len, how);
+                Ok(how)
+            }
+            Err(e) => {
+                self.pinned_iova.fetch_add(len, Relaxed);
+                Err(e)
+            }
+        }
     }
 
-    /// Unmaps many ranges, one call per contiguous run, and frees them.
-    pub fn unmap_many(&self, ranges: &[(Iova, u64)]) -> Result<()> {
+    /// Unmaps many ranges, one call per contiguous run, and frees the IOVA
+    /// of every run that went. Runs whose unmap failed stay mapped and
+    /// pinned, as with [`unmap`](Self::unmap), and are listed in the error.
+    pub fn unmap_many(&self, ranges: &[(Iova, u64)]) -> Result<Unmapped, PartialUnmap> {
         if ranges.is_empty() {
-            return Ok(());
+            return Ok(Unmapped::Flushed);
         }
-        let how = self.mapper.unmap_batch(ranges)?;
+        let BatchUnmap { how, failed, error } = self.mapper.unmap_batch(ranges);
+        let report = BatchUnmap {
+            how,
+            failed,
+            error: None,
+        };
         for &(iova, len) in ranges {
-            self.release(iova, len, how);
+            if report.still_mapped(iova) {
+                self.pinned_iova.fetch_add(len, Relaxed);
+            } else {
+                self.release(iova, len, how);
+            }
         }
-        Ok(())
+        match error {
+            None => Ok(how),
+            Some(error) => Err(PartialUnmap {
+                how,
+                failed: report.failed,
+                error,
+            }),
+        }
+    }
+
+    /// Waits until `how` no longer lets a device reach what was unmapped:
+    /// nothing for a flushed unmap, a flush of the mapper for a deferred
+    /// one whose generation has not completed yet.
+    pub fn settle(&self, how: Unmapped) -> Result<()> {
+        match how {
+            Unmapped::Deferred { seq } if self.mapper.flushed_seq() < seq => self.mapper.flush(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Unmaps one range and completes its invalidation, so its memory may
+    /// be freed when this returns `Ok`. On error the memory must stay
+    /// allocated for good.
+    pub fn retire(&self, iova: Iova, len: u64) -> Result<()> {
+        let how = self.unmap(iova, len)?;
+        self.settle(how)
     }
 }
 
@@ -159,7 +276,8 @@ fn lock(a: &Mutex<IovaAllocator>) -> MutexGuard<'_, IovaAllocator> {
 /// bounds-checked volatile helpers, never through references.
 pub struct Coherent<M: DmaMapper> {
     domain: Arc<Domain<M>>,
-    region: Region,
+    /// Freed in `drop` only once the mapping is retired.
+    region: ManuallyDrop<Region>,
     iova: Iova,
 }
 
@@ -176,10 +294,12 @@ impl<M: DmaMapper> Coherent<M> {
     /// Allocates and maps `len` bytes (rounded up to 4 KiB) for `dir`.
     pub fn new(domain: Arc<Domain<M>>, len: usize, dir: Dir) -> Result<Coherent<M>> {
         let region = Region::new(len, PAGE_SIZE as usize, false)?;
-        let iova = domain.map(region.addr(), region.len() as u64, PAGE_SIZE, dir)?;
+        // SAFETY: `region` lives in the returned `Coherent`, whose drop
+        // retires the mapping before freeing it (or leaks it if that fails).
+        let iova = unsafe { domain.map(region.addr(), region.len() as u64, PAGE_SIZE, dir) }?;
         Ok(Coherent {
             domain,
-            region,
+            region: ManuallyDrop::new(region),
             iova,
         })
     }
@@ -261,10 +381,16 @@ impl<M: DmaMapper> Coherent<M> {
 
 impl<M: DmaMapper> Drop for Coherent<M> {
     fn drop(&mut self) {
-        // Nothing can be reported from drop; an unmap that fails leaves the
-        // IOVA reserved (see `Domain::unmap`), and the memory outlives
-        // nothing that could still use it through this handle.
-        let _ = self.domain.unmap(self.iova, self.region.len() as u64);
+        let len = self.region.len() as u64;
+        if self.domain.retire(self.iova, len).is_ok() {
+            // SAFETY: the mapping and its invalidation are complete: no
+            // device can reach the region, and it is not used again.
+            unsafe { ManuallyDrop::drop(&mut self.region) };
+        } else {
+            // A device may still reach the region: keep it allocated for
+            // good, and count it.
+            self.domain.pin_host(len);
+        }
     }
 }
 
@@ -275,12 +401,11 @@ mod tests {
 
     #[test]
     fn map_many_is_one_call_for_contiguous_buffers() {
-        let d = Domain::new(SoftIommu::new(SoftIommuConfig::default()));
+        let d = Domain::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
         let r = Region::new(8 * 4096, 4096, false).unwrap();
         let addrs: Vec<_> = (0..8).map(|i| r.addr().offset(i * 4096)).collect();
-        let iovas = d
-            .map_many(&addrs, 4096, 4096, Dir::TO_DEVICE, false)
-            .unwrap();
+        // SAFETY: `r` outlives the mapping (unmapped below).
+        let iovas = unsafe { d.map_many(&addrs, 4096, 4096, Dir::TO_DEVICE, false) }.unwrap();
         assert_eq!(d.mapper().stats().map_calls, 1);
         for (a, i) in addrs.iter().zip(&iovas) {
             assert_eq!(d.mapper().translate(*i, Dir::TO_DEVICE).unwrap().addr, *a);
@@ -294,15 +419,16 @@ mod tests {
 
     #[test]
     fn failed_map_frees_its_iova() {
-        let d = Domain::new(SoftIommu::new(SoftIommuConfig::default()));
+        let d = Domain::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
         // Unaligned host address: the mapper refuses.
-        assert!(d.map(VirtAddr(0x1234), 4096, 4096, Dir::TO_DEVICE).is_err());
+        // SAFETY: the map is refused, so nothing can reach the address.
+        assert!(unsafe { d.map(VirtAddr(0x1234), 4096, 4096, Dir::TO_DEVICE) }.is_err());
         assert_eq!(d.iova_in_use(), 0);
     }
 
     #[test]
     fn coherent_region_is_mapped_for_its_life() {
-        let d = Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default())));
+        let d = Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default()).unwrap()));
         let c = Coherent::new(d.clone(), 100, Dir::BIDIRECTIONAL).unwrap();
         c.write_u32(8, 0xdead_beef).unwrap();
         assert_eq!(c.read_u32(8).unwrap(), 0xdead_beef);

@@ -139,6 +139,7 @@ impl Iotlb {
         self.slots.clear();
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.slots.len()
     }

@@ -8,18 +8,23 @@
 //! IOVA before the mapper has flushed it.
 
 mod domain;
+mod faulty;
+mod fence;
 mod identity;
 mod iotlb;
 mod soft;
 
 use std::ops::Range;
 
-pub use domain::{Coherent, Domain};
+pub use domain::{Coherent, Domain, PartialUnmap};
+pub use faulty::{Faulty, FaultyConfig, FaultyStats, Op};
 pub use identity::Identity;
 pub use soft::{CostModel, FaultReason, FaultRecord, Invalidation, SoftIommu, SoftIommuConfig};
 
+pub(crate) use fence::{device_read, device_write, Fence};
+
 use crate::addr::{Iova, VirtAddr};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 bitflags::bitflags! {
     /// Which way the device may move data through a mapping.
@@ -122,39 +127,93 @@ impl MapStats {
     }
 }
 
+/// What a batch unmap did: the runs it removed and the ones it could not.
+#[derive(Debug)]
+pub struct BatchUnmap {
+    /// The latest flush generation any removed run waits for.
+    pub how: Unmapped,
+    /// Runs (coalesced, IOVA order) that are still mapped because their
+    /// unmap failed. Their memory must stay allocated and out of use.
+    pub failed: Vec<(Iova, u64)>,
+    /// The first failure, if any.
+    pub error: Option<Error>,
+}
+
+impl BatchUnmap {
+    /// Whether `iova` lies in a run that is still mapped.
+    pub fn still_mapped(&self, iova: Iova) -> bool {
+        in_runs(&self.failed, iova)
+    }
+}
+
+/// Whether `iova` lies in one of `runs`.
+pub(crate) fn in_runs(runs: &[(Iova, u64)], iova: Iova) -> bool {
+    runs.iter()
+        .any(|&(s, l)| iova.raw() >= s.raw() && iova.raw() - s.raw() < l)
+}
+
 /// The driver side of an IOMMU.
 ///
 /// Implementations are shared between the driver and completion paths, so
 /// all methods take `&self`.
+///
+/// Mapping is `unsafe`: once mapped, memory can be reached by a device (and
+/// by the device models of this workspace through [`Translate`]), so the
+/// caller promises the memory stays allocated for as long as any
+/// translation of it may exist. Pools and [`Coherent`] regions keep that
+/// promise for you; map through them unless you own raw memory.
 pub trait DmaMapper: Send + Sync {
     /// Installs one translation.
-    fn map(&self, m: &Mapping) -> Result<()>;
-    /// Removes the translations of `iova..iova+len`.
+    ///
+    /// # Safety
+    /// `m.addr..m.addr + m.len` is memory of this process that stays
+    /// allocated (neither unmapped from the process nor reused as another
+    /// allocation) until an unmap covering it has returned
+    /// [`Unmapped::Flushed`], or returned [`Unmapped::Deferred`] and
+    /// [`flushed_seq`](Self::flushed_seq) has reached its generation.
+    /// A device may read it (and write it, with [`Dir::FROM_DEVICE`]) at
+    /// any time until then.
+    unsafe fn map(&self, m: &Mapping) -> Result<()>;
+    /// Removes the translations of `iova..iova+len`. On error the range
+    /// stays mapped.
     fn unmap(&self, iova: Iova, len: u64) -> Result<Unmapped>;
     /// Installs many translations, one call per contiguous run (see
-    /// [`coalesce`]). On error nothing of the batch stays mapped.
-    fn map_batch(&self, ms: &[Mapping]) -> Result<()> {
+    /// [`coalesce`]). On error nothing of the batch stays mapped, unless
+    /// removing an already installed run failed too: then that error is
+    /// returned and the runs that could not be removed stay mapped.
+    ///
+    /// # Safety
+    /// As for [`map`](Self::map), for every mapping of the batch.
+    unsafe fn map_batch(&self, ms: &[Mapping]) -> Result<()> {
         let runs = coalesce(ms);
         for (i, run) in runs.iter().enumerate() {
-            if let Err(e) = self.map(run) {
-                for done in &runs[..i] {
-                    let _ = self.unmap(done.iova, done.len);
-                }
-                return Err(e);
+            // SAFETY: the caller's promise covers every mapping of the batch.
+            if let Err(e) = unsafe { self.map(run) } {
+                let undo: Vec<(Iova, u64)> = runs[..i].iter().map(|d| (d.iova, d.len)).collect();
+                return Err(self.unmap_batch(&undo).error.unwrap_or(e));
             }
         }
         Ok(())
     }
-    /// Removes many ranges, one call per contiguous run. Returns the latest
-    /// flush generation any of them waits for.
-    fn unmap_batch(&self, ranges: &[(Iova, u64)]) -> Result<Unmapped> {
-        let mut out = Unmapped::Flushed;
+    /// Removes many ranges, one call per contiguous run. Every run is
+    /// tried, even after one fails; the report says which stay mapped.
+    fn unmap_batch(&self, ranges: &[(Iova, u64)]) -> BatchUnmap {
+        let mut out = BatchUnmap {
+            how: Unmapped::Flushed,
+            failed: Vec::new(),
+            error: None,
+        };
         for (iova, len) in coalesce_ranges(ranges) {
-            if let Unmapped::Deferred { seq } = self.unmap(iova, len)? {
-                out = Unmapped::Deferred { seq };
+            match self.unmap(iova, len) {
+                Ok(Unmapped::Deferred { seq }) => out.how = Unmapped::Deferred { seq },
+                Ok(Unmapped::Flushed) => {}
+                Err(e) => {
+                    out.failed.push((iova, len));
+                    out.error.get_or_insert(e);
+                }
             }
         }
-        Ok(out)
+        out
     }
     /// Page sizes this mapper can install.
     fn page_sizes(&self) -> PageSizes;
@@ -187,29 +246,54 @@ pub struct Translation {
     pub len: u64,
 }
 
-/// The device side of an IOMMU: what a DMA engine asks before touching memory.
+/// The device side of an IOMMU: what a DMA engine asks before touching
+/// memory, and the DMA itself.
+///
+/// A device model never dereferences an address: it asks the IOMMU to move
+/// the bytes ([`read`](Self::read), [`write`](Self::write)). The IOMMU
+/// touches only memory that a translation of its own covers at that moment,
+/// and an unmap does not return while a device access through the old
+/// translation is still running, so memory freed after its unmap (and, for
+/// lazy invalidation, after its flush) is never touched again.
 pub trait Translate: Send + Sync {
-    /// Translates `iova` for `access`, or faults.
+    /// Translates `iova` for `access`, or faults. The address is for
+    /// inspection (tests, statistics); [`read`](Self::read) and
+    /// [`write`](Self::write) are how a device reaches memory.
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault>;
+    /// DMA read of `len` bytes at `iova`: `f` sees them piece by piece, in
+    /// order, each piece within one translated page. A fault stops the read
+    /// (after the pieces before it).
+    fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault>;
+    /// DMA write of `src` at `iova`. A fault stops the write (after the
+    /// pages before it).
+    fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault>;
 }
 
 impl<T: Translate + ?Sized> Translate for std::sync::Arc<T> {
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
         (**self).translate(iova, access)
     }
+    fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
+        (**self).read(iova, len, f)
+    }
+    fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
+        (**self).write(iova, src)
+    }
 }
 
 impl<M: DmaMapper + ?Sized> DmaMapper for std::sync::Arc<M> {
-    fn map(&self, m: &Mapping) -> Result<()> {
-        (**self).map(m)
+    unsafe fn map(&self, m: &Mapping) -> Result<()> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { (**self).map(m) }
     }
     fn unmap(&self, iova: Iova, len: u64) -> Result<Unmapped> {
         (**self).unmap(iova, len)
     }
-    fn map_batch(&self, ms: &[Mapping]) -> Result<()> {
-        (**self).map_batch(ms)
+    unsafe fn map_batch(&self, ms: &[Mapping]) -> Result<()> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { (**self).map_batch(ms) }
     }
-    fn unmap_batch(&self, ranges: &[(Iova, u64)]) -> Result<Unmapped> {
+    fn unmap_batch(&self, ranges: &[(Iova, u64)]) -> BatchUnmap {
         (**self).unmap_batch(ranges)
     }
     fn page_sizes(&self) -> PageSizes {
@@ -256,7 +340,7 @@ pub fn coalesce_ranges(ranges: &[(Iova, u64)]) -> Vec<(Iova, u64)> {
     let mut out: Vec<(Iova, u64)> = Vec::with_capacity(v.len());
     for (iova, len) in v {
         if let Some(last) = out.last_mut() {
-            if last.0.raw() + last.1 == iova.raw() {
+            if last.0.raw().checked_add(last.1) == Some(iova.raw()) {
                 last.1 += len;
                 continue;
             }

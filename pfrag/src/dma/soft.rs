@@ -10,8 +10,8 @@ use std::sync::Mutex;
 
 use super::iotlb::{Entry, Iotlb};
 use super::{
-    Dir, DmaMapper, Fault, IovaSpace, MapStats, Mapping, PageSizes, Translate, Translation,
-    Unmapped,
+    device_read, device_write, Dir, DmaMapper, Fault, Fence, IovaSpace, MapStats, Mapping,
+    PageSizes, Translate, Translation, Unmapped,
 };
 use crate::addr::{Iova, VirtAddr, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::error::{Error, Result};
@@ -67,8 +67,62 @@ pub struct SoftIommuConfig {
     pub flush_queue: usize,
     /// Optional cost model.
     pub cost: Option<CostModel>,
-    /// The IOVA space it accepts. Default 1 MiB .. 2^48.
+    /// The IOVA space it accepts, inside the 48 bits the page table
+    /// decodes. Default 1 MiB .. 2^48.
     pub iova_range: Range<u64>,
+}
+
+/// Most IOTLB entries a [`SoftIommu`] accepts.
+pub const MAX_IOTLB_ENTRIES: usize = 1 << 20;
+/// Most entries of the lazy flush queue.
+pub const MAX_FLUSH_QUEUE: usize = 1 << 20;
+/// The IOVA width the page table decodes (4 levels of 9 bits above 4 KiB).
+pub const IOVA_BITS: u32 = 48;
+
+impl SoftIommuConfig {
+    /// Checks every setting: IOTLB entries in `1..=MAX_IOTLB_ENTRIES`, flush
+    /// queue in `1..=MAX_FLUSH_QUEUE`, an IOVA range of whole pages inside
+    /// 48 bits, and a cost model of finite, non-negative numbers.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_IOTLB_ENTRIES).contains(&self.iotlb_entries) {
+            return Err(Error::OutOfRange {
+                what: "iotlb entries",
+                value: self.iotlb_entries as u64,
+                min: 1,
+                max: MAX_IOTLB_ENTRIES as u64,
+            });
+        }
+        if !(1..=MAX_FLUSH_QUEUE).contains(&self.flush_queue) {
+            return Err(Error::OutOfRange {
+                what: "flush queue entries",
+                value: self.flush_queue as u64,
+                min: 1,
+                max: MAX_FLUSH_QUEUE as u64,
+            });
+        }
+        let r = &self.iova_range;
+        if r.start >= r.end || (r.start | r.end) % PAGE_SIZE != 0 || r.end > 1 << IOVA_BITS {
+            return Err(Error::OutOfRange {
+                what: "iova range end (whole pages, start < end)",
+                value: r.end,
+                min: r.start + PAGE_SIZE,
+                max: 1 << IOVA_BITS,
+            });
+        }
+        if let Some(c) = self.cost {
+            for (what, v) in [
+                ("cost call ns", c.call_ns),
+                ("cost pte ns", c.pte_ns),
+                ("cost invalidation ns", c.invalidation_ns),
+                ("cost miss ns", c.miss_ns),
+            ] {
+                if !v.is_finite() || v < 0.0 {
+                    return Err(Error::BadFloat { what, value: v });
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for SoftIommuConfig {
@@ -91,6 +145,8 @@ pub enum FaultReason {
     NotPresent,
     /// A translation exists but not for that direction.
     Permission,
+    /// The IOVA lies outside the domain's IOVA range.
+    OutOfRange,
 }
 
 /// One recorded fault.
@@ -147,12 +203,16 @@ struct State {
     flushed: u64,
     stats: MapStats,
     faults: VecDeque<FaultRecord>,
+    /// 4 KiB pages mapped now (a superpage counts 512).
+    live: u64,
 }
 
 /// The software IOMMU. See the module docs.
 pub struct SoftIommu {
     cfg: SoftIommuConfig,
     state: Mutex<State>,
+    /// Device accesses in progress; unmaps and flushes wait for them.
+    fence: Fence,
 }
 
 impl std::fmt::Debug for SoftIommu {
@@ -162,8 +222,10 @@ impl std::fmt::Debug for SoftIommu {
 }
 
 impl SoftIommu {
-    /// A new, empty IOMMU domain.
-    pub fn new(cfg: SoftIommuConfig) -> SoftIommu {
+    /// A new, empty IOMMU domain; a setting out of range is an error
+    /// ([`SoftIommuConfig::validate`]).
+    pub fn new(cfg: SoftIommuConfig) -> Result<SoftIommu> {
+        cfg.validate()?;
         let state = State {
             nodes: vec![Box::new([0; 512])],
             iotlb: Iotlb::new(cfg.iotlb_entries),
@@ -172,11 +234,18 @@ impl SoftIommu {
             flushed: 0,
             stats: MapStats::default(),
             faults: VecDeque::with_capacity(RECORDED_FAULTS),
+            live: 0,
         };
-        SoftIommu {
+        Ok(SoftIommu {
             cfg,
             state: Mutex::new(state),
-        }
+            fence: Fence::default(),
+        })
+    }
+
+    /// 4 KiB pages mapped now (a 2 MiB superpage counts 512).
+    pub fn mapped_pages(&self) -> u64 {
+        self.lock().live
     }
 
     /// Its settings.
@@ -187,11 +256,6 @@ impl SoftIommu {
     /// The most recent faults (at most 64), oldest first.
     pub fn faults(&self) -> Vec<FaultRecord> {
         self.lock().faults.iter().copied().collect()
-    }
-
-    /// Entries currently cached in the IOTLB.
-    pub fn iotlb_len(&self) -> usize {
-        self.lock().iotlb.len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -295,7 +359,7 @@ impl State {
 }
 
 impl DmaMapper for SoftIommu {
-    fn map(&self, m: &Mapping) -> Result<()> {
+    unsafe fn map(&self, m: &Mapping) -> Result<()> {
         self.check(m.iova, m.addr.raw() as u64, m.len)?;
         let p = perms(m.dir);
         if p == 0 {
@@ -346,6 +410,7 @@ impl DmaMapper for SoftIommu {
         let n = written.len() as u64;
         st.stats.map_calls += 1;
         st.stats.ptes_written += n;
+        st.live += m.len / PAGE_SIZE;
         st.cost(self.cfg.cost, 1, n, 0, 0);
         Ok(())
     }
@@ -388,6 +453,7 @@ impl DmaMapper for SoftIommu {
             st.nodes[s.node][s.idx] = 0;
         }
         let n = leaves.len() as u64;
+        st.live -= len / PAGE_SIZE;
         st.stats.unmap_calls += 1;
         let out = match self.cfg.invalidation {
             Invalidation::Strict => {
@@ -406,6 +472,12 @@ impl DmaMapper for SoftIommu {
                 Unmapped::Deferred { seq }
             }
         };
+        drop(st);
+        // A device access that translated before the invalidation may still
+        // be running: wait for it before the caller frees anything. (Under
+        // lazy invalidation the memory waits for the flush, which does the
+        // same.)
+        self.fence.quiesce();
         Ok(out)
     }
 
@@ -427,6 +499,7 @@ impl DmaMapper for SoftIommu {
 
     fn flush(&self) -> Result<()> {
         self.lock().flush(self.cfg.cost);
+        self.fence.quiesce();
         Ok(())
     }
 
@@ -438,6 +511,11 @@ impl DmaMapper for SoftIommu {
 impl Translate for SoftIommu {
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
         let mut st = self.lock();
+        if !self.cfg.iova_range.contains(&iova.raw()) {
+            // The page table decodes 48 bits; an IOVA outside the domain's
+            // range must fault, not alias a mapped page.
+            return Err(st.fault(iova, access, FaultReason::OutOfRange));
+        }
         let want = perms(access) as u8;
         let entry = match st.iotlb.lookup(iova.raw()) {
             Some(e) => {
@@ -473,6 +551,12 @@ impl Translate for SoftIommu {
             addr: VirtAddr(entry.addr + off as usize),
             len: size - off,
         })
+    }
+    fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
+        device_read(&self.fence, |i, d| self.translate(i, d), iova, len, f)
+    }
+    fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
+        device_write(&self.fence, |i, d| self.translate(i, d), iova, src)
     }
 }
 

@@ -7,17 +7,22 @@ fn iommu(inv: Invalidation) -> SoftIommu {
         invalidation: inv,
         flush_queue: 4,
         ..SoftIommuConfig::default()
-    })
+    }).unwrap()
 }
 
+/// Maps a made-up host address. Sound only because these tests never let a
+/// device read or write through the IOMMU (`translate` only looks).
 fn map(m: &SoftIommu, iova: u64, addr: usize, len: u64, dir: Dir) -> Result<()> {
-    m.map(&Mapping {
-        iova: Iova(iova),
-        addr: VirtAddr(addr),
-        len,
-        dir,
-        huge: false,
-    })
+    // SAFETY: nothing reads or writes through these mappings (see above).
+    unsafe {
+        m.map(&Mapping {
+            iova: Iova(iova),
+            addr: VirtAddr(addr),
+            len,
+            dir,
+            huge: false,
+        })
+    }
 }
 
 #[test]
@@ -130,14 +135,17 @@ fn superpage_is_one_pte_and_one_iotlb_entry() {
     let m = SoftIommu::new(SoftIommuConfig {
         superpages: true,
         ..SoftIommuConfig::default()
-    });
-    m.map(&Mapping {
-        iova: Iova(0x20_0000),
-        addr: VirtAddr(0x4000_0000),
-        len: HUGE_PAGE_SIZE,
-        dir: Dir::TO_DEVICE,
-        huge: true,
-    })
+    }).unwrap();
+    // SAFETY: as in `map`: this test only translates.
+    unsafe {
+        m.map(&Mapping {
+            iova: Iova(0x20_0000),
+            addr: VirtAddr(0x4000_0000),
+            len: HUGE_PAGE_SIZE,
+            dir: Dir::TO_DEVICE,
+            huge: true,
+        })
+    }
     .unwrap();
     for p in 0..512u64 {
         m.translate(Iova(0x20_0000 + p * 4096), Dir::TO_DEVICE)
@@ -161,10 +169,55 @@ fn cost_model_is_kept_apart() {
             miss_ns: 10.0,
         }),
         ..SoftIommuConfig::default()
-    });
+    }).unwrap();
     map(&m, 0x10_0000, 0x7000_0000, 0x2000, Dir::TO_DEVICE).unwrap();
     m.translate(Iova(0x10_0000), Dir::TO_DEVICE).unwrap();
     m.unmap(Iova(0x10_0000), 0x2000).unwrap();
     // map 100+2, miss 10, unmap 100+2+1000
     assert_eq!(m.stats().model_ns, 1214.0);
+}
+
+#[test]
+fn iova_outside_the_domain_faults_instead_of_aliasing() {
+    let m = iommu(Invalidation::Strict);
+    map(&m, 0x10_0000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+    // Bits above 47 were once ignored: this IOVA aliased the page at 0x100000.
+    for iova in [0x1_0000_0010_0000u64, 1 << 48, u64::MAX & !0xfff] {
+        let f = m.translate(Iova(iova), Dir::TO_DEVICE).unwrap_err();
+        assert_eq!(f.iova, Iova(iova));
+        assert_eq!(m.faults().last().unwrap().reason, FaultReason::OutOfRange);
+    }
+    assert!(m.read(Iova(0x1_0000_0010_0000), 16, &mut |_| {}).is_err());
+    assert!(m.translate(Iova(0x10_0000), Dir::TO_DEVICE).is_ok());
+}
+
+#[test]
+fn settings_out_of_range_are_typed_errors() {
+    let bad = |c: SoftIommuConfig| SoftIommu::new(c).unwrap_err();
+    for n in [0, MAX_IOTLB_ENTRIES + 1, 100_000_000_000_000] {
+        match bad(SoftIommuConfig {
+            iotlb_entries: n,
+            ..SoftIommuConfig::default()
+        }) {
+            Error::OutOfRange { value, min: 1, .. } => assert_eq!(value, n as u64),
+            e => panic!("{e:?}"),
+        }
+    }
+    assert!(matches!(
+        bad(SoftIommuConfig {
+            iova_range: (1 << 20)..(1 << 49),
+            ..SoftIommuConfig::default()
+        }),
+        Error::OutOfRange { .. }
+    ));
+    assert!(matches!(
+        bad(SoftIommuConfig {
+            cost: Some(CostModel {
+                miss_ns: f64::NAN,
+                ..CostModel::default()
+            }),
+            ..SoftIommuConfig::default()
+        }),
+        Error::BadFloat { what: "cost miss ns", .. }
+    ));
 }

@@ -1,0 +1,96 @@
+//! Device access through a translation, fenced against unmaps.
+//!
+//! A device model reaches memory only through [`device_read`] and
+//! [`device_write`]: each piece of an access is translated and touched while
+//! a read guard of the mapper's [`Fence`] is held, and a mapper's unmap (or
+//! flush) calls [`Fence::quiesce`] after the translation is gone and before
+//! it returns. So when an unmap returns, no device access through the old
+//! translation is still running, and the caller may free the memory.
+//!
+//! The translations themselves only ever cover memory whose mapping was
+//! installed by an `unsafe` [`DmaMapper::map`](super::DmaMapper::map), whose
+//! caller promised the memory stays allocated until that unmap (and its
+//! flush) completed. That promise plus this fence is the whole soundness
+//! argument of the device side.
+
+use std::sync::{RwLock, RwLockReadGuard};
+
+use super::{Dir, Fault, Translation};
+use crate::addr::Iova;
+use crate::mem;
+
+/// Device accesses in progress; see the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct Fence(RwLock<()>);
+
+impl Fence {
+    /// Waits until every device access that started before has ended.
+    /// Mappers call it after removing a translation (and its IOTLB
+    /// entries), without holding their own locks.
+    pub(crate) fn quiesce(&self) {
+        drop(self.0.write().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    fn enter(&self) -> RwLockReadGuard<'_, ()> {
+        self.0.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn fault(iova: Iova, access: Dir) -> Fault {
+    Fault { iova, access }
+}
+
+/// Reads `len` bytes at `iova` through `translate`, handing `f` one piece
+/// per translated page. Used by the mappers' [`Translate::read`](super::Translate::read).
+pub(crate) fn device_read(
+    fence: &Fence,
+    mut translate: impl FnMut(Iova, Dir) -> Result<Translation, Fault>,
+    iova: Iova,
+    len: usize,
+    f: &mut dyn FnMut(&[u8]),
+) -> Result<(), Fault> {
+    let mut off = 0usize;
+    while off < len {
+        let at = iova
+            .checked_add(off as u64)
+            .ok_or(fault(iova, Dir::TO_DEVICE))?;
+        let _in = fence.enter();
+        let t = translate(at, Dir::TO_DEVICE)?;
+        let n = usize::try_from(t.len).unwrap_or(usize::MAX).min(len - off);
+        // SAFETY: `t` covers `n` bytes of one page whose mapping is present
+        // now (the mapper just translated it), so the memory is allocated:
+        // the mapper's `unsafe map` caller keeps it so until an unmap (and
+        // flush) removed the translation, and that unmap waits in
+        // `quiesce` for this guard. The slice lives only during `f`.
+        f(unsafe { mem::slice(t.addr, n) });
+        off += n;
+    }
+    Ok(())
+}
+
+/// Writes `src` at `iova` through `translate`, page by page. Used by the
+/// mappers' [`Translate::write`](super::Translate::write).
+pub(crate) fn device_write(
+    fence: &Fence,
+    mut translate: impl FnMut(Iova, Dir) -> Result<Translation, Fault>,
+    iova: Iova,
+    src: &[u8],
+) -> Result<(), Fault> {
+    let mut off = 0usize;
+    while off < src.len() {
+        let at = iova
+            .checked_add(off as u64)
+            .ok_or(fault(iova, Dir::FROM_DEVICE))?;
+        let _in = fence.enter();
+        let t = translate(at, Dir::FROM_DEVICE)?;
+        let n = usize::try_from(t.len)
+            .unwrap_or(usize::MAX)
+            .min(src.len() - off);
+        // SAFETY: as in `device_read`; the translation allows writes, and
+        // the driver only reads memory it mapped for the device to write
+        // (descriptor write-back) with volatile loads.
+        unsafe { mem::write(t.addr, &src[off..off + n]) };
+        off += n;
+    }
+    Ok(())
+}

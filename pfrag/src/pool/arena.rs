@@ -1,0 +1,346 @@
+//! Growing and shrinking a pool's memory, and giving it all back when the
+//! pool goes: the only places that create arenas, map them in batches,
+//! unmap them and return their memory to the OS.
+//!
+//! The rule every path here keeps: memory is released (to the OS or to a
+//! later grow) only after the unmap and the invalidation that cover it have
+//! completed. A chunk whose unmap or flush failed is pinned instead (kept
+//! out of circulation for good, counted), and an arena holding a pinned
+//! chunk is never unmapped from the process.
+
+use std::ptr::NonNull;
+
+use super::{Arena, Chunk, ChunkPtr, Policy, Shared, NO_IOVA};
+use crate::addr::{Iova, VirtAddr, HUGE_PAGE_SIZE};
+use crate::dma::{DmaMapper, Unmapped};
+use crate::error::{Error, Result};
+use crate::mem::{Backing, Region};
+use crate::sync::{lock, AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+impl<M: DmaMapper> Shared<M> {
+    /// Adds one batch of chunks to the free list: released chunks first,
+    /// else a new arena. Persistent pools map the batch with one call per
+    /// contiguous run (one for a new arena). All or nothing: on error the
+    /// pool is as it was (or, if undoing a partial map failed, the batch is
+    /// pinned and counted).
+    pub(super) fn grow(&self) -> Result<()> {
+        let mut arenas = lock(&self.arenas);
+        if !self.free.is_empty() {
+            return Ok(()); // someone else grew while we waited
+        }
+        let size = self.cfg.order.size();
+        let batch = self.cfg.grow_batch;
+        let mut released = lock(&self.released);
+        let reuse = released.len().min(batch);
+        let fresh = reuse == 0;
+        let count = if fresh { batch } else { reuse };
+        self.check_limit(count)?;
+        let charge = (count * size) as u64;
+        if let Some(a) = &self.account {
+            a.charge(charge)?;
+        }
+        let (chunks, huge) = if fresh {
+            match self.new_arena(&mut arenas) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.uncharge(charge);
+                    return Err(e);
+                }
+            }
+        } else {
+            let at = released.len() - reuse;
+            self.counters
+                .released
+                .fetch_sub(reuse as u64, Ordering::Relaxed);
+            (released.drain(at..).collect(), false)
+        };
+        if self.cfg.policy == Policy::Persistent {
+            if let Err(e) = self.map_batch(&chunks, huge) {
+                if matches!(e, Error::Unmap { .. }) {
+                    // A run stayed mapped after the batch failed: a device
+                    // may reach the memory, so it never comes back.
+                    chunks.iter().for_each(|&c| self.pin_unlisted(c));
+                } else {
+                    // Nothing mapped: the chunks are released chunks again
+                    // (a new arena's memory was never touched).
+                    self.counters
+                        .released
+                        .fetch_add(count as u64, Ordering::Relaxed);
+                    released.extend(chunks);
+                    self.uncharge(charge);
+                }
+                return Err(e);
+            }
+        }
+        self.counters
+            .chunks
+            .fetch_add(count as u64, Ordering::Relaxed);
+        self.counters.grows.fetch_add(1, Ordering::Relaxed);
+        for c in chunks {
+            self.free.push(c);
+        }
+        Ok(())
+    }
+
+    fn check_limit(&self, count: usize) -> Result<()> {
+        let Some(max) = self.cfg.max_bytes else {
+            return Ok(());
+        };
+        let size = self.cfg.order.size() as u64;
+        let held = self.counters.chunks.load(Ordering::Relaxed) * size;
+        let want = count as u64 * size;
+        if held.saturating_add(want) > max {
+            return Err(Error::LimitReached {
+                held,
+                requested: want,
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn uncharge(&self, bytes: u64) {
+        if let Some(a) = &self.account {
+            a.uncharge(bytes);
+        }
+    }
+
+    /// A new arena of one grow batch; its chunks, unmapped, and whether it
+    /// is backed by huge pages.
+    fn new_arena(&self, arenas: &mut Vec<Arena<M>>) -> Result<(Vec<ChunkPtr<M>>, bool)> {
+        let size = self.cfg.order.size();
+        let batch = self.cfg.grow_batch;
+        let align = if self.cfg.hugepages {
+            HUGE_PAGE_SIZE as usize
+        } else {
+            size
+        };
+        let region = Region::new(batch * size, align.max(size), self.cfg.hugepages)?;
+        let huge = region.backing() == Backing::Huge;
+        match region.backing() {
+            Backing::Huge => self.counters.huge_arenas.fetch_add(1, Ordering::Relaxed),
+            Backing::HugeFallback => self.counters.huge_fallbacks.fetch_add(1, Ordering::Relaxed),
+            Backing::Small => 0,
+        };
+        let idx = arenas.len() as u32;
+        let chunks: Box<[Chunk<M>]> = (0..batch)
+            .map(|i| Chunk {
+                refcnt: AtomicU32::new(0),
+                addr: region.addr().offset(i * size),
+                iova: AtomicU64::new(NO_IOVA),
+                pool: self.me.as_ptr(),
+                arena: idx,
+                owner: AtomicU32::new(0),
+                poisoned: AtomicBool::new(false),
+                flush_seq: AtomicU64::new(0),
+            })
+            .collect();
+        let ptrs = chunks.iter().map(|c| ChunkPtr(NonNull::from(c))).collect();
+        arenas.push(Arena {
+            region,
+            chunks,
+            pinned: false,
+        });
+        Ok((ptrs, huge))
+    }
+
+    /// Maps `chunks` with one call per contiguous run (persistent policy).
+    fn map_batch(&self, chunks: &[ChunkPtr<M>], huge: bool) -> Result<()> {
+        let size = self.cfg.order.size();
+        let addrs: Vec<VirtAddr> = chunks.iter().map(|c| c.get().addr).collect();
+        let total = (chunks.len() * size) as u64;
+        let align = if huge && total >= HUGE_PAGE_SIZE {
+            HUGE_PAGE_SIZE
+        } else {
+            size as u64
+        };
+        // SAFETY: the arenas live until the shared state drops, which
+        // retires every mapping first and keeps any arena whose mapping
+        // could not be retired; shrink unmaps and flushes before releasing.
+        let iovas = unsafe {
+            self.domain
+                .map_many(&addrs, size as u64, align, self.cfg.dir, huge)
+        }?;
+        for (c, i) in chunks.iter().zip(iovas) {
+            c.get().iova.store(i.raw(), Ordering::Relaxed);
+        }
+        self.note_mapped(total, true);
+        Ok(())
+    }
+
+    /// Gives back one batch of free chunks if the free list is past the high
+    /// watermark (or holds any, under memory pressure): unmapped first (one
+    /// call per contiguous range), flushed, then their memory returned to
+    /// the OS and uncharged. Chunks whose unmap or flush failed are pinned.
+    /// Returns chunks released.
+    pub(super) fn shrink(&self) -> Result<usize> {
+        if self.shrinking.swap(true, Ordering::Acquire) {
+            return Ok(0);
+        }
+        let r = self.shrink_locked();
+        self.shrinking.store(false, Ordering::Release);
+        r
+    }
+
+    fn shrink_locked(&self) -> Result<usize> {
+        let mark = if self.under_pressure() {
+            0
+        } else {
+            self.cfg.high_watermark
+        };
+        if self.free.len() <= mark {
+            return Ok(0);
+        }
+        let arenas = lock(&self.arenas);
+        let size = self.cfg.order.size();
+        let mut out: Vec<ChunkPtr<M>> = Vec::with_capacity(self.cfg.shrink_batch);
+        while out.len() < self.cfg.shrink_batch {
+            match self.free.pop() {
+                Some(c) => out.push(c),
+                None => break,
+            }
+        }
+        out.sort_unstable_by_key(|c| c.get().addr);
+        let (stuck, first_err) = self.retire(&out);
+        let mut released = Vec::with_capacity(out.len());
+        for c in out {
+            if stuck(c) {
+                self.pin_listed(c);
+                continue;
+            }
+            let ch = c.get();
+            let a = &arenas[ch.arena as usize];
+            let off = ch.addr.raw() - a.region.addr().raw();
+            // SAFETY: the chunk is unmapped and its invalidation complete,
+            // and it is in no list or frag: nobody can reach its memory
+            // until it is grown again.
+            if unsafe { a.region.release(off, size) }.is_err() {
+                // Memory stays resident; the chunk is still released and
+                // unmapped, so this is only a missed saving.
+                self.note_unmap_error();
+            }
+            released.push(c);
+        }
+        let n = released.len();
+        lock(&self.released).extend(released);
+        self.counters
+            .released
+            .fetch_add(n as u64, Ordering::Relaxed);
+        self.counters.chunks.fetch_sub(n as u64, Ordering::Relaxed);
+        self.counters.shrinks.fetch_add(1, Ordering::Relaxed);
+        self.uncharge((n * size) as u64);
+        first_err.map_or(Ok(n), Err)
+    }
+
+    /// Unmaps the mapped chunks of `chunks` and completes the invalidation.
+    /// Returns which chunks are stuck (still reachable by a device: their
+    /// unmap failed, or the flush after a deferred unmap failed) and the
+    /// first error. Stuck chunks keep their IOVA; the others lose it.
+    fn retire(&self, chunks: &[ChunkPtr<M>]) -> (impl Fn(ChunkPtr<M>) -> bool, Option<Error>) {
+        let size = self.cfg.order.size() as u64;
+        let ranges: Vec<(Iova, u64)> = chunks
+            .iter()
+            .filter_map(|c| {
+                let i = c.get().iova.load(Ordering::Relaxed);
+                (i != NO_IOVA).then_some((Iova(i), size))
+            })
+            .collect();
+        let (how, failed, mut err) = match self.domain.unmap_many(&ranges) {
+            Ok(how) => (how, Vec::new(), None),
+            Err(p) => {
+                self.note_unmap_error();
+                (p.how, p.failed, Some(p.error))
+            }
+        };
+        let flushed = match self.domain.settle(how) {
+            Ok(()) => true,
+            Err(e) => {
+                err.get_or_insert(e);
+                false
+            }
+        };
+        let deferred = matches!(how, Unmapped::Deferred { .. });
+        let stuck: Vec<u64> = chunks
+            .iter()
+            .filter_map(|c| {
+                let i = c.get().iova.load(Ordering::Relaxed);
+                let in_failed = crate::dma::in_runs(&failed, Iova(i));
+                let gone = i == NO_IOVA;
+                let stuck = !gone && (in_failed || (deferred && !flushed));
+                if !gone && !in_failed {
+                    self.note_mapped(size, false);
+                }
+                if !gone && !stuck {
+                    c.get().iova.store(NO_IOVA, Ordering::Relaxed);
+                }
+                stuck.then_some(c.get().addr.raw() as u64)
+            })
+            .collect();
+        (move |c: ChunkPtr<M>| stuck.contains(&(c.get().addr.raw() as u64)), err)
+    }
+}
+
+impl<M: DmaMapper> Drop for Shared<M> {
+    fn drop(&mut self) {
+        // Every chunk is back (each queue with chunks out held a strong
+        // count): in the free list, a reserve, the parked list, or pinned.
+        let size = self.cfg.order.size() as u64;
+        let mut back = Vec::new();
+        let lists = std::iter::once(&self.free).chain(self.reserves.iter().map(|r| &r.free));
+        for list in lists {
+            while let Some(c) = list.pop() {
+                back.push(c);
+            }
+        }
+        let parked: Vec<ChunkPtr<M>> = lock(&self.parked).drain(..).collect();
+        // Unmap before the arenas (and their memory) go away, and complete
+        // the invalidations, parked chunks' included.
+        let (stuck, _) = self.retire(&back);
+        let parked_ok = parked.is_empty() || self.domain.mapper().flush().is_ok();
+        for c in back {
+            if stuck(c) {
+                self.pin_listed(c);
+            }
+        }
+        if !parked_ok {
+            parked.into_iter().for_each(|c| self.pin_listed(c));
+        }
+        // What stays charged is what stays pinned.
+        self.uncharge(self.counters.chunks.load(Ordering::Relaxed) * size);
+        self.keep_pinned_arenas();
+    }
+}
+
+impl<M: DmaMapper> Shared<M> {
+    /// Leaks (on purpose) every arena that holds a pinned chunk, so that a
+    /// device that can still reach the chunk never reaches freed memory;
+    /// the arena's other chunks give their pages back. Counts the pinned
+    /// bytes in the domain.
+    fn keep_pinned_arenas(&mut self) {
+        let size = self.cfg.order.size();
+        let pinned = std::mem::take(&mut *lock(&self.pinned));
+        let mut arenas = std::mem::take(&mut *lock(&self.arenas));
+        for c in &pinned {
+            arenas[c.get().arena as usize].pinned = true;
+        }
+        self.domain.pin_host((pinned.len() * size) as u64);
+        for Arena {
+            region,
+            chunks,
+            pinned: keep,
+        } in arenas
+        {
+            if !keep {
+                continue; // dropped here: unmapped from the process
+            }
+            for (i, ch) in chunks.iter().enumerate() {
+                if !pinned.iter().any(|p| std::ptr::eq(p.get(), ch)) {
+                    // SAFETY: this chunk is unmapped, its invalidation done,
+                    // and it is in no list or frag (the pool is going away).
+                    let _ = unsafe { region.release(i * size, size) };
+                }
+            }
+            std::mem::forget(region);
+        }
+    }
+}

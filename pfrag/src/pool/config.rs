@@ -1,0 +1,162 @@
+//! A pool's settings: the mapping policy, the reclaim policy, and the
+//! sizes and limits, checked once when the pool is built.
+
+use crate::addr::{Order, HUGE_PAGE_SIZE};
+use crate::dma::Dir;
+use crate::error::{Error, Result};
+
+/// When chunk memory is mapped for DMA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// Map each frag when handed out, unmap at its completion: the stock
+    /// kernel baseline.
+    PerFrag,
+    /// Map a chunk when a cache takes it, unmap when its last frag completes.
+    PerChunk,
+    /// Map on grow, keep mapped while recycled, unmap on shrink.
+    Persistent,
+}
+
+/// How a queue's freed chunks return to the shared pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reclaim {
+    /// Straight back to the shared free list, every time a completion frees
+    /// a chunk ("keep the forward allocation as small as possible").
+    Eager,
+    /// Kept in the queue's reserve; when the reserve passes `threshold`
+    /// bytes, `chunk` bytes go back at once.
+    Hysteresis {
+        /// Bytes a queue may keep in reserve.
+        threshold: u64,
+        /// Bytes returned per reclaim.
+        chunk: u64,
+    },
+}
+
+impl Reclaim {
+    /// Hysteresis with the values Linux used: 2 MiB threshold, 1 MiB back.
+    pub const HYSTERESIS: Reclaim = Reclaim::Hysteresis {
+        threshold: 2 << 20,
+        chunk: 1 << 20,
+    };
+
+    /// The lab's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reclaim::Eager => "eager",
+            Reclaim::Hysteresis { .. } => "hysteresis",
+        }
+    }
+}
+
+impl Policy {
+    /// Every policy, in order of decreasing mapping cost.
+    pub const ALL: [Policy; 3] = [Policy::PerFrag, Policy::PerChunk, Policy::Persistent];
+
+    /// The lab's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::PerFrag => "per-frag",
+            Policy::PerChunk => "per-chunk",
+            Policy::Persistent => "persistent",
+        }
+    }
+}
+
+/// Settings of a [`Pool`].
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Chunk order.
+    pub order: Order,
+    /// Mapping policy.
+    pub policy: Policy,
+    /// Direction chunks are mapped for.
+    pub dir: Dir,
+    /// Chunks per grow (one arena, one map call). 0 = 1 MiB worth (2 MiB
+    /// with huge pages), at least 1.
+    pub grow_batch: usize,
+    /// Free chunks above which the pool shrinks. 0 = the larger of 4 grow
+    /// batches and 32 MiB of chunks: a TX ring reaped in one burst frees
+    /// hundreds of chunks at once, and a watermark below that would shrink
+    /// and regrow the pool on every burst (map and unmap calls in steady
+    /// state).
+    pub high_watermark: usize,
+    /// Chunks per shrink. 0 = the grow batch.
+    pub shrink_batch: usize,
+    /// Most bytes of chunk memory the pool may hold; `None` = unlimited.
+    pub max_bytes: Option<u64>,
+    /// Largest payload one `FragCache::frags` call accepts.
+    pub max_payload: usize,
+    /// Back arenas with 2 MiB huge pages when available.
+    pub hugepages: bool,
+    /// TX queues served, each with its own reserve (1..=4096).
+    pub queues: usize,
+    /// How freed chunks go back to the shared list.
+    pub reclaim: Reclaim,
+}
+
+impl PoolConfig {
+    /// Defaults for `order` and `policy`: TX direction, automatic batches,
+    /// no byte limit, 256 KiB max payload, normal pages.
+    pub fn new(order: Order, policy: Policy) -> PoolConfig {
+        PoolConfig {
+            order,
+            policy,
+            dir: Dir::TO_DEVICE,
+            grow_batch: 0,
+            high_watermark: 0,
+            shrink_batch: 0,
+            max_bytes: None,
+            max_payload: 256 << 10,
+            hugepages: false,
+            queues: 1,
+            reclaim: Reclaim::Eager,
+        }
+    }
+
+    pub(super) fn resolve(mut self) -> Result<PoolConfig> {
+        let chunk = self.order.size();
+        if self.grow_batch == 0 {
+            let target = if self.hugepages {
+                HUGE_PAGE_SIZE as usize
+            } else {
+                1 << 20
+            };
+            self.grow_batch = (target / chunk).max(1);
+        }
+        if self.high_watermark == 0 {
+            self.high_watermark = (4 * self.grow_batch).max((32 << 20) / chunk);
+        }
+        if self.shrink_batch == 0 {
+            self.shrink_batch = self.grow_batch;
+        }
+        if self.max_payload == 0 {
+            return Err(Error::BadConfig {
+                what: "max_payload",
+                value: 0,
+            });
+        }
+        if self.dir.is_empty() {
+            return Err(Error::BadConfig {
+                what: "dir",
+                value: 0,
+            });
+        }
+        if self.queues == 0 || self.queues > 4096 {
+            return Err(Error::BadConfig {
+                what: "queues (1..=4096)",
+                value: self.queues as u64,
+            });
+        }
+        if let Reclaim::Hysteresis { threshold, chunk } = self.reclaim {
+            if chunk < self.order.size() as u64 || threshold < chunk {
+                return Err(Error::BadConfig {
+                    what: "hysteresis (chunk >= one pool chunk, threshold >= chunk)",
+                    value: chunk,
+                });
+            }
+        }
+        Ok(self)
+    }
+}
+

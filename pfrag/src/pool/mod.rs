@@ -1,0 +1,504 @@
+//! The chunk pool: order-N chunks carved from arenas, a lock-free free list
+//! (`crossbeam_queue::SegQueue`), growth in batches mapped with one call, and
+//! shrinking past a high watermark in batches unmapped one call per
+//! contiguous range.
+//!
+//! Per-queue reserves. A pool serves `queues` TX queues. Under
+//! [`Reclaim::Eager`] a chunk freed by a completion goes straight back to
+//! the shared free list (one reclaim per freed chunk). Under
+//! [`Reclaim::Hysteresis`] it goes to its queue's reserve (forward
+//! allocation), which the queue takes from first; the reserve is trimmed
+//! only past `threshold` bytes, `chunk` bytes at once, so the shared list
+//! (and its atomics) is touched rarely. A queue that runs dry takes from
+//! the shared list, then borrows from its neighbours' reserves, skipping any
+//! neighbour that flagged itself *under pressure* (it ran dry too); only
+//! the owner clears its flag, when its reserve has room again. Borrowing is
+//! a lock-free pop: it never waits for a busy neighbour.
+//!
+//! Memory pressure. With a [`MemAccount`](crate::account::MemAccount)
+//! ([`Pool::with_account`]), growth is charged and shrinking uncharged;
+//! while the account is under pressure (one relaxed load per completion),
+//! queues hand their whole reserve back and the pool gives free memory back
+//! to the OS (unmapped first) regardless of its watermark.
+//!
+//! Lifetime. Chunk metadata (the side table) lives in boxed slices owned by
+//! the pool's shared state, so its address never changes. Each queue counts
+//! the chunks it has out of the lists (held by its frag cache or by
+//! in-flight frags); while that count is above zero the queue holds one
+//! strong count on the shared state, taken when the count leaves zero and
+//! dropped when it returns to zero. So the pool outlives its frags without
+//! an atomic per frag, and chunk turnover touches only the queue's own cache
+//! lines, not a reference count shared by every queue.
+
+mod arena;
+mod config;
+mod recycle;
+mod stats;
+
+pub use config::{Policy, PoolConfig, Reclaim};
+pub use stats::{PoolStats, QueueStats};
+use stats::QueueCounters;
+
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::{Arc, Weak};
+
+use crate::account::Charge;
+use crate::addr::VirtAddr;
+use crate::dma::{DmaMapper, Domain};
+use crate::error::{Error, Result};
+use crate::mem::Region;
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, Queue};
+
+/// One queue's reserve of free chunks. Aligned so that two queues' counters
+/// never share a cache line (queues run on different cores).
+#[repr(align(128))]
+struct Reserve<M: DmaMapper> {
+    /// Chunks this queue has out of the lists; while above zero the queue
+    /// holds one strong count on the pool's shared state.
+    out: AtomicU64,
+    free: Queue<ChunkPtr<M>>,
+    /// Bytes in `free`.
+    held: AtomicU64,
+    /// "Under pressure: do not borrow from me." Set by the owner when it
+    /// runs dry, cleared by the owner when it has room again.
+    pressured: AtomicBool,
+    c: QueueCounters,
+}
+
+impl<M: DmaMapper> Reserve<M> {
+    fn new() -> Reserve<M> {
+        Reserve {
+            out: AtomicU64::new(0),
+            free: Queue::new(),
+            held: AtomicU64::new(0),
+            pressured: AtomicBool::new(false),
+            c: QueueCounters::default(),
+        }
+    }
+
+    /// Counts `n` pushes or pops on the shared free list by this queue.
+    fn shared_op(&self, n: u64) {
+        self.c.shared_ops.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Sentinel for "no IOVA".
+const NO_IOVA: u64 = u64::MAX;
+
+/// One chunk's entry in the side table. Padded to a cache line so that
+/// queues completing frags of neighbouring chunks do not share a line.
+#[repr(align(64))]
+pub(crate) struct Chunk<M: DmaMapper> {
+    /// References: the holding cache's bias plus one per in-flight frag.
+    /// Invariant: 0 exactly while the chunk is in the free or released list.
+    pub(crate) refcnt: AtomicU32,
+    /// Host address of the chunk; fixed for its life.
+    pub(crate) addr: VirtAddr,
+    /// IOVA of the chunk's mapping, or `NO_IOVA`. Written only by whoever
+    /// owns the chunk exclusively (the pool on grow/shrink, the cache on
+    /// take, the last completer on recycle).
+    pub(crate) iova: AtomicU64,
+    /// The pool's shared state. Derived from the `Arc` itself
+    /// (`Weak::as_ptr`), so it carries the allocation's provenance and may
+    /// give back the strong count a queue holds.
+    pub(crate) pool: *const Shared<M>,
+    /// Index of the arena that holds the memory.
+    arena: u32,
+    /// The queue that took it last (whose reserve it returns to).
+    owner: AtomicU32,
+    /// A mapping of this chunk could not be removed: it must never be
+    /// reused, only pinned when its last reference goes.
+    pub(crate) poisoned: AtomicBool,
+    /// The newest flush generation a deferred unmap of (part of) this chunk
+    /// waits for; 0 if none. The chunk is reused only once the mapper's
+    /// flush reached it.
+    pub(crate) flush_seq: AtomicU64,
+}
+
+// SAFETY: the fields are atomics or immutable after construction; `pool`
+// points at state that is itself Sync and outlives the chunk (see the module
+// docs).
+unsafe impl<M: DmaMapper> Sync for Chunk<M> {}
+// SAFETY: as above.
+unsafe impl<M: DmaMapper> Send for Chunk<M> {}
+
+/// A pointer to a chunk's side-table entry.
+pub(crate) struct ChunkPtr<M: DmaMapper>(pub(crate) NonNull<Chunk<M>>);
+
+impl<M: DmaMapper> Clone for ChunkPtr<M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M: DmaMapper> Copy for ChunkPtr<M> {}
+impl<M: DmaMapper> PartialEq for ChunkPtr<M> {
+    fn eq(&self, o: &Self) -> bool {
+        self.0 == o.0
+    }
+}
+
+// SAFETY: the pointee is Sync and lives in the pool's side table, which stays
+// allocated while any ChunkPtr can be used (module docs).
+unsafe impl<M: DmaMapper> Send for ChunkPtr<M> {}
+
+impl<M: DmaMapper> ChunkPtr<M> {
+    pub(crate) fn get(&self) -> &Chunk<M> {
+        // SAFETY: side-table entries are never freed while the pool's shared
+        // state is alive, and every holder of a ChunkPtr outside the pool
+        // keeps it alive (module docs).
+        unsafe { self.0.as_ref() }
+    }
+}
+
+struct Arena<M: DmaMapper> {
+    region: Region,
+    /// The side table of the arena's chunks.
+    chunks: Box<[Chunk<M>]>,
+    /// Holds a pinned chunk: never unmapped from the process.
+    pinned: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    grows: AtomicU64,
+    shrinks: AtomicU64,
+    chunks: AtomicU64,
+    released: AtomicU64,
+    mapped_bytes: AtomicU64,
+    huge_fallbacks: AtomicU64,
+    huge_arenas: AtomicU64,
+    unmap_errors: AtomicU64,
+    pinned: AtomicU64,
+    parks: AtomicU64,
+}
+
+/// State shared by a pool's handles, caches and frags.
+pub(crate) struct Shared<M: DmaMapper> {
+    pub(crate) domain: Arc<Domain<M>>,
+    pub(crate) cfg: PoolConfig,
+    /// Chunks ready to hand out. Invariant: refcnt 0; mapped iff Persistent.
+    free: Queue<ChunkPtr<M>>,
+    /// Chunks whose memory was given back. Invariant: refcnt 0, unmapped.
+    released: Mutex<Vec<ChunkPtr<M>>>,
+    /// All arenas; also the lock that serialises grow and shrink.
+    arenas: Mutex<Vec<Arena<M>>>,
+    /// Set while one thread shrinks, so completions never queue behind it.
+    shrinking: AtomicBool,
+    counters: Counters,
+    /// One reserve per queue.
+    reserves: Box<[Reserve<M>]>,
+    /// The memory account charged on grow, uncharged on shrink.
+    account: Option<Arc<dyn Charge>>,
+    /// The account's pressure flag, read on the completion path.
+    pressure: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// This state's own allocation, for the chunks' `pool` pointers.
+    me: Weak<Shared<M>>,
+    /// Chunks kept out of circulation for good: a mapping of theirs could
+    /// not be removed (or its invalidation could not be completed).
+    pinned: Mutex<Vec<ChunkPtr<M>>>,
+    /// Chunks whose last unmap waits for a flush (lazy invalidation),
+    /// oldest first. Invariant: refcnt 0, unmapped.
+    parked: Mutex<VecDeque<ChunkPtr<M>>>,
+}
+
+/// A pool of order-N chunks. Cheap to clone (a shared handle).
+pub struct Pool<M: DmaMapper> {
+    pub(crate) shared: Arc<Shared<M>>,
+}
+
+impl<M: DmaMapper> Clone for Pool<M> {
+    fn clone(&self) -> Self {
+        Pool {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<M: DmaMapper> std::fmt::Debug for Pool<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("cfg", &self.shared.cfg)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl<M: DmaMapper> Pool<M> {
+    /// A new, empty pool in `domain`.
+    pub fn new(domain: Arc<Domain<M>>, cfg: PoolConfig) -> Result<Pool<M>> {
+        Pool::build(domain, cfg, None)
+    }
+
+    /// A new, empty pool whose memory counts against `account` (shared by
+    /// every pool that should share its limits).
+    pub fn with_account(
+        domain: Arc<Domain<M>>,
+        cfg: PoolConfig,
+        account: Arc<dyn Charge>,
+    ) -> Result<Pool<M>> {
+        Pool::build(domain, cfg, Some(account))
+    }
+
+    fn build(
+        domain: Arc<Domain<M>>,
+        cfg: PoolConfig,
+        account: Option<Arc<dyn Charge>>,
+    ) -> Result<Pool<M>> {
+        let cfg = cfg.resolve()?;
+        let pressure = account.as_ref().map(|a| a.pressure_flag());
+        Ok(Pool {
+            shared: Arc::new_cyclic(|me| Shared {
+                me: me.clone(),
+                pinned: Mutex::new(Vec::new()),
+                parked: Mutex::new(VecDeque::new()),
+                domain,
+                free: Queue::new(),
+                released: Mutex::new(Vec::new()),
+                arenas: Mutex::new(Vec::new()),
+                shrinking: AtomicBool::new(false),
+                counters: Counters::default(),
+                reserves: (0..cfg.queues).map(|_| Reserve::new()).collect(),
+                account,
+                pressure,
+                cfg,
+            }),
+        })
+    }
+
+    /// The resolved configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.shared.cfg
+    }
+
+    /// The domain chunks are mapped in.
+    pub fn domain(&self) -> &Arc<Domain<M>> {
+        &self.shared.domain
+    }
+
+    /// Chunk size in bytes.
+    pub fn chunk_size(&self) -> usize {
+        self.shared.cfg.order.size()
+    }
+
+    /// Chunks in the shared free list now.
+    pub fn free_chunks(&self) -> usize {
+        self.shared.free.len()
+    }
+
+    /// Chunks waiting for a lazy flush before reuse, now.
+    pub fn parked_chunks(&self) -> usize {
+        crate::sync::lock(&self.shared.parked).len()
+    }
+
+    /// Chunks in queue reserves now.
+    pub fn reserved_chunks(&self) -> usize {
+        self.shared.reserves.iter().map(|r| r.free.len()).sum()
+    }
+
+    /// Queues the pool serves.
+    pub fn queues(&self) -> usize {
+        self.shared.reserves.len()
+    }
+
+    /// Whether the pool's memory account is under pressure.
+    pub fn under_pressure(&self) -> bool {
+        self.shared.under_pressure()
+    }
+
+    /// A snapshot of queue `q`'s reserve.
+    pub fn queue_stats(&self, q: usize) -> Result<QueueStats> {
+        let r = self.shared.reserve(q)?;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Ok(QueueStats {
+            held: l(&r.held),
+            peak_held: l(&r.c.peak_held),
+            reclaim_calls: l(&r.c.reclaim_calls),
+            reclaimed_bytes: l(&r.c.reclaimed_bytes),
+            shared_ops: l(&r.c.shared_ops),
+            borrows: l(&r.c.borrows),
+            lent: l(&r.c.lent),
+            skipped_pressured: l(&r.c.skipped_pressured),
+            pressure_flags: l(&r.c.pressure_flags),
+            pressured: r.pressured.load(Ordering::Relaxed),
+        })
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PoolStats {
+        let c = &self.shared.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        PoolStats {
+            grows: l(&c.grows),
+            shrinks: l(&c.shrinks),
+            chunks: l(&c.chunks),
+            released: l(&c.released),
+            recycles: self.shared.reserves.iter().map(|r| l(&r.c.recycles)).sum(),
+            mapped_bytes: l(&c.mapped_bytes),
+            huge_fallbacks: l(&c.huge_fallbacks),
+            huge_arenas: l(&c.huge_arenas),
+            unmap_errors: l(&c.unmap_errors),
+            pinned: l(&c.pinned),
+            parks: l(&c.parks),
+            shared_ops: self
+                .shared
+                .reserves
+                .iter()
+                .map(|r| l(&r.c.shared_ops))
+                .sum(),
+            reclaim_calls: self
+                .shared
+                .reserves
+                .iter()
+                .map(|r| l(&r.c.reclaim_calls))
+                .sum(),
+            borrows: self.shared.reserves.iter().map(|r| l(&r.c.borrows)).sum(),
+            skipped_pressured: self
+                .shared
+                .reserves
+                .iter()
+                .map(|r| l(&r.c.skipped_pressured))
+                .sum(),
+        }
+    }
+
+    /// Takes a free chunk for exclusive use by queue `q`'s cache: from its
+    /// reserve, else the shared list, else a neighbour's reserve, else by
+    /// growing. Maps it under `PerChunk`. The chunk holds a strong count on
+    /// the pool.
+    pub(crate) fn take(&self, q: usize) -> Result<ChunkPtr<M>> {
+        let sh = &self.shared;
+        let r = sh.reserve(q)?;
+        let size = sh.cfg.order.size() as u64;
+        let c = loop {
+            if let Some(c) = r.free.pop() {
+                r.held.fetch_sub(size, Ordering::Relaxed);
+                break c;
+            }
+            if sh.cfg.reclaim != Reclaim::Eager && !r.pressured.load(Ordering::Relaxed) {
+                // Ran dry: ask the neighbours to leave our reserve alone.
+                r.pressured.store(true, Ordering::Relaxed);
+                r.c.pressure_flags.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(c) = sh.free.pop() {
+                r.shared_op(1);
+                break c;
+            }
+            if let Some(c) = sh.borrow(q) {
+                break c;
+            }
+            if sh.unpark(false) == 0 {
+                if let Err(e) = sh.grow() {
+                    // Out of room: a flush may free parked chunks.
+                    if sh.unpark(true) == 0 {
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        c.get().owner.store(q as u32, Ordering::Relaxed);
+        if sh.cfg.policy == Policy::PerChunk {
+            let size = sh.cfg.order.size() as u64;
+            // SAFETY: the chunk's arena lives until the pool's shared state
+            // drops, which retires every mapping first (or pins the arena);
+            // the mapping is removed in `recycle` before the chunk is reused.
+            match unsafe { sh.domain.map(c.get().addr, size, size, sh.cfg.dir) } {
+                Ok(iova) => {
+                    c.get().iova.store(iova.raw(), Ordering::Relaxed);
+                    sh.counters.mapped_bytes.fetch_add(size, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    sh.free.push(c);
+                    r.shared_op(1);
+                    return Err(e);
+                }
+            }
+        }
+        if r.out.fetch_add(1, Ordering::AcqRel) == 0 {
+            // The queue's first chunk out: it now keeps the pool alive.
+            // SAFETY: `self.shared` is a live Arc; the count is given back
+            // in `recycle` through the chunk's `pool` pointer, which comes
+            // from the same allocation.
+            unsafe { Arc::increment_strong_count(Arc::as_ptr(&self.shared)) };
+        }
+        Ok(c)
+    }
+
+    /// Gives back free chunks past the high watermark (all free chunks
+    /// under memory pressure) now; normally done by completions. Returns the
+    /// number of chunks released.
+    pub fn trim(&self) -> Result<usize> {
+        self.shared.shrink()
+    }
+}
+
+impl<M: DmaMapper> Shared<M> {
+    fn reserve(&self, q: usize) -> Result<&Reserve<M>> {
+        self.reserves.get(q).ok_or(Error::BadQueue {
+            queue: q,
+            queues: self.reserves.len(),
+        })
+    }
+
+    fn under_pressure(&self) -> bool {
+        self.pressure
+            .as_ref()
+            .is_some_and(|p| p.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// A chunk from the first neighbour of `q` (in ring order) that is not
+    /// under pressure and has one. Lock-free pops only.
+    fn borrow(&self, q: usize) -> Option<ChunkPtr<M>> {
+        let n = self.reserves.len();
+        let me = &self.reserves[q];
+        let size = self.cfg.order.size() as u64;
+        for i in 1..n {
+            let nb = &self.reserves[(q + i) % n];
+            if nb.pressured.load(Ordering::Relaxed) {
+                me.c.skipped_pressured.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if let Some(c) = nb.free.pop() {
+                nb.held.fetch_sub(size, Ordering::Relaxed);
+                nb.c.lent.fetch_add(1, Ordering::Relaxed);
+                me.c.borrows.fetch_add(1, Ordering::Relaxed);
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// Moves up to `bytes` (at least one chunk) from queue `r`'s reserve to
+    /// the shared list: one reclaim call.
+    fn reclaim(&self, r: &Reserve<M>, bytes: u64) {
+        let size = self.cfg.order.size() as u64;
+        let mut moved = 0u64;
+        while moved < bytes.max(size) {
+            let Some(c) = r.free.pop() else { break };
+            r.held.fetch_sub(size, Ordering::Relaxed);
+            self.free.push(c);
+            moved += size;
+        }
+        if moved > 0 {
+            r.c.reclaim_calls.fetch_add(1, Ordering::Relaxed);
+            r.c.reclaimed_bytes.fetch_add(moved, Ordering::Relaxed);
+            r.shared_op(moved / size);
+        }
+    }
+
+    pub(crate) fn note_unmap_error(&self) {
+        self.counters.unmap_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn note_mapped(&self, bytes: u64, mapped: bool) {
+        if mapped {
+            self.counters
+                .mapped_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
+        } else {
+            self.counters
+                .mapped_bytes
+                .fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Where a chunk goes when its last reference is gone, and the mapping
+//! decisions made on the way: the per-chunk unmap, the per-frag unmap, and
+//! the rule that a chunk is reused only once every unmap of it has
+//! completed its invalidation.
+//!
+//! A chunk whose last unmap waits for a lazy flush is *parked*; it goes
+//! back to the free list when the flush has happened (checked before the
+//! pool would grow, forcing a flush rather than growing). A chunk a mapping
+//! of which could not be removed is *pinned*: kept out of circulation for
+//! good, counted, never handed out again.
+
+use std::sync::Arc;
+
+use super::{ChunkPtr, Policy, Reclaim, Shared, NO_IOVA};
+use crate::addr::Iova;
+use crate::dma::{DmaMapper, Unmapped};
+use crate::error::Result;
+use crate::sync::{lock, Ordering};
+
+impl<M: DmaMapper> Shared<M> {
+    /// Returns a chunk whose last reference is gone: to its queue's reserve
+    /// or the free list, or parked, or pinned.
+    ///
+    /// # Safety
+    /// `c`'s refcount just dropped to zero (the caller holds the chunk
+    /// exclusively), and the chunk is counted out by its owning queue, which
+    /// this call undoes (dropping the queue's strong count on the pool if it
+    /// was the last): `c` must not be used afterwards.
+    pub(crate) unsafe fn recycle(c: ChunkPtr<M>) {
+        let ptr = c.get().pool;
+        let last = {
+            // SAFETY: the owning queue's strong count (held while this chunk
+            // is out) keeps the shared state alive until the decrement below.
+            let sh = unsafe { &*ptr };
+            let r = &sh.reserves[c.get().owner.load(Ordering::Relaxed) as usize];
+            sh.give_back(c);
+            r.out.fetch_sub(1, Ordering::AcqRel) == 1
+        };
+        if last {
+            // SAFETY: pairs with the increment in `Pool::take` made when
+            // this queue's count left zero; `ptr` comes from the Arc's own
+            // allocation (`Weak::as_ptr`), and nothing of the shared state
+            // is used after it.
+            unsafe { Arc::decrement_strong_count(ptr) };
+        }
+    }
+
+    fn give_back(&self, c: ChunkPtr<M>) {
+        if self.cfg.policy == Policy::PerChunk {
+            let iova = c.get().iova.swap(NO_IOVA, Ordering::Relaxed);
+            if iova != NO_IOVA {
+                let size = self.cfg.order.size() as u64;
+                if self.unmap_part(c, Iova(iova), size).is_err() {
+                    // Still mapped: keep the IOVA with the pinned chunk.
+                    c.get().iova.store(iova, Ordering::Relaxed);
+                }
+            }
+        }
+        if c.get().poisoned.load(Ordering::Relaxed) {
+            self.pin_listed(c);
+            return;
+        }
+        if self.flush_pending(c) {
+            lock(&self.parked).push_back(c);
+            self.counters.parks.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.free_to_lists(c);
+    }
+
+    /// The reserve or the free list, by the reclaim policy; shrinks past
+    /// the watermark or under pressure.
+    fn free_to_lists(&self, c: ChunkPtr<M>) {
+        let size = self.cfg.order.size() as u64;
+        let r = &self.reserves[c.get().owner.load(Ordering::Relaxed) as usize];
+        let pressure = self.under_pressure();
+        match self.cfg.reclaim {
+            Reclaim::Eager => {
+                self.free.push(c);
+                r.shared_op(1);
+                r.c.reclaim_calls.fetch_add(1, Ordering::Relaxed);
+                r.c.reclaimed_bytes.fetch_add(size, Ordering::Relaxed);
+            }
+            Reclaim::Hysteresis { threshold, chunk } => {
+                // Count before the push: a taker pops first and subtracts
+                // after, so `held` never drops below what the reserve holds
+                // (loom found the other order underflow).
+                let held = r.held.fetch_add(size, Ordering::Relaxed) + size;
+                r.free.push(c);
+                r.c.peak_held.fetch_max(held, Ordering::Relaxed);
+                if r.pressured.load(Ordering::Relaxed) && held >= (threshold / 4).max(size) {
+                    // The owner has room again.
+                    r.pressured.store(false, Ordering::Relaxed);
+                }
+                if pressure {
+                    self.reclaim(r, u64::MAX);
+                } else if held > threshold {
+                    self.reclaim(r, chunk);
+                }
+            }
+        }
+        r.c.recycles.fetch_add(1, Ordering::Relaxed);
+        if pressure || self.free.len() > self.cfg.high_watermark {
+            // Failures are counted and their chunks pinned inside.
+            let _ = self.shrink();
+        }
+    }
+
+    /// Unmaps `iova..iova+len`, a mapping of (part of) chunk `c`: a deferred
+    /// unmap makes the chunk wait for its flush before reuse; a failed one
+    /// poisons the chunk (it is pinned when its last reference goes).
+    pub(crate) fn unmap_part(&self, c: ChunkPtr<M>, iova: Iova, len: u64) -> Result<()> {
+        match self.domain.unmap(iova, len) {
+            Ok(how) => {
+                if let Unmapped::Deferred { seq } = how {
+                    c.get().flush_seq.fetch_max(seq, Ordering::Relaxed);
+                }
+                self.note_mapped(len, false);
+                Ok(())
+            }
+            Err(e) => {
+                c.get().poisoned.store(true, Ordering::Relaxed);
+                self.note_unmap_error();
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether a deferred unmap of `c` still waits for its flush.
+    fn flush_pending(&self, c: ChunkPtr<M>) -> bool {
+        let seq = c.get().flush_seq.load(Ordering::Relaxed);
+        seq != 0 && seq > self.domain.mapper().flushed_seq()
+    }
+
+    /// Whether a cache may keep carving `c` after all its frags completed
+    /// (no pending flush, not poisoned).
+    pub(crate) fn reusable(&self, c: ChunkPtr<M>) -> bool {
+        !c.get().poisoned.load(Ordering::Relaxed) && !self.flush_pending(c)
+    }
+
+    /// Moves parked chunks whose flush has completed to the free list;
+    /// with `force`, flushes first if the oldest still waits (when the pool
+    /// cannot grow). Returns how many moved.
+    pub(super) fn unpark(&self, force: bool) -> usize {
+        let mut parked = lock(&self.parked);
+        let Some(&front) = parked.front() else {
+            return 0;
+        };
+        if force && self.flush_pending(front) && self.domain.mapper().flush().is_err() {
+            // The chunks wait for a later flush.
+            return 0;
+        }
+        let mut n = 0;
+        while let Some(&c) = parked.front() {
+            if self.flush_pending(c) {
+                break;
+            }
+            parked.pop_front();
+            self.free.push(c);
+            n += 1;
+        }
+        n
+    }
+
+    /// Pins a chunk that was counted in `chunks` (in circulation).
+    pub(super) fn pin_listed(&self, c: ChunkPtr<M>) {
+        self.counters.chunks.fetch_sub(1, Ordering::Relaxed);
+        self.pin_unlisted(c);
+    }
+
+    /// Pins a chunk that was not counted in `chunks` (a grow that failed
+    /// half-way).
+    pub(super) fn pin_unlisted(&self, c: ChunkPtr<M>) {
+        self.counters.pinned.fetch_add(1, Ordering::Relaxed);
+        lock(&self.pinned).push(c);
+    }
+}
