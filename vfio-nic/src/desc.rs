@@ -59,6 +59,9 @@ pub const DTYP_CTXT: u32 = 0x2 << 20;
 pub const DTYP_DATA: u32 = 0x3 << 20;
 /// DTALEN mask (buffer length).
 pub const DTALEN_MASK: u32 = 0xffff;
+/// Largest PAYLEN (18 bits): the most payload bytes of one TSO packet, or
+/// bytes of one plain packet.
+pub const MAX_PAYLEN: usize = (1 << 18) - 1;
 /// PAYLEN shift in `olinfo_status`.
 pub const PAYLEN_SHIFT: u32 = 14;
 /// MACLEN shift in `vlan_macip_lens`.

@@ -30,7 +30,28 @@ pub enum Error {
         /// The device limit.
         max: usize,
     },
-    /// An invalid configuration value.
+    /// A payload larger than one packet can carry: the 82576's PAYLEN field
+    /// is 18 bits, and the pool caps payloads too.
+    #[error("payload of {len} bytes exceeds the {max} bytes one packet can carry")]
+    PayloadTooLarge {
+        /// Bytes asked for.
+        len: usize,
+        /// The most this queue can carry in one packet.
+        max: usize,
+    },
+    /// A setting outside the range the device or driver accepts.
+    #[error("{what} = {value} is out of range ({min}..={max})")]
+    OutOfRange {
+        /// Which setting.
+        what: &'static str,
+        /// The value given.
+        value: u64,
+        /// The smallest value accepted.
+        min: u64,
+        /// The largest value accepted.
+        max: u64,
+    },
+    /// An invalid setting.
     #[error("invalid configuration: {what} = {value}")]
     BadConfig {
         /// Which setting.

@@ -101,20 +101,32 @@ impl Flow {
         self.next
     }
 
-    /// Writes the header of the next packet (carrying `payload` bytes, `mss`
-    /// per segment) and advances the flow. Returns the stream offset of the
-    /// packet's first payload byte.
-    pub fn next_header(&mut self, payload: usize, mss: usize, out: &mut [u8; HDR_LEN]) -> u32 {
+    /// Writes the header of the next packet (carrying `payload` bytes)
+    /// without advancing the flow: call [`advance`](Self::advance) once the
+    /// packet was posted. Returns the stream offset of the packet's first
+    /// payload byte.
+    pub fn header(&self, payload: usize, out: &mut [u8; HDR_LEN]) -> u32 {
         *out = self.template;
         let total = (IPLEN + L4LEN + payload).min(u16::MAX as usize) as u16;
         out[IP_TOTAL_LEN..IP_TOTAL_LEN + 2].copy_from_slice(&total.to_be_bytes());
         out[IP_ID..IP_ID + 2].copy_from_slice(&self.ip_id.to_be_bytes());
         let seq = isn(self.id).wrapping_add(self.next);
         out[TCP_SEQ..TCP_SEQ + 4].copy_from_slice(&seq.to_be_bytes());
-        let off = self.next;
+        self.next
+    }
+
+    /// Moves the flow past a posted packet of `payload` bytes, `mss` per
+    /// segment.
+    pub fn advance(&mut self, payload: usize, mss: usize) {
         self.next = self.next.wrapping_add(payload as u32);
         let segs = payload.div_ceil(mss.max(1)).max(1);
         self.ip_id = self.ip_id.wrapping_add(segs as u16);
+    }
+
+    /// [`header`](Self::header) then [`advance`](Self::advance).
+    pub fn next_header(&mut self, payload: usize, mss: usize, out: &mut [u8; HDR_LEN]) -> u32 {
+        let off = self.header(payload, out);
+        self.advance(payload, mss);
         off
     }
 }

@@ -2,16 +2,18 @@
 //! descriptors from a ring in memory and does every DMA through a
 //! [`Translate`] (IOMMU translation, IOTLB, faults).
 //!
-//! On each doorbell it walks the ring from its head to the tail, gathers each
-//! packet's buffers page by page through the IOMMU, reads every payload byte
-//! (verifying it against its flow's pattern and checksumming it), segments
-//! TSO packets into MSS-sized frames with their IPv4 and TCP checksums, and
-//! writes back `DD` on descriptors that asked for it. A translation fault
-//! drops the packet and is counted; the model never touches memory the
-//! IOMMU did not translate.
+//! On each doorbell it walks the ring from its head to the tail, reads each
+//! packet's buffers through the IOMMU ([`Translate::read`], page by page),
+//! reads every payload byte (verifying it against its flow's pattern and
+//! checksumming it), segments TSO packets into MSS-sized frames with their
+//! IPv4 and TCP checksums, and writes back `DD` on descriptors that asked
+//! for it ([`Translate::write`]). The model never dereferences an address
+//! itself: all its memory access is DMA through the IOMMU, which refuses
+//! anything not mapped. A translation fault drops the packet (nothing of it
+//! is counted as sent) and is counted.
 
-use pfrag::dma::{Dir, Fault, Translate};
-use pfrag::{mem, Iova, VirtAddr};
+use pfrag::dma::{Fault, Translate};
+use pfrag::Iova;
 
 use crate::csum::Csum;
 use crate::desc::{self, Context, Data, Dcmd, Desc, Popts, Sta};
@@ -100,6 +102,168 @@ impl Packet {
     }
 }
 
+/// What one packet produced, committed to the counters only once the whole
+/// packet was read without a fault.
+#[derive(Default)]
+struct Outcome {
+    frames: u64,
+    verified: u64,
+    ok: bool,
+}
+
+/// Reads packet bytes `start..start + len` (offsets over the packet's
+/// buffers `bufs`) through `iommu`, piece by piece.
+fn read_range<T: Translate>(
+    iommu: &T,
+    bufs: &[(Iova, usize)],
+    mut start: usize,
+    mut len: usize,
+    f: &mut dyn FnMut(&[u8]),
+) -> Result<(), Fault> {
+    for &(iova, blen) in bufs {
+        if len == 0 {
+            break;
+        }
+        if start >= blen {
+            start -= blen;
+            continue;
+        }
+        let take = (blen - start).min(len);
+        iommu.read(iova.offset(start as u64), take, f)?;
+        len -= take;
+        start = 0;
+    }
+    Ok(())
+}
+
+/// Cuts a payload stream into MSS-sized frames: verifies every byte against
+/// the flow's pattern, checksums it, and (with capture) keeps the frames.
+struct Segmenter<'a> {
+    pkt: &'a Packet,
+    hdr: &'a [u8],
+    id0: u16,
+    nseg: usize,
+    /// Segment being filled, its length and bytes so far.
+    k: usize,
+    len: usize,
+    fill: usize,
+    sum: Csum,
+    ok: bool,
+    frame: Option<Vec<u8>>,
+    capture: bool,
+    out: Outcome,
+    frames: Vec<Vec<u8>>,
+}
+
+impl<'a> Segmenter<'a> {
+    fn new(pkt: &'a Packet, hdr: &'a [u8], capture: bool) -> Segmenter<'a> {
+        let m = pkt.maclen;
+        let mut s = Segmenter {
+            pkt,
+            hdr,
+            id0: u16::from_be_bytes([hdr[m + 4], hdr[m + 5]]),
+            nseg: pkt.paylen.div_ceil(pkt.mss).max(1),
+            k: 0,
+            len: 0,
+            fill: 0,
+            sum: Csum::new(),
+            ok: true,
+            frame: None,
+            capture,
+            out: Outcome {
+                ok: true,
+                ..Outcome::default()
+            },
+            frames: Vec::new(),
+        };
+        s.start(0);
+        s
+    }
+
+    fn start(&mut self, k: usize) {
+        self.k = k;
+        self.len = self.pkt.mss.min(self.pkt.paylen - k * self.pkt.mss);
+        self.fill = 0;
+        self.sum = Csum::new();
+        self.ok = true;
+        self.frame = self.capture.then(|| {
+            let mut v = Vec::with_capacity(self.hdr.len() + self.len);
+            v.extend_from_slice(self.hdr);
+            v
+        });
+        if self.len == 0 {
+            self.finish();
+        }
+    }
+
+    fn feed(&mut self, mut s: &[u8]) {
+        while !s.is_empty() && self.k < self.nseg {
+            let take = s.len().min(self.len - self.fill);
+            let off = self.k * self.pkt.mss + self.fill;
+            let piece = &s[..take];
+            let at = self.pkt.stream0().wrapping_add(off as u32);
+            self.ok &= pattern::verify(self.pkt.flow, at, piece);
+            self.sum.add(piece);
+            if let Some(f) = self.frame.as_mut() {
+                f.extend_from_slice(piece);
+            }
+            self.fill += take;
+            s = &s[take..];
+            if self.fill == self.len {
+                self.finish();
+            }
+        }
+    }
+
+    /// Completes segment `k`: its headers, checksums and counters.
+    fn finish(&mut self) {
+        let p = self.pkt;
+        let (maclen, iplen, l4len, hlen) = (p.maclen, p.iplen, p.l4len, self.hdr.len());
+        let tcp = maclen + iplen;
+        let mut h = [0u8; MAX_HDR];
+        h[..hlen].copy_from_slice(self.hdr);
+        let ip = &mut h[maclen..maclen + iplen];
+        ip[2..4].copy_from_slice(&((iplen + l4len + self.len) as u16).to_be_bytes());
+        ip[4..6].copy_from_slice(&self.id0.wrapping_add(self.k as u16).to_be_bytes());
+        if p.popts.contains(Popts::IXSM) {
+            ip[10..12].fill(0);
+            let mut c = Csum::new();
+            c.add(ip);
+            ip[10..12].copy_from_slice(&c.finish().to_be_bytes());
+        }
+        let off = self.k * p.mss;
+        let t = &mut h[tcp..tcp + l4len];
+        t[4..8].copy_from_slice(&p.seq0.wrapping_add(off as u32).to_be_bytes());
+        if self.k + 1 < self.nseg {
+            t[13] &= !0x09; // FIN and PSH only on the last segment
+        }
+        if p.popts.contains(Popts::TXSM) {
+            t[16..18].fill(0);
+            let mut c = Csum::new();
+            c.add(&h[maclen + 12..maclen + 20]); // source and destination
+            c.add_u16(6);
+            c.add_u16((l4len + self.len) as u16);
+            c.add(&h[tcp..tcp + l4len]);
+            c.add_u16(self.sum.sum());
+            h[tcp + 16..tcp + 18].copy_from_slice(&c.finish().to_be_bytes());
+        }
+        if let Some(mut fr) = self.frame.take() {
+            fr[..hlen].copy_from_slice(&h[..hlen]);
+            self.frames.push(fr);
+        }
+        self.out.frames += 1;
+        if self.ok {
+            self.out.verified += self.len as u64;
+        }
+        self.out.ok &= self.ok;
+        if self.k + 1 < self.nseg {
+            self.start(self.k + 1);
+        } else {
+            self.k = self.nseg;
+        }
+    }
+}
+
 /// The software NIC.
 pub struct SoftNic<T: Translate> {
     iommu: T,
@@ -108,9 +272,8 @@ pub struct SoftNic<T: Translate> {
     head: u16,
     ctx: Context,
     first: Option<Data>,
+    /// The current packet's buffers: IOVA, length.
     bufs: Vec<(Iova, usize)>,
-    /// Translated pieces of the current packet: host address, length.
-    pieces: Vec<(VirtAddr, usize)>,
     pages: Vec<u64>,
     frames: Vec<Vec<u8>>,
     stats: NicStats,
@@ -137,7 +300,6 @@ impl<T: Translate> SoftNic<T> {
             ctx: Context::default(),
             first: None,
             bufs: Vec::with_capacity(64),
-            pieces: Vec::with_capacity(64),
             pages: Vec::with_capacity(64),
             frames: Vec::new(),
             stats: NicStats::default(),
@@ -160,70 +322,77 @@ impl<T: Translate> SoftNic<T> {
     }
 
     fn read_desc(&self, at: Iova) -> Result<[u64; 2], Fault> {
-        let t = self.iommu.translate(at, Dir::TO_DEVICE)?;
-        if t.len < desc::SIZE as u64 || t.addr.raw() % 8 != 0 {
-            return Err(Fault {
-                iova: at,
-                access: Dir::TO_DEVICE,
-            });
-        }
-        // SAFETY: the IOMMU translated 16 aligned bytes into memory the
-        // driver mapped for the device (its descriptor ring, kept alive while
-        // attached); volatile reads create no references.
-        Ok(unsafe { [mem::read_u64(t.addr), mem::read_u64(t.addr.offset(8))] })
+        let mut b = [0u8; desc::SIZE];
+        let mut n = 0;
+        self.iommu.read(at, desc::SIZE, &mut |s| {
+            b[n..n + s.len()].copy_from_slice(s);
+            n += s.len();
+        })?;
+        let w = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Ok([w(0), w(8)])
     }
 
     fn write_back(&self, at: Iova) -> Result<(), Fault> {
         let at = at.offset(desc::STATUS_OFFSET as u64);
-        let t = self.iommu.translate(at, Dir::FROM_DEVICE)?;
-        // SAFETY: the IOMMU translated the aligned status dword for writing
-        // into the driver's live ring, which the driver only reads volatile.
-        unsafe { mem::write_u32(t.addr, Sta::DD.bits()) };
-        Ok(())
+        self.iommu.write(at, &Sta::DD.bits().to_le_bytes())
     }
 
-    /// Translates the current packet's buffers into host pieces.
-    fn gather(&mut self) -> Result<usize, Fault> {
-        self.pieces.clear();
+    /// Distinct 4 KiB IOVA pages the current packet's buffers cover.
+    fn count_pages(&mut self) -> u64 {
         self.pages.clear();
-        let mut total = 0;
         for &(iova, len) in &self.bufs {
-            let mut off = 0;
-            while off < len {
-                let at = iova.offset(off as u64);
-                let t = self.iommu.translate(at, Dir::TO_DEVICE)?;
-                let n = (t.len as usize).min(len - off);
-                self.pieces.push((t.addr, n));
-                // Every 4 KiB page the piece covers (a superpage piece spans many).
+            if len > 0 {
                 self.pages
-                    .extend(at.page()..=at.offset(n as u64 - 1).page());
-                off += n;
+                    .extend(iova.page()..=iova.offset(len as u64 - 1).page());
             }
-            total += len;
         }
         self.pages.sort_unstable();
         self.pages.dedup();
-        Ok(total)
+        self.pages.len() as u64
     }
 
-    /// Calls `f` with the packet's bytes `start..start+len`, piece by piece.
-    fn range(&self, mut start: usize, mut len: usize, mut f: impl FnMut(&[u8])) {
-        for &(addr, n) in &self.pieces {
-            if len == 0 {
-                break;
-            }
-            if start >= n {
-                start -= n;
-                continue;
-            }
-            let take = (n - start).min(len);
-            // SAFETY: the piece was translated by the IOMMU for reading and
-            // lies in memory the driver keeps alive and unwritten until this
-            // packet's completion is written back.
-            f(unsafe { mem::slice(addr.offset(start), take) });
-            len -= take;
-            start = 0;
+    /// Parses the packet's context, first descriptor and header; `None`
+    /// (counted) for a malformed packet, `Err` for a fault.
+    fn parse(&mut self, first: Data) -> Result<Option<(Packet, [u8; MAX_HDR])>, Fault> {
+        let total: usize = self.bufs.iter().map(|b| b.1).sum();
+        let ctx = self.ctx;
+        let (maclen, iplen, l4len) = (ctx.maclen(), ctx.iplen(), ctx.l4len());
+        let hlen = maclen + iplen + l4len;
+        let tse = first.cmd().contains(Dcmd::TSE);
+        if hlen > MAX_HDR || hlen > total || iplen < 20 || l4len < 20 || maclen < 14 {
+            return Ok(None);
         }
+        let paylen = total - hlen;
+        let expect = if tse { paylen } else { total };
+        let mss = if tse { ctx.mss() } else { paylen.max(1) };
+        if first.paylen() as usize != expect || mss == 0 {
+            return Ok(None);
+        }
+        let mut hdr = [0u8; MAX_HDR];
+        let mut at = 0;
+        read_range(&self.iommu, &self.bufs, 0, hlen, &mut |s| {
+            hdr[at..at + s.len()].copy_from_slice(s);
+            at += s.len();
+        })?;
+        let tcp = maclen + iplen;
+        let sport = u16::from_be_bytes([hdr[tcp], hdr[tcp + 1]]);
+        let Some(fl) = flow::flow_of_port(sport) else {
+            return Ok(None);
+        };
+        let seq0 = u32::from_be_bytes([hdr[tcp + 4], hdr[tcp + 5], hdr[tcp + 6], hdr[tcp + 7]]);
+        Ok(Some((
+            Packet {
+                maclen,
+                iplen,
+                l4len,
+                seq0,
+                flow: fl,
+                paylen,
+                mss,
+                popts: first.popts(),
+            },
+            hdr,
+        )))
     }
 
     fn process(&mut self) {
@@ -232,161 +401,73 @@ impl<T: Translate> SoftNic<T> {
             self.stats.bad_desc += 1;
             return;
         };
-        let total = match self.gather() {
-            Ok(t) => t,
+        let (pkt, hdr) = match self.parse(first) {
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                self.stats.bad_desc += 1;
+                return;
+            }
             Err(_) => {
                 self.stats.faults += 1;
                 return;
             }
         };
-        self.stats.pages += self.pages.len() as u64;
-        let ctx = self.ctx;
-        let (maclen, iplen, l4len) = (ctx.maclen(), ctx.iplen(), ctx.l4len());
-        let hlen = maclen + iplen + l4len;
-        let tse = first.cmd().contains(Dcmd::TSE);
-        if hlen > MAX_HDR || hlen > total || iplen < 20 || l4len < 20 {
-            self.stats.bad_desc += 1;
-            return;
-        }
-        let paylen = total - hlen;
-        let expect = if tse { paylen } else { total };
-        let mss = if tse { ctx.mss() } else { paylen.max(1) };
-        if first.paylen() as usize != expect || mss == 0 {
-            self.stats.bad_desc += 1;
-            return;
-        }
-        let mut hdr = [0u8; MAX_HDR];
-        let mut at = 0;
-        self.range(0, hlen, |s| {
-            hdr[at..at + s.len()].copy_from_slice(s);
-            at += s.len();
-        });
-        let tcp = maclen + iplen;
-        let sport = u16::from_be_bytes([hdr[tcp], hdr[tcp + 1]]);
-        let Some(fl) = flow::flow_of_port(sport) else {
-            self.stats.bad_desc += 1;
-            return;
-        };
-        let pkt = Packet {
-            maclen,
-            iplen,
-            l4len,
-            seq0: u32::from_be_bytes([hdr[tcp + 4], hdr[tcp + 5], hdr[tcp + 6], hdr[tcp + 7]]),
-            flow: fl,
-            paylen,
-            mss,
-            popts: first.popts(),
-        };
-        self.stats.payload_bytes += paylen as u64;
-        match self.cfg.touch {
+        let hlen = pkt.maclen + pkt.iplen + pkt.l4len;
+        let read = match self.cfg.touch {
             Touch::Checksum => self.segment(&hdr[..hlen], &pkt),
             Touch::Pages => self.touch_pages(hlen, &pkt),
-        }
-    }
-
-    /// Reads one cache line at the start of every page piece of the payload.
-    fn touch_pages(&mut self, hlen: usize, pkt: &Packet) {
-        let (fl, stream0) = (pkt.flow, pkt.stream0());
-        let mut pos = 0usize; // packet offset of the current piece
-        let mut ok = true;
-        let mut verified = 0;
-        for i in 0..self.pieces.len() {
-            let (addr, n) = self.pieces[i];
-            let start = hlen.saturating_sub(pos).min(n);
-            let take = (n - start).min(64);
-            if take > 0 {
-                // SAFETY: as in `range`.
-                let s = unsafe { mem::slice(addr.offset(start), take) };
-                let off = stream0.wrapping_add((pos + start - hlen) as u32);
-                ok &= pattern::verify(fl, off, s);
-                verified += take as u64;
-            }
-            pos += n;
-        }
-        self.stats.frames += 1;
-        if ok {
-            self.stats.bytes_verified += verified;
-        } else {
+        };
+        let Ok((out, frames)) = read else {
+            self.stats.faults += 1;
+            return;
+        };
+        self.stats.pages += self.count_pages();
+        self.stats.payload_bytes += pkt.paylen as u64;
+        self.stats.frames += out.frames;
+        self.stats.bytes_verified += out.verified;
+        if !out.ok {
             self.stats.bad_payload += 1;
         }
+        self.frames.extend(frames);
+    }
+
+    /// Reads one cache line at the start of every 4 KiB page of the payload.
+    fn touch_pages(&self, hlen: usize, pkt: &Packet) -> Result<(Outcome, Vec<Vec<u8>>), Fault> {
+        let mut out = Outcome {
+            frames: 1,
+            ok: true,
+            ..Outcome::default()
+        };
+        let mut pos = 0usize; // packet offset of the current buffer
+        for &(iova, len) in &self.bufs {
+            let mut off = hlen.saturating_sub(pos).min(len);
+            while off < len {
+                let at = iova.offset(off as u64);
+                let page_left = (pfrag::PAGE_SIZE - (at.raw() & (pfrag::PAGE_SIZE - 1))) as usize;
+                let take = (len - off).min(64).min(page_left);
+                let stream = pkt.stream0().wrapping_add((pos + off - hlen) as u32);
+                self.iommu.read(at, take, &mut |s| {
+                    out.ok &= pattern::verify(pkt.flow, stream, s);
+                    out.verified += s.len() as u64;
+                })?;
+                off += page_left.min(len - off);
+            }
+            pos += len;
+        }
+        if !out.ok {
+            out.verified = 0;
+        }
+        Ok((out, Vec::new()))
     }
 
     /// Cuts the packet into frames of `mss` payload bytes, verifying and
     /// checksumming every byte.
-    fn segment(&mut self, hdr: &[u8], pkt: &Packet) {
-        let Packet {
-            maclen,
-            iplen,
-            l4len,
-            seq0,
-            flow: fl,
-            paylen,
-            mss,
-            popts,
-        } = *pkt;
-        let stream0 = pkt.stream0();
-        let hlen = hdr.len();
-        let tcp = maclen + iplen;
-        let id0 = u16::from_be_bytes([hdr[maclen + 4], hdr[maclen + 5]]);
-        let nseg = paylen.div_ceil(mss).max(1);
-        let mut all_ok = true;
-        for k in 0..nseg {
-            let off = k * mss;
-            let len = mss.min(paylen - off);
-            let mut sum = Csum::new();
-            let mut ok = true;
-            let mut pos = off;
-            let mut frame = self.cfg.capture.then(|| Vec::with_capacity(hlen + len));
-            if let Some(fr) = frame.as_mut() {
-                fr.extend_from_slice(hdr);
-            }
-            self.range(hlen + off, len, |s| {
-                ok &= pattern::verify(fl, stream0.wrapping_add(pos as u32), s);
-                sum.add(s);
-                pos += s.len();
-                if let Some(fr) = frame.as_mut() {
-                    fr.extend_from_slice(s);
-                }
-            });
-            let mut h = [0u8; MAX_HDR];
-            h[..hlen].copy_from_slice(hdr);
-            let ip = &mut h[maclen..maclen + iplen];
-            ip[2..4].copy_from_slice(&((iplen + l4len + len) as u16).to_be_bytes());
-            ip[4..6].copy_from_slice(&id0.wrapping_add(k as u16).to_be_bytes());
-            if popts.contains(Popts::IXSM) {
-                ip[10..12].fill(0);
-                let mut c = Csum::new();
-                c.add(ip);
-                ip[10..12].copy_from_slice(&c.finish().to_be_bytes());
-            }
-            let t = &mut h[tcp..tcp + l4len];
-            t[4..8].copy_from_slice(&seq0.wrapping_add(off as u32).to_be_bytes());
-            if k + 1 < nseg {
-                t[13] &= !0x09; // FIN and PSH only on the last segment
-            }
-            if popts.contains(Popts::TXSM) {
-                t[16..18].fill(0);
-                let mut c = Csum::new();
-                c.add(&h[maclen + 12..maclen + 20]); // source and destination
-                c.add_u16(6);
-                c.add_u16((l4len + len) as u16);
-                c.add(&h[tcp..tcp + l4len]);
-                c.add_u16(sum.sum());
-                h[tcp + 16..tcp + 18].copy_from_slice(&c.finish().to_be_bytes());
-            }
-            if let Some(mut fr) = frame {
-                fr[..hlen].copy_from_slice(&h[..hlen]);
-                self.frames.push(fr);
-            }
-            self.stats.frames += 1;
-            if ok {
-                self.stats.bytes_verified += len as u64;
-            }
-            all_ok &= ok;
-        }
-        if !all_ok {
-            self.stats.bad_payload += 1;
-        }
+    fn segment(&self, hdr: &[u8], pkt: &Packet) -> Result<(Outcome, Vec<Vec<u8>>), Fault> {
+        let mut seg = Segmenter::new(pkt, hdr, self.cfg.capture);
+        read_range(&self.iommu, &self.bufs, hdr.len(), pkt.paylen, &mut |s| {
+            seg.feed(s)
+        })?;
+        Ok((seg.out, seg.frames))
     }
 }
 

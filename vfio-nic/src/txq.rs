@@ -25,6 +25,24 @@ use crate::pattern;
 /// Largest buffer one data descriptor carries (DTALEN is 16 bits).
 pub const MAX_DESC_LEN: usize = u16::MAX as usize;
 
+/// The data descriptors one buffer takes: pieces of at most
+/// [`MAX_DESC_LEN`] bytes that cross no multiple of `boundary`.
+fn pieces(iova: Iova, len: usize, boundary: Option<usize>) -> impl Iterator<Item = (Iova, usize)> {
+    let mut done = 0usize;
+    std::iter::from_fn(move || {
+        if done >= len {
+            return None;
+        }
+        let at = iova.offset(done as u64);
+        let mut n = (len - done).min(MAX_DESC_LEN);
+        if let Some(b) = boundary {
+            n = n.min(b - (at.raw() as usize & (b - 1)));
+        }
+        done += n;
+        Some((at, n))
+    })
+}
+
 /// Where packet headers go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HeaderMode {
@@ -238,8 +256,11 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
         &self.cfg
     }
 
-    /// Descriptors a payload of `len` bytes may need (context + header +
-    /// data), before its frags are known.
+    /// Descriptors a payload of `len` bytes is expected to need (context +
+    /// header + data), before its frags are known: the quick check that
+    /// refuses a full ring before allocating. [`send`](Self::send) counts
+    /// the exact number once the frags are known and refuses the packet if
+    /// that does not fit.
     pub fn descs_needed(&self, len: usize) -> usize {
         let chunk = self.cache.pool().chunk_size();
         let per = chunk.min(MAX_DESC_LEN);
@@ -262,11 +283,51 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
         (idx + 1) % self.cfg.ring
     }
 
+    /// The most payload one packet may carry: the pool's limit, and the
+    /// 82576's 18-bit PAYLEN.
+    pub fn max_payload(&self) -> usize {
+        self.cache
+            .pool()
+            .config()
+            .max_payload
+            .min(desc::MAX_PAYLEN)
+    }
+
     /// Posts one packet of `len` payload bytes on `flow` (not yet visible to
     /// the device: see [`kick`](Self::kick)). A full ring is
-    /// [`Error::RingFull`]: reap and retry. Nothing is allocated or leaked
-    /// when this fails.
+    /// [`Error::RingFull`]: reap and retry. All or nothing: when this fails,
+    /// nothing is written, posted, advanced (the flow's sequence included),
+    /// allocated or leaked.
     pub fn send(&mut self, flow: usize, len: usize) -> Result<()> {
+        self.check_send(flow, len)?;
+        let mut frags = self.spare.pop().unwrap_or_default();
+        if let Err(e) = self.cache.frags(len, self.cfg.fit_whole, &mut frags) {
+            self.spare.push(frags);
+            let e = Error::from(e);
+            if e.is_backoff() {
+                // Out of memory by policy, not by bug: the caller backs off
+                // (reaps completions) and retries.
+                self.stats.mem_backoffs += 1;
+            }
+            return Err(e);
+        }
+        match self.post(flow, len, &mut frags) {
+            Ok(p) => {
+                self.pending.push_back(p);
+                Ok(())
+            }
+            Err(e) => {
+                complete_burst(frags.drain(..)).ok();
+                self.spare.push(frags);
+                Err(e)
+            }
+        }
+    }
+
+    /// Refuses what the device cannot carry or the ring cannot take, before
+    /// anything is allocated (the ring check is an estimate; `post` checks
+    /// the exact count).
+    fn check_send(&mut self, flow: usize, len: usize) -> Result<()> {
         if flow >= self.flows.len() {
             return Err(Error::BadFlow {
                 flow,
@@ -276,7 +337,22 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
         if len == 0 {
             return Err(pfrag::Error::ZeroLength.into());
         }
-        let needed = self.descs_needed(len);
+        let paylen = if len > usize::from(self.cfg.mss) {
+            len
+        } else {
+            len + HDR_LEN
+        };
+        let max = self.max_payload();
+        if len > max || paylen > desc::MAX_PAYLEN {
+            return Err(Error::PayloadTooLarge { len, max });
+        }
+        self.check_room(self.descs_needed(len) - 2)
+    }
+
+    /// Whether `data` data descriptors (plus context and header) fit the
+    /// device's buffer limit and the free part of the ring.
+    fn check_room(&mut self, data: usize) -> Result<()> {
+        let needed = data + 2;
         if needed - 1 > self.cfg.max_bufs {
             return Err(Error::TooManyBuffers {
                 needed: needed - 1,
@@ -290,38 +366,57 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
                 free: self.free_descs(),
             });
         }
-        let mut frags = self.spare.pop().unwrap_or_default();
-        if let Err(e) = self.cache.frags(len, self.cfg.fit_whole, &mut frags) {
-            self.spare.push(frags);
-            let e = Error::from(e);
-            if e.is_backoff() {
-                // Out of memory by policy, not by bug: the caller backs off
-                // (reaps completions) and retries.
-                self.stats.mem_backoffs += 1;
-            }
-            return Err(e);
-        }
+        Ok(())
+    }
+
+    /// Writes the packet of `frags` into the ring and advances the queue.
+    /// On error nothing is advanced and `frags` are the caller's to free.
+    fn post(&mut self, flow: usize, len: usize, frags: &mut Vec<Frag<M>>) -> Result<Pending<M>> {
+        let boundary = self.cfg.boundary;
+        let data: usize = frags
+            .iter()
+            .map(|f| pieces(f.iova(), f.len(), boundary).count())
+            .sum();
+        self.check_room(data)?;
         let mut hdr = [0u8; HDR_LEN];
-        let fl = &mut self.flows[flow];
-        let mut off = fl.next_header(len, usize::from(self.cfg.mss), &mut hdr);
+        let mut off = self.flows[flow].header(len, &mut hdr);
         for f in frags.iter_mut() {
             pattern::fill(flow as u32, off, f.as_mut_slice());
             off = off.wrapping_add(f.len() as u32);
         }
-        let ctx_idx = self.tail;
-        let hdr_idx = self.next(ctx_idx);
-        let (hdr_iova, hold) = match self.place_header(hdr_idx, &hdr) {
-            Ok(h) => h,
+        let hdr_idx = self.next(self.tail);
+        let (hdr_iova, hold) = self.place_header(hdr_idx, &hdr)?;
+        let last = match self.write_packet(len, hdr_iova, frags) {
+            Ok(last) => last,
             Err(e) => {
-                complete_burst(frags.drain(..)).ok();
-                self.spare.push(frags);
+                self.drop_header(hold);
                 return Err(e);
             }
         };
+        let ndesc = (data + 2) as u16;
+        self.flows[flow].advance(len, usize::from(self.cfg.mss));
+        self.tail = self.next(last);
+        self.used += usize::from(ndesc);
+        self.stats.packets += 1;
+        self.stats.bytes += len as u64;
+        self.stats.descs += u64::from(ndesc);
+        Ok(Pending {
+            last,
+            ndesc,
+            hdr: hold,
+            frags: std::mem::take(frags),
+        })
+    }
+
+    /// Writes context, header and data descriptors from the tail on.
+    /// Returns the index of the last one (which asks for write-back).
+    fn write_packet(&self, len: usize, hdr_iova: Iova, frags: &[Frag<M>]) -> Result<u16> {
         let mss = usize::from(self.cfg.mss);
         let tse = len > mss;
         let tso = if tse { Dcmd::TSE } else { Dcmd::empty() };
         let paylen = if tse { len } else { len + HDR_LEN };
+        let ctx_idx = self.tail;
+        let hdr_idx = self.next(ctx_idx);
         self.write_desc(
             ctx_idx,
             Desc::Context(Context::tcp_ipv4(
@@ -342,51 +437,37 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
             )),
         )?;
         let mut idx = hdr_idx;
-        let mut ndesc = 2u16;
         let nfr = frags.len();
         for (i, f) in frags.iter().enumerate() {
-            let mut done = 0;
-            while done < f.len() {
-                let mut n = (f.len() - done).min(MAX_DESC_LEN);
-                if let Some(b) = self.cfg.boundary {
-                    let at = f.iova().raw() as usize + done;
-                    n = n.min(b - (at & (b - 1)));
-                }
+            let mut ps = pieces(f.iova(), f.len(), self.cfg.boundary).peekable();
+            while let Some((at, n)) = ps.next() {
                 idx = self.next(idx);
-                let last = i + 1 == nfr && done + n == f.len();
-                let cmd = Dcmd::IFCS
-                    | tso
-                    | if last {
-                        Dcmd::EOP | Dcmd::RS
-                    } else {
-                        Dcmd::empty()
-                    };
-                self.write_desc(
-                    idx,
-                    Desc::Data(Data::new(
-                        f.iova().offset(done as u64).raw(),
-                        n as u16,
-                        cmd,
-                        0,
-                        Popts::empty(),
-                    )),
-                )?;
-                ndesc += 1;
-                done += n;
+                let end = if i + 1 == nfr && ps.peek().is_none() {
+                    Dcmd::EOP | Dcmd::RS
+                } else {
+                    Dcmd::empty()
+                };
+                let cmd = Dcmd::IFCS | tso | end;
+                let d = Data::new(at.raw(), n as u16, cmd, 0, Popts::empty());
+                self.write_desc(idx, Desc::Data(d))?;
             }
         }
-        self.pending.push_back(Pending {
-            last: idx,
-            ndesc,
-            hdr: hold,
-            frags,
-        });
-        self.tail = self.next(idx);
-        self.used += usize::from(ndesc);
-        self.stats.packets += 1;
-        self.stats.bytes += len as u64;
-        self.stats.descs += u64::from(ndesc);
-        Ok(())
+        Ok(idx)
+    }
+
+    fn drop_header(&mut self, h: Hdr<M>) {
+        match h {
+            Hdr::Slot(i) => {
+                if let Some(b) = self.bounce.as_mut() {
+                    b.release(i);
+                }
+            }
+            Hdr::Frag(f) => {
+                if f.complete().is_err() {
+                    self.stats.unmap_errors += 1;
+                }
+            }
+        }
     }
 
     fn place_header(&mut self, idx: u16, hdr: &[u8]) -> Result<(Iova, Hdr<M>)> {
@@ -467,11 +548,6 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
         Ok(dev)
     }
 
-    /// Packets posted and not yet completed.
-    pub fn pending(&self) -> usize {
-        self.pending.len()
-    }
-
     /// Frees every packet whose last descriptor has `DD` set, oldest first.
     /// Returns how many completed.
     pub fn reap(&mut self) -> Result<usize> {
@@ -489,18 +565,7 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
                 self.stats.unmap_errors += 1;
             }
             self.spare.push(p.frags);
-            match p.hdr {
-                Hdr::Slot(i) => {
-                    if let Some(b) = self.bounce.as_mut() {
-                        b.release(i);
-                    }
-                }
-                Hdr::Frag(f) => {
-                    if f.complete().is_err() {
-                        self.stats.unmap_errors += 1;
-                    }
-                }
-            }
+            self.drop_header(p.hdr);
             n += 1;
         }
         self.stats.completed += n as u64;

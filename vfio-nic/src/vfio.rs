@@ -378,15 +378,16 @@ fn errno(e: &VfioError) -> i32 {
 }
 
 impl DmaMapper for VfioMapper {
-    fn map(&self, m: &Mapping) -> pfrag::Result<()> {
+    unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
         let len = usize::try_from(m.len).map_err(|_| pfrag::Error::TooLarge {
             len: m.len as usize,
             max: usize::MAX,
         })?;
         // SAFETY: vfio_dma_map lets the device reach `m.addr..+len` until
-        // the unmap. The memory is a pfrag `Region` that outlives the
-        // mapping (pools and `Coherent` unmap before freeing or releasing
-        // it). Rings and bounce slots are touched only with volatile
+        // the unmap. Our caller promised (`DmaMapper::map`'s contract) that
+        // the memory stays allocated until then: pfrag's pools and
+        // `Coherent` regions retire the mapping before freeing or releasing
+        // it, and keep it for good if the unmap fails. Rings and bounce slots are touched only with volatile
         // accesses. A frag's slice is written by the driver before its IOVA
         // is put in a descriptor and not touched again until completion;
         // a TX device only reads it in between, and the IOMMU confines any

@@ -282,9 +282,9 @@ fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
     // SAFETY: the region is 4096 bytes, private to this test, and no
     // device can reach it yet.
     unsafe { pfrag::mem::write(secret.addr(), &want) };
-    let bad = domain
-        .map(secret.addr(), 4096, 4096, Dir::TO_DEVICE)
-        .unwrap();
+    // SAFETY: `secret` outlives the mapping: it is unmapped (strictly, by
+    // VFIO) on the next line and the region dropped at the end of the test.
+    let bad = unsafe { domain.map(secret.addr(), 4096, 4096, Dir::TO_DEVICE) }.unwrap();
     domain.unmap(bad, 4096).unwrap();
     nic.attach(ring.iova(), 64).unwrap();
     let put = |i: usize, d: Desc| {
