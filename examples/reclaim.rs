@@ -25,6 +25,7 @@ use pfrag::account::Limits;
 use pfrag::bounce::SlotSize;
 use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
+use pfrag_lab::cli;
 use pfrag_lab::run::{run, IommuMode, Row, RunConfig, Workload};
 use vfio_nic::softnic::Touch;
 use vfio_nic::txq::HeaderMode;
@@ -61,38 +62,20 @@ struct Args {
     /// Chunk order of the pool (2 = 16 KiB chunks).
     #[arg(long, default_value_t = 2)]
     order: u32,
-    /// TX ring descriptors (in-flight sends).
-    #[arg(long, default_value_t = 256)]
+    /// TX ring descriptors (in-flight sends): a multiple of 8 in 8..=4096.
+    #[arg(long, default_value_t = 256, value_parser = cli::ring)]
     ring: u16,
     /// Sends per doorbell (completions are reaped between bursts).
     #[arg(long, default_value_t = 8)]
     burst: u64,
     /// Account limits MIN,PRESSURE,MAX in MiB (default: none).
-    #[arg(long, value_parser = parse_limits)]
+    #[arg(long, value_parser = cli::mem_limits)]
     mem_limits: Option<Limits>,
     /// Write the rows as CSV.
     #[arg(long)]
     csv: Option<PathBuf>,
 }
 
-fn parse_limits(s: &str) -> Result<Limits, String> {
-    let v: Vec<u64> = s
-        .split(',')
-        .map(|x| {
-            x.trim()
-                .parse::<u64>()
-                .map_err(|_| format!("'{x}' is not a number of MiB"))
-        })
-        .collect::<Result<_, _>>()?;
-    match v[..] {
-        [min, pressure, max] if min <= pressure && pressure <= max => Ok(Limits {
-            min: min << 20,
-            pressure: pressure << 20,
-            max: max << 20,
-        }),
-        _ => Err("expected MIN,PRESSURE,MAX in MiB with MIN <= PRESSURE <= MAX".into()),
-    }
-}
 
 const COLUMNS: [&str; 11] = [
     "policy",
@@ -128,6 +111,10 @@ fn main() -> ExitCode {
     let a = Args::parse();
     if a.min == 0 || a.min > a.max || a.queues == 0 || a.flows.contains(&0) {
         eprintln!("error: need 0 < --min <= --max, --queues >= 1 and flows >= 1");
+        return ExitCode::from(2);
+    }
+    if let Some(Err(e)) = a.csv.as_deref().map(cli::output) {
+        eprintln!("error: {e}");
         return ExitCode::from(2);
     }
     let limits = a.mem_limits.unwrap_or(Limits::UNLIMITED);

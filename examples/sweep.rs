@@ -19,7 +19,7 @@ use pfrag::account::Limits;
 use pfrag::bounce::SlotSize;
 use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
-use pfrag_lab::report;
+use pfrag_lab::{cli, report};
 use pfrag_lab::run::{run_vfio, Workload};
 use pfrag_lab::{limit, run, IommuMode, Row, RunConfig};
 use vfio_nic::softnic::Touch;
@@ -86,7 +86,7 @@ enum OnOff {
 #[command(version)]
 struct Args {
     /// Chunk orders: a list (0,2,4) or a range (0-4).
-    #[arg(long, default_value = "0-4", value_parser = parse_orders)]
+    #[arg(long, default_value = "0-4", value_parser = cli::orders)]
     orders: std::vec::Vec<u32>,
     /// Mapping policies.
     #[arg(long, value_delimiter = ',')]
@@ -114,14 +114,14 @@ struct Args {
     /// Packets sent before measuring (default: twice the ring size).
     #[arg(long)]
     warmup: Option<u64>,
-    /// TX ring descriptors.
-    #[arg(long, default_value_t = 256)]
+    /// TX ring descriptors: a multiple of 8 in 8..=4096.
+    #[arg(long, default_value_t = 256, value_parser = cli::ring)]
     ring: u16,
     /// Packets posted per doorbell.
     #[arg(long, default_value_t = 8)]
     burst: u64,
     /// IOTLB entries of the software IOMMU.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = cli::iotlb_entries)]
     iotlb_entries: usize,
     /// Back pools with 2 MiB huge pages and map superpages (falls back to
     /// normal pages, shown in the `backing` column, when none are reserved).
@@ -163,38 +163,17 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// Cost model: ns per map or unmap call.
-    #[arg(long, default_value_t = CostModel::default().call_ns)]
+    #[arg(long, default_value_t = CostModel::default().call_ns, value_parser = cli::ns)]
     cost_call_ns: f64,
     /// Cost model: ns per page-table entry written or cleared.
-    #[arg(long, default_value_t = CostModel::default().pte_ns)]
+    #[arg(long, default_value_t = CostModel::default().pte_ns, value_parser = cli::ns)]
     cost_pte_ns: f64,
     /// Cost model: ns per IOTLB invalidation.
-    #[arg(long, default_value_t = CostModel::default().invalidation_ns)]
+    #[arg(long, default_value_t = CostModel::default().invalidation_ns, value_parser = cli::ns)]
     cost_inval_ns: f64,
     /// Cost model: ns per IOTLB miss.
-    #[arg(long, default_value_t = CostModel::default().miss_ns)]
+    #[arg(long, default_value_t = CostModel::default().miss_ns, value_parser = cli::ns)]
     cost_miss_ns: f64,
-}
-
-fn parse_orders(s: &str) -> Result<Vec<u32>, String> {
-    let mut v = Vec::new();
-    for part in s.split(',') {
-        let part = part.trim();
-        let (a, b) = match part.split_once('-') {
-            Some((a, b)) => (a, b),
-            None => (part, part),
-        };
-        let a: u32 = a.parse().map_err(|_| format!("bad order '{part}'"))?;
-        let b: u32 = b.parse().map_err(|_| format!("bad order '{part}'"))?;
-        if a > b || b > pfrag::Order::MAX {
-            return Err(format!(
-                "orders must lie in 0..={} ('{part}')",
-                pfrag::Order::MAX
-            ));
-        }
-        v.extend(a..=b);
-    }
-    Ok(v)
 }
 
 fn policy(p: PolicyArg) -> Policy {
@@ -280,6 +259,7 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
                         chunk: (a.threshold_mib << 20) / 2,
                     },
                 },
+                // (threshold_mib is checked by `cli::mib` before this runs)
                 workload: Workload::Fixed,
                 limits: Limits::UNLIMITED,
             });
@@ -323,6 +303,16 @@ fn main() -> ExitCode {
     if let Some(f) = a.skew {
         if !(0.0..=1.0).contains(&f) || a.queues < 2 {
             eprintln!("error: --skew takes a share in 0..=1 and needs --queues >= 2 (got {f})");
+            return ExitCode::from(2);
+        }
+    }
+    if let Err(e) = cli::mib("--threshold-mib", a.threshold_mib) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    for p in a.csv.iter().chain(&a.svg) {
+        if let Err(e) = cli::output(p) {
+            eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     }

@@ -6,6 +6,7 @@
 //!
 #![doc = include_str!("../README.md")]
 
+pub mod cli;
 pub mod report;
 pub mod run;
 pub mod vm;

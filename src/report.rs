@@ -10,7 +10,7 @@ use crate::run::Row;
 
 /// CSV columns, in order. The first 21 are the design's contract (never
 /// renamed); the rest are additions.
-pub const COLUMNS: [&str; 36] = [
+pub const COLUMNS: [&str; 37] = [
     "backend",
     "order",
     "policy",
@@ -47,7 +47,13 @@ pub const COLUMNS: [&str; 36] = [
     "pressure_hook_calls",
     "pressure_transitions",
     "peak_bytes",
+    "iotlb_entries",
 ];
+
+/// An optional figure: empty where it was not measured.
+fn fo(v: Option<f64>) -> String {
+    v.map(f).unwrap_or_default()
+}
 
 fn f(v: f64) -> String {
     if v == 0.0 {
@@ -70,17 +76,17 @@ pub fn record(r: &Row) -> Vec<String> {
         r.flows.to_string(),
         r.packets.to_string(),
         r.payload_bytes.to_string(),
-        f(r.maps_per_pkt),
-        f(r.unmaps_per_pkt),
-        f(r.map_pages_per_pkt),
-        f(r.invalidations_per_pkt),
-        f(r.iotlb_misses_per_pkt),
-        f(r.pages_per_pkt),
+        fo(r.maps_per_pkt),
+        fo(r.unmaps_per_pkt),
+        fo(r.map_pages_per_pkt),
+        fo(r.invalidations_per_pkt),
+        fo(r.iotlb_misses_per_pkt),
+        fo(r.pages_per_pkt),
         f(r.descs_per_pkt),
         f(r.waste_bytes_per_pkt),
         f(r.ns_per_pkt),
         format!("{:.2}", r.gbit_s),
-        f(r.model_iommu_ns_per_pkt),
+        fo(r.model_iommu_ns_per_pkt),
         r.faults.to_string(),
         r.bytes_verified.to_string(),
         r.fit_whole.to_string(),
@@ -98,6 +104,7 @@ pub fn record(r: &Row) -> Vec<String> {
         r.pressure_hook_calls.to_string(),
         r.pressure_transitions.to_string(),
         r.peak_bytes.to_string(),
+        r.iotlb_entries.map(|n| n.to_string()).unwrap_or_default(),
     ]
 }
 
@@ -202,8 +209,8 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Er
         let name = format!("{} {} {}", r.policy, r.iommu, r.header);
         let o: u32 = r.order.parse()?;
         match series.iter_mut().find(|s| s.0 == name) {
-            Some(s) => s.1.push((o, r.gbit_s, r.maps_per_pkt)),
-            None => series.push((name, vec![(o, r.gbit_s, r.maps_per_pkt)])),
+            Some(s) => s.1.push((o, r.gbit_s, r.maps_per_pkt.unwrap_or(0.0))),
+            None => series.push((name, vec![(o, r.gbit_s, r.maps_per_pkt.unwrap_or(0.0))])),
         }
     }
     let limit = rows.iter().find(|r| r.policy == "limit").map(|r| r.gbit_s);

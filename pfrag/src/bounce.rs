@@ -47,7 +47,13 @@ impl<M: DmaMapper> Ring<M> {
             });
         }
         let slot = size as usize;
-        let mem = Coherent::new(domain, slots * slot, Dir::TO_DEVICE)?;
+        let bytes = slots.checked_mul(slot).ok_or(Error::OutOfRange {
+            what: "bounce slots",
+            value: slots as u64,
+            min: 1,
+            max: (usize::MAX / slot) as u64,
+        })?;
+        let mem = Coherent::new(domain, bytes, Dir::TO_DEVICE)?;
         Ok(Ring {
             mem,
             slot,
@@ -137,6 +143,17 @@ mod tests {
         unsafe { mem::read(t.addr, &mut b) };
         assert_eq!(&b, b"header bytes");
         assert_eq!(r.mem.domain().mapper().stats().map_calls, 1);
+    }
+
+    #[test]
+    fn huge_slot_count_is_a_typed_error() {
+        let d = Arc::new(Domain::new(
+            SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+        ));
+        match Ring::new(d, usize::MAX / 2, SlotSize::B256) {
+            Err(Error::OutOfRange { what, .. }) => assert_eq!(what, "bounce slots"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -57,6 +57,10 @@ impl Region {
             });
         }
         let len = align_up(len as u64, PAGE_SIZE) as usize;
+        // Miri models only plain anonymous mappings: no huge pages there.
+        if huge && cfg!(miri) {
+            return Self::small(len, align, Backing::HugeFallback);
+        }
         if huge && align as u64 <= HUGE_PAGE_SIZE {
             let hlen = align_up(len as u64, HUGE_PAGE_SIZE) as usize;
             match MmapOptions::new().len(hlen).huge(Some(21)).map_anon() {
@@ -123,6 +127,13 @@ impl Region {
     /// No device mapping may cover the range (unmap it first) and no frag,
     /// reference or pointer may still be used to access it.
     pub unsafe fn release(&self, off: usize, len: usize) -> Result<()> {
+        if cfg!(miri) {
+            // Miri has no madvise: zero the range, which is what a reader
+            // sees after DONTNEED.
+            // SAFETY: as below; nothing uses the range.
+            unsafe { ptr::write_bytes((self.base + off) as *mut u8, 0, len) };
+            return Ok(());
+        }
         let map_off = self.base - self.map.as_ptr() as usize + off;
         // SAFETY: the caller guarantees nothing uses the range; DONTNEED on
         // anonymous private memory only discards its contents.

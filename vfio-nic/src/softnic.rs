@@ -63,6 +63,9 @@ pub struct NicStats {
     pub payload_bytes: u64,
     /// Payload bytes read and found equal to their flow's pattern.
     pub bytes_verified: u64,
+    /// Payload bytes of packets delivered whole and intact: no fault, and
+    /// every byte the model checked matched. Throughput counts these.
+    pub delivered_bytes: u64,
     /// Distinct 4 KiB pages read for packet data, summed over packets.
     pub pages: u64,
     /// Packets dropped because a translation faulted.
@@ -75,6 +78,34 @@ pub struct NicStats {
     /// does not care; QEMU's emulated one drops such packets behind an
     /// IOMMU, see [`TxConfig::boundary`](crate::txq::TxConfig::boundary)).
     pub page_crossing_bufs: u64,
+}
+
+impl NicStats {
+    /// `self - earlier`, field by field: the work done in between.
+    pub fn since(&self, earlier: &NicStats) -> NicStats {
+        self.zip(earlier, u64::wrapping_sub)
+    }
+
+    /// `self + other`, field by field (totals over queues).
+    pub fn plus(&self, other: &NicStats) -> NicStats {
+        self.zip(other, u64::wrapping_add)
+    }
+
+    fn zip(&self, o: &NicStats, f: fn(u64, u64) -> u64) -> NicStats {
+        NicStats {
+            packets: f(self.packets, o.packets),
+            frames: f(self.frames, o.frames),
+            descs: f(self.descs, o.descs),
+            payload_bytes: f(self.payload_bytes, o.payload_bytes),
+            bytes_verified: f(self.bytes_verified, o.bytes_verified),
+            delivered_bytes: f(self.delivered_bytes, o.delivered_bytes),
+            pages: f(self.pages, o.pages),
+            faults: f(self.faults, o.faults),
+            bad_payload: f(self.bad_payload, o.bad_payload),
+            bad_desc: f(self.bad_desc, o.bad_desc),
+            page_crossing_bufs: f(self.page_crossing_bufs, o.page_crossing_bufs),
+        }
+    }
 }
 
 /// The largest header the model parses.
@@ -425,7 +456,9 @@ impl<T: Translate> SoftNic<T> {
         self.stats.payload_bytes += pkt.paylen as u64;
         self.stats.frames += out.frames;
         self.stats.bytes_verified += out.verified;
-        if !out.ok {
+        if out.ok {
+            self.stats.delivered_bytes += pkt.paylen as u64;
+        } else {
             self.stats.bad_payload += 1;
         }
         self.frames.extend(frames);

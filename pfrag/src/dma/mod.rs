@@ -19,7 +19,10 @@ use std::ops::Range;
 pub use domain::{Coherent, Domain, PartialUnmap};
 pub use faulty::{Faulty, FaultyConfig, FaultyStats, Op};
 pub use identity::Identity;
-pub use soft::{CostModel, FaultReason, FaultRecord, Invalidation, SoftIommu, SoftIommuConfig};
+pub use soft::{
+    CostModel, FaultReason, FaultRecord, Invalidation, SoftIommu, SoftIommuConfig,
+    MAX_IOTLB_ENTRIES,
+};
 
 pub(crate) use fence::{device_read, device_write, Fence};
 

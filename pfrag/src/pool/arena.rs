@@ -8,8 +8,6 @@
 //! out of circulation for good, counted), and an arena holding a pinned
 //! chunk is never unmapped from the process.
 
-use std::ptr::NonNull;
-
 use super::{Arena, Chunk, ChunkPtr, Policy, Shared, NO_IOVA};
 use crate::addr::{Iova, VirtAddr, HUGE_PAGE_SIZE};
 use crate::dma::{DmaMapper, Unmapped};
@@ -135,12 +133,8 @@ impl<M: DmaMapper> Shared<M> {
                 flush_seq: AtomicU64::new(0),
             })
             .collect();
-        let ptrs = chunks.iter().map(|c| ChunkPtr(NonNull::from(c))).collect();
-        arenas.push(Arena {
-            region,
-            chunks,
-            pinned: false,
-        });
+        arenas.push(Arena::new(region, chunks));
+        let ptrs = arenas.last().map(|a| a.ptrs().collect()).unwrap_or_default();
         Ok((ptrs, huge))
     }
 
@@ -321,26 +315,21 @@ impl<M: DmaMapper> Shared<M> {
         let pinned = std::mem::take(&mut *lock(&self.pinned));
         let mut arenas = std::mem::take(&mut *lock(&self.arenas));
         for c in &pinned {
-            arenas[c.get().arena as usize].pinned = true;
+            if let Some(a) = arenas.get_mut(c.get().arena as usize) {
+                a.pinned = true;
+            }
         }
         self.domain.pin_host((pinned.len() * size) as u64);
-        for Arena {
-            region,
-            chunks,
-            pinned: keep,
-        } in arenas
-        {
-            if !keep {
-                continue; // dropped here: unmapped from the process
-            }
-            for (i, ch) in chunks.iter().enumerate() {
-                if !pinned.iter().any(|p| std::ptr::eq(p.get(), ch)) {
+        for a in arenas.iter().filter(|a| a.pinned) {
+            for (i, c) in a.ptrs().enumerate() {
+                if !pinned.contains(&c) {
                     // SAFETY: this chunk is unmapped, its invalidation done,
                     // and it is in no list or frag (the pool is going away).
-                    let _ = unsafe { region.release(i * size, size) };
+                    let _ = unsafe { a.region.release(i * size, size) };
                 }
             }
-            std::mem::forget(region);
         }
+        // Dropping an arena frees its memory unless it is pinned.
+        drop(arenas);
     }
 }

@@ -151,13 +151,52 @@ impl<M: DmaMapper> ChunkPtr<M> {
     }
 }
 
+/// One mapping of chunk memory and the side table of its chunks.
+///
+/// The side table is a raw allocation (from `Box::into_raw`) rather than a
+/// `Box`, so that moving the arena never retags it: every `ChunkPtr` is
+/// derived from `chunks` and stays valid until the arena drops.
 struct Arena<M: DmaMapper> {
-    region: Region,
+    region: std::mem::ManuallyDrop<Region>,
     /// The side table of the arena's chunks.
-    chunks: Box<[Chunk<M>]>,
-    /// Holds a pinned chunk: never unmapped from the process.
+    chunks: NonNull<[Chunk<M>]>,
+    /// Holds a pinned chunk: its memory is never unmapped from the process.
     pinned: bool,
 }
+
+impl<M: DmaMapper> Arena<M> {
+    fn new(region: Region, table: Box<[Chunk<M>]>) -> Arena<M> {
+        Arena {
+            region: std::mem::ManuallyDrop::new(region),
+            chunks: NonNull::from(Box::leak(table)),
+            pinned: false,
+        }
+    }
+
+    /// Pointers to its chunks, with the table's own provenance.
+    fn ptrs(&self) -> impl Iterator<Item = ChunkPtr<M>> + '_ {
+        let base = self.chunks.cast::<Chunk<M>>();
+        // SAFETY: `i < len`, inside the live table.
+        (0..self.chunks.len()).map(move |i| ChunkPtr(unsafe { base.add(i) }))
+    }
+}
+
+impl<M: DmaMapper> Drop for Arena<M> {
+    fn drop(&mut self) {
+        // SAFETY: the table came from `Box::leak` in `new` and nothing uses
+        // it once the pool's shared state (which owns the arenas) drops.
+        drop(unsafe { Box::from_raw(self.chunks.as_ptr()) });
+        if !self.pinned {
+            // SAFETY: dropped once, here; a pinned region is leaked on
+            // purpose instead (a device may still reach it).
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.region) };
+        }
+    }
+}
+
+// SAFETY: the table holds atomics and plain data, and the region is owned
+// memory; the pool's locks serialise what is not atomic.
+unsafe impl<M: DmaMapper> Send for Arena<M> {}
 
 #[derive(Default)]
 struct Counters {
