@@ -7,8 +7,10 @@
 #![doc = include_str!("../README.md")]
 
 pub mod cli;
+pub mod harness;
 pub mod report;
 pub mod run;
+pub mod soak;
 pub mod vm;
 
 pub use run::{limit, run, IommuMode, Row, RunConfig};

@@ -118,6 +118,9 @@ pub trait Charge: Send + Sync {
     fn uncharge(&self, bytes: u64);
     /// The flag read on the hot path.
     fn pressure_flag(&self) -> Arc<AtomicBool>;
+    /// Records that `bytes` of charged memory were pinned for good (a
+    /// failed unmap): they stay charged, and are reported apart.
+    fn pin(&self, bytes: u64);
 }
 
 /// Counters of an account.
@@ -133,6 +136,8 @@ pub struct AccountStats {
     pub left: u64,
     /// Charges refused at `max`.
     pub refused: u64,
+    /// Charged bytes pinned for good after failed unmaps (part of `bytes`).
+    pub pinned: u64,
 }
 
 /// Memory shared by pools, with limits and pressure hooks `H`.
@@ -140,6 +145,8 @@ pub struct AccountStats {
 pub struct MemAccount<H: PressureHooks = NoHooks> {
     limits: Limits,
     bytes: AtomicU64,
+    /// Charged bytes pinned for good.
+    pinned: AtomicU64,
     peak: AtomicU64,
     pressure: Arc<AtomicBool>,
     entered: AtomicU64,
@@ -160,6 +167,7 @@ impl<H: PressureHooks> MemAccount<H> {
         Ok(Arc::new(MemAccount {
             limits,
             bytes: AtomicU64::new(0),
+            pinned: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             pressure: Arc::new(AtomicBool::new(false)),
             entered: AtomicU64::new(0),
@@ -199,6 +207,7 @@ impl<H: PressureHooks> MemAccount<H> {
             entered: l(&self.entered),
             left: l(&self.left),
             refused: l(&self.refused),
+            pinned: l(&self.pinned),
         }
     }
 
@@ -278,6 +287,9 @@ impl<H: PressureHooks> Charge for MemAccount<H> {
     }
     fn pressure_flag(&self) -> Arc<AtomicBool> {
         self.pressure.clone()
+    }
+    fn pin(&self, bytes: u64) {
+        self.pinned.fetch_add(bytes, Ordering::Relaxed);
     }
 }
 

@@ -224,7 +224,7 @@ pub fn iommu_info(container: &VfioContainer) -> Result<IommuInfo> {
             buf = vec![0; (need as usize).div_ceil(8)];
             continue;
         }
-        return Ok(parse_info(&bytes[..need.max(hdr as u32) as usize]));
+        return Ok(parse_iommu_info(&bytes[..need.max(hdr as u32) as usize]));
     }
 }
 
@@ -236,8 +236,12 @@ fn le64(b: &[u8], off: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
 }
 
-/// Parses a `vfio_iommu_type1_info` with its capability chain.
-fn parse_info(b: &[u8]) -> IommuInfo {
+/// Parses the bytes `VFIO_IOMMU_GET_INFO` returned: a
+/// `vfio_iommu_type1_info` with its capability chain (IOVA ranges,
+/// DMA-avail count). Never panics, and bounded in time, on any input: a
+/// looping or truncated chain ends the parse, and a range count larger
+/// than the buffer holds reads only what is there.
+pub fn parse_iommu_info(b: &[u8]) -> IommuInfo {
     let flags = le32(b, 4).unwrap_or(0);
     let mut info = IommuInfo {
         page_sizes: le64(b, 8).unwrap_or(0),
@@ -254,9 +258,10 @@ fn parse_info(b: &[u8]) -> IommuInfo {
         let id = u32::from(u16::from_le_bytes([b[at], b[at + 1]]));
         let next = le32(b, at + 4).unwrap_or(0) as usize;
         if id == VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE {
-            let n = le32(b, at + caph).unwrap_or(0) as usize;
             let first = at + caph + 8;
             let step = std::mem::size_of::<vfio_iova_range>();
+            let room = b.len().saturating_sub(first) / step;
+            let n = (le32(b, at + caph).unwrap_or(0) as usize).min(room);
             for i in 0..n {
                 let off = first + i * step;
                 if let (Some(s), Some(e)) = (le64(b, off), le64(b, off + 8)) {
@@ -522,7 +527,7 @@ mod tests {
         push32(&mut b, 0);
         let n = b.len() as u32;
         b[0..4].copy_from_slice(&n.to_le_bytes());
-        let info = parse_info(&b);
+        let info = parse_iommu_info(&b);
         assert_eq!(info.page_sizes, (1 << 12) | (1 << 21) | (1 << 30));
         assert_eq!(info.ranges, vec![0..0xfee0_0000, 0xfef0_0000..(1 << 39)]);
         assert_eq!(info.dma_avail, Some(65_530));
@@ -536,7 +541,7 @@ mod tests {
         push64(&mut b, 1 << 12);
         push32(&mut b, 24);
         push32(&mut b, 0);
-        let info = parse_info(&b);
+        let info = parse_iommu_info(&b);
         assert!(info.ranges.is_empty());
         assert_eq!(info.dma_avail, None);
     }
@@ -554,7 +559,7 @@ mod tests {
         push32(&mut b, 24); // points at itself
         push32(&mut b, 7);
         push32(&mut b, 0);
-        let info = parse_info(&b);
+        let info = parse_iommu_info(&b);
         assert_eq!(info.dma_avail, Some(7));
     }
 

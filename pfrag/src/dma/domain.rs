@@ -150,6 +150,10 @@ impl<M: DmaMapper> Domain<M> {
     /// memory is backed by 2 MiB huge pages, so the mapper may use
     /// superpages.
     ///
+    /// On an [`Error::Unmap`] (the batch failed and undoing it failed too)
+    /// part of the block stays mapped: its IOVA stays allocated and pinned,
+    /// and the caller must keep all the buffers' memory for good.
+    ///
     /// # Safety
     /// As [`map`](Self::map), for every buffer.
     pub unsafe fn map_many(
@@ -191,8 +195,14 @@ impl<M: DmaMapper> Domain<M> {
             .collect();
         // SAFETY: the caller's promise covers every buffer.
         if let Err(e) = unsafe { self.mapper.map_batch(&ms) } {
-            if let Some(a) = &self.iova {
-                lock(a).free(iovas[0], each * addrs.len() as u64);
+            let total = each * addrs.len() as u64;
+            if matches!(e, Error::Unmap { .. }) {
+                // Undoing the batch failed: some runs stay mapped. Keep the
+                // whole block out of circulation (the caller pins the
+                // memory, see `map_batch`).
+                self.pinned_iova.fetch_add(total, Relaxed);
+            } else if let Some(a) = &self.iova {
+                lock(a).free(iovas[0], total);
             }
             return Err(e);
         }

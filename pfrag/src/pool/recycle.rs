@@ -172,6 +172,10 @@ impl<M: DmaMapper> Shared<M> {
     /// half-way).
     pub(super) fn pin_unlisted(&self, c: ChunkPtr<M>) {
         self.counters.pinned.fetch_add(1, Ordering::Relaxed);
+        if let Some(a) = &self.account {
+            // Still charged (the memory is still held), and said so.
+            a.pin(self.cfg.order.size() as u64);
+        }
         lock(&self.pinned).push(c);
     }
 }

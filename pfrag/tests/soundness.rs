@@ -1,0 +1,168 @@
+//! Regressions for the pool's soundness rules: memory is freed or reused
+//! only after the unmap and the invalidation that cover it completed; a
+//! mapping that could not be removed pins its memory for good.
+
+use std::sync::Arc;
+
+use pfrag::dma::{
+    DmaMapper, Domain, Faulty, FaultyConfig, Invalidation, Op, SoftIommu, SoftIommuConfig,
+    Translate,
+};
+use pfrag::frag::{Frag, FragCache};
+use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::{Iova, Order};
+
+fn soft(inv: Invalidation) -> SoftIommu {
+    SoftIommu::new(SoftIommuConfig {
+        invalidation: inv,
+        ..SoftIommuConfig::default()
+    })
+    .unwrap()
+}
+
+fn small_pool<M: DmaMapper>(d: &Arc<Domain<M>>, order: u32, policy: Policy) -> Pool<M> {
+    let mut cfg = PoolConfig::new(Order::new(order).unwrap(), policy);
+    cfg.grow_batch = 4;
+    cfg.high_watermark = 4;
+    cfg.shrink_batch = 4;
+    Pool::new(d.clone(), cfg).unwrap()
+}
+
+/// Reads a frag through the IOMMU, as the device would.
+fn device_sum<M: Translate>(m: &M, iova: Iova, len: usize) -> Option<u64> {
+    let mut sum = 0u64;
+    m.read(iova, len, &mut |s| sum += s.iter().map(|&b| u64::from(b)).sum::<u64>())
+        .ok()?;
+    Some(sum)
+}
+
+/// Defect 3: with lazy invalidation, dropping the pool once freed its
+/// arenas while the IOTLB still translated into them.
+#[test]
+fn lazy_pool_drop_flushes_before_freeing() {
+    let m = Arc::new(soft(Invalidation::Lazy));
+    let d = Arc::new(Domain::new(m.clone()));
+    let pool = small_pool(&d, 2, Policy::Persistent);
+    let mut c = FragCache::new(pool);
+    let mut iovas = Vec::new();
+    for _ in 0..8 {
+        let mut f = c.refill(16 << 10, true).unwrap();
+        f.as_mut_slice().fill(1);
+        // The device reads it: its translation is now in the IOTLB.
+        assert_eq!(device_sum(&*m, f.iova(), f.len()), Some(16 << 10));
+        iovas.push(f.iova());
+    }
+    drop(c);
+    for i in iovas {
+        assert!(m.translate(i, pfrag::dma::Dir::TO_DEVICE).is_err(), "{i}");
+        assert_eq!(device_sum(&*m, i, 64), None);
+    }
+    assert_eq!(m.mapped_pages(), 0);
+    assert_eq!(d.iova_in_use(), 0);
+}
+
+/// The reuse rule under lazy invalidation: a chunk whose unmap waits for a
+/// flush is parked, not handed out, until the flush completed.
+#[test]
+fn lazy_unmapped_chunk_waits_for_its_flush() {
+    let m = Arc::new(soft(Invalidation::Lazy));
+    let d = Arc::new(Domain::new(m.clone()));
+    let pool = small_pool(&d, 0, Policy::PerChunk);
+    let mut c = FragCache::new(pool.clone());
+    let f = c.refill(4096, true).unwrap();
+    let first = f.addr();
+    drop(f);
+    c.release();
+    assert_eq!(pool.parked_chunks(), 1);
+    // Taking again while the flush is pending never hands out that chunk.
+    let mut held: Vec<Frag<_>> = Vec::new();
+    for _ in 0..3 {
+        let f = c.refill(4096, true).unwrap();
+        assert_ne!(f.addr(), first);
+        held.push(f);
+    }
+    m.flush().unwrap();
+    drop(held);
+    c.release();
+    let again: Vec<_> = (0..8).map(|_| c.refill(4096, true).unwrap()).collect();
+    assert!(again.iter().any(|f| f.addr() == first), "reused after the flush");
+}
+
+/// Defect 6, at pool level: unmaps failing while the pool shrinks once left
+/// chunks with a dead IOVA in the free list. Every frag handed out must
+/// translate to its own memory.
+#[test]
+fn failed_shrink_unmaps_pin_chunks_and_hand_out_none() {
+    let m = Arc::new(
+        Faulty::new(
+            soft(Invalidation::Strict),
+            FaultyConfig {
+                seed: 5,
+                unmap_rate: 0.3,
+                ..FaultyConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let d = Arc::new(Domain::new(m.clone()));
+    let pool = small_pool(&d, 0, Policy::Persistent);
+    let mut c = FragCache::new(pool.clone());
+    for round in 0..30 {
+        let frags: Vec<_> = (0..32).map(|_| c.refill(4096, true).unwrap()).collect();
+        for f in &frags {
+            let t = m.translate(f.iova(), pfrag::dma::Dir::TO_DEVICE);
+            assert_eq!(t.map(|t| t.addr).ok(), Some(f.addr()), "round {round}");
+        }
+        drop(frags);
+        c.release();
+    }
+    let st = pool.stats();
+    assert!(st.pinned > 0 && st.unmap_errors > 0, "{st:?}");
+    assert_eq!(d.pinned().iova_bytes, st.pinned * 4096);
+    assert_eq!(m.inner().stats().faults, 0);
+}
+
+/// Defect 7: dropping a pool after a failed unmap once freed arenas that
+/// still translated. The memory now stays allocated (pinned and counted),
+/// and a device reading through the stale mapping reads live memory.
+#[test]
+fn pool_drop_after_failed_unmap_keeps_the_memory() {
+    let m = Arc::new(
+        Faulty::new(
+            soft(Invalidation::Strict),
+            FaultyConfig {
+                fail_nth: Some((Op::Unmap, 1)),
+                ..FaultyConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let d = Arc::new(Domain::new(m.clone()));
+    let pool = small_pool(&d, 1, Policy::Persistent);
+    let mut c = FragCache::new(pool.clone());
+    let mut f = c.refill(100, true).unwrap();
+    f.as_mut_slice().fill(3);
+    let iova = f.iova();
+    drop((f, c, pool));
+    // The drop's one unmap (a whole contiguous arena) failed: still mapped.
+    assert_eq!(m.stats_injected().unmaps, 1);
+    assert_eq!(device_sum(&*m, iova, 100), Some(300));
+    let p = d.pinned();
+    assert_eq!((p.iova_bytes, p.host_bytes), (4 * 8192, 4 * 8192));
+}
+
+/// Defect 1 is a Miri finding (a pool pointer without the Arc's
+/// provenance, given back to `Arc::decrement_strong_count`): this is the
+/// path, run under `cargo +nightly miri test`.
+#[test]
+fn last_chunk_back_after_every_handle_is_gone_frees_the_pool() {
+    let m = Arc::new(soft(Invalidation::Strict));
+    let d = Arc::new(Domain::new(m.clone()));
+    let pool = small_pool(&d, 0, Policy::PerChunk);
+    let mut c = FragCache::new(pool);
+    let f = c.refill(10, true).unwrap();
+    drop(c);
+    std::thread::spawn(move || drop(f)).join().unwrap();
+    assert_eq!(d.iova_in_use(), 0);
+    assert_eq!(m.mapped_pages(), 0);
+}
