@@ -14,7 +14,9 @@ use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
 use pfrag::Order;
 
 fn domain() -> Arc<Domain<SoftIommu>> {
-    Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default()).unwrap()))
+    Arc::new(Domain::new(
+        SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+    ))
 }
 
 fn cache(order: u32, policy: Policy) -> FragCache<SoftIommu> {
@@ -84,10 +86,9 @@ fn map_batch(c: &mut Criterion) {
             b.iter(|| {
                 // SAFETY: `region` outlives every mapping (each is unmapped,
                 // strictly, in this iteration).
-                let iovas = unsafe {
-                    d.map_many(&addrs, size as u64, size as u64, Dir::TO_DEVICE, false)
-                }
-                .expect("map");
+                let iovas =
+                    unsafe { d.map_many(&addrs, size as u64, size as u64, Dir::TO_DEVICE, false) }
+                        .expect("map");
                 let ranges: Vec<_> = iovas.iter().map(|&i| (i, size as u64)).collect();
                 d.unmap_many(&ranges).expect("unmap");
             })
@@ -96,8 +97,8 @@ fn map_batch(c: &mut Criterion) {
             b.iter(|| {
                 for &a in &addrs {
                     // SAFETY: as above.
-                    let i = unsafe { d.map(a, size as u64, size as u64, Dir::TO_DEVICE) }
-                        .expect("map");
+                    let i =
+                        unsafe { d.map(a, size as u64, size as u64, Dir::TO_DEVICE) }.expect("map");
                     d.unmap(i, size as u64).expect("unmap");
                 }
             })

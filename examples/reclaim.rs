@@ -76,7 +76,6 @@ struct Args {
     csv: Option<PathBuf>,
 }
 
-
 const COLUMNS: [&str; 11] = [
     "policy",
     "queues",

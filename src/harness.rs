@@ -91,7 +91,10 @@ pub fn softnic_ring(data: &[u8]) -> Result<(), String> {
             iotlb_entries: 8,
             ..SoftIommuConfig::default()
         };
-        run_ring(Arc::new(SoftIommu::new(cfg).map_err(|e| e.to_string())?), &input)
+        run_ring(
+            Arc::new(SoftIommu::new(cfg).map_err(|e| e.to_string())?),
+            &input,
+        )
     } else {
         run_ring(Arc::new(Identity::new()), &input)
     }
@@ -99,13 +102,13 @@ pub fn softnic_ring(data: &[u8]) -> Result<(), String> {
 
 fn run_ring<M: DmaMapper + Translate + 'static>(m: Arc<M>, input: &RingIn) -> Result<(), String> {
     let domain = Arc::new(Domain::new(m.clone()));
-    let ring = Coherent::new(domain.clone(), RING * 16, Dir::BIDIRECTIONAL)
-        .map_err(|e| e.to_string())?;
+    let ring =
+        Coherent::new(domain.clone(), RING * 16, Dir::BIDIRECTIONAL).map_err(|e| e.to_string())?;
     let mut regions = Vec::new();
     for r in input.regions.iter().take(4) {
         let pages = usize::from(r.pages % 4) + 1;
-        let c = Coherent::new(domain.clone(), pages * 4096, dir(r.dir))
-            .map_err(|e| e.to_string())?;
+        let c =
+            Coherent::new(domain.clone(), pages * 4096, dir(r.dir)).map_err(|e| e.to_string())?;
         c.write(0, &vec![r.fill; pages * 4096])
             .map_err(|e| e.to_string())?;
         regions.push((c, r.fill));

@@ -523,7 +523,9 @@ fn measure<M: DmaMapper + Translate + 'static>(
         faults: runs.iter().map(|r| r.faults).sum(),
         nic: runs
             .iter()
-            .fold(vfio_nic::softnic::NicStats::default(), |a, r| a.plus(&r.nic)),
+            .fold(vfio_nic::softnic::NicStats::default(), |a, r| {
+                a.plus(&r.nic)
+            }),
         start,
         end,
     };

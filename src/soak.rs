@@ -26,9 +26,7 @@ use std::time::Duration;
 
 use pfrag::account::{CountHooks, Limits, MemAccount};
 use pfrag::bounce::SlotSize;
-use pfrag::dma::{
-    Domain, Faulty, FaultyConfig, Invalidation, SoftIommu, SoftIommuConfig,
-};
+use pfrag::dma::{Domain, Faulty, FaultyConfig, Invalidation, SoftIommu, SoftIommuConfig};
 use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
 use pfrag::{Order, PAGE_SIZE};
 use vfio_nic::desc::MAX_PAYLEN;
@@ -46,7 +44,7 @@ impl Rng {
         Rng(seed)
     }
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -55,15 +53,15 @@ impl Rng {
     }
     /// A number in `lo..=hi`.
     pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
+        lo + self.next_u64() % (hi - lo + 1)
     }
     /// One of `items`.
     pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[(self.next() % items.len() as u64) as usize]
+        items[(self.next_u64() % items.len() as u64) as usize]
     }
     /// A share in `0.0..=max`.
     pub fn rate(&mut self, max: f64) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 * max
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * max
     }
 }
 
@@ -134,13 +132,13 @@ impl Phase {
             packets: (packets / queues as u64).max(1),
             limits,
             faults: FaultyConfig {
-                seed: rng.next(),
+                seed: rng.next_u64(),
                 map_rate: rng.rate(0.05),
                 unmap_rate: rng.rate(0.05),
                 flush_rate: rng.rate(0.05),
                 fail_nth: None,
             },
-            seed: rng.next(),
+            seed: rng.next_u64(),
         }
     }
 
@@ -274,7 +272,10 @@ pub fn run_phase(p: &Phase, index: u64, tick: &(dyn Fn(u64) + Sync)) -> Result<T
             })
             .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("queue thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("queue thread panicked".into()))
+            })
             .collect()
     });
     let pool_stats = pool.stats();
@@ -301,9 +302,24 @@ pub fn run_phase(p: &Phase, index: u64, tick: &(dyn Fn(u64) + Sync)) -> Result<T
     // A batch map whose undo failed pins its whole IOVA block, of which
     // only some runs stay mapped: mapped bytes may be fewer than pinned.
     let leaks = [
-        ("mapped bytes", mapped, pinned.iova_bytes, mapped <= pinned.iova_bytes),
-        ("IOVA bytes", iova, pinned.iova_bytes, iova == pinned.iova_bytes),
-        ("charged bytes", acct.bytes, acct.pinned, acct.bytes == acct.pinned),
+        (
+            "mapped bytes",
+            mapped,
+            pinned.iova_bytes,
+            mapped <= pinned.iova_bytes,
+        ),
+        (
+            "IOVA bytes",
+            iova,
+            pinned.iova_bytes,
+            iova == pinned.iova_bytes,
+        ),
+        (
+            "charged bytes",
+            acct.bytes,
+            acct.pinned,
+            acct.bytes == acct.pinned,
+        ),
     ];
     for (what, have, allowed, ok) in leaks {
         if !ok {
@@ -362,7 +378,7 @@ fn drive(
     let max = txq.max_payload();
     let mut since = 0;
     for _ in 0..p.packets {
-        let flow = (rng.next() % p.flows as u64) as usize;
+        let flow = (rng.next_u64() % p.flows as u64) as usize;
         let len = payload_size(&mut rng, max);
         if send(&mut txq, &mut t, flow, len)? {
             t.sent[flow] += len as u64;
@@ -437,7 +453,10 @@ fn verify_queue(txq: &Queue, t: &QueueTally, q: usize) -> Result<(), String> {
         return Err(format!("queue {q}: device stats {st:?}"));
     }
     if txq.in_flight() != 0 {
-        return Err(format!("queue {q}: {} packets outstanding", txq.in_flight()));
+        return Err(format!(
+            "queue {q}: {} packets outstanding",
+            txq.in_flight()
+        ));
     }
     let sent: u64 = t.sent.iter().sum();
     if st.delivered_bytes != sent || t.wire_bytes != sent {
@@ -466,11 +485,11 @@ pub fn soak(
     deadline: Option<std::time::Instant>,
     tick: &(dyn Fn(u64) + Sync),
     on_phase: &mut dyn FnMut(u64, &Phase, &Tally),
-) -> Result<Tally, (Tally, Violation)> {
+) -> Result<Tally, Box<(Tally, Violation)>> {
     let mut rng = Rng::new(seed);
     let mut total = Tally::default();
     let mut i = 0;
-    while total.packets < packets && deadline.is_none_or(|d| std::time::Instant::now() < d) {
+    while total.packets < packets && deadline.map_or(true, |d| std::time::Instant::now() < d) {
         let p = Phase::draw(&mut rng, phase_packets.min(packets - total.packets).max(1));
         match run_phase(&p, i, tick) {
             Ok(t) => {
@@ -483,7 +502,7 @@ pub fn soak(
                 } else {
                     total.corrupted += 1;
                 }
-                return Err((total, v));
+                return Err(Box::new((total, v)));
             }
         }
         i += 1;
@@ -505,7 +524,7 @@ mod tests {
 
     #[test]
     fn a_short_soak_delivers_everything_and_leaks_nothing() {
-        let t = soak(7, 3_000, 300, None, &|_| {}, &mut |_, _, _| {}).map_err(|(_, v)| v);
+        let t = soak(7, 3_000, 300, None, &|_| {}, &mut |_, _, _| {}).map_err(|b| b.1);
         let t = t.unwrap();
         assert!(t.phases >= 10);
         assert_eq!((t.corrupted, t.leaked), (0, 0));

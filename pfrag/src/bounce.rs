@@ -123,7 +123,9 @@ mod tests {
     use crate::mem;
 
     fn ring(slots: usize) -> Ring<SoftIommu> {
-        let d = Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default()).unwrap()));
+        let d = Arc::new(Domain::new(
+            SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+        ));
         Ring::new(d, slots, SlotSize::B128).unwrap()
     }
 

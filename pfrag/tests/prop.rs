@@ -45,7 +45,10 @@ fn device_read(m: &SoftIommu, f: &Frag<SoftIommu>) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(miri) { 4 } else { 48 },
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn random_refill_complete_sequences_hold_the_invariants(

@@ -12,10 +12,13 @@ use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
 use pfrag::{Error, Order};
 
 fn domain() -> Arc<Domain<SoftIommu>> {
-    Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig {
-        invalidation: Invalidation::Strict,
-        ..SoftIommuConfig::default()
-    }).unwrap()))
+    Arc::new(Domain::new(
+        SoftIommu::new(SoftIommuConfig {
+            invalidation: Invalidation::Strict,
+            ..SoftIommuConfig::default()
+        })
+        .unwrap(),
+    ))
 }
 
 fn config(order: u32, reclaim: Reclaim, queues: usize) -> PoolConfig {

@@ -31,8 +31,10 @@ fn small_pool<M: DmaMapper>(d: &Arc<Domain<M>>, order: u32, policy: Policy) -> P
 /// Reads a frag through the IOMMU, as the device would.
 fn device_sum<M: Translate>(m: &M, iova: Iova, len: usize) -> Option<u64> {
     let mut sum = 0u64;
-    m.read(iova, len, &mut |s| sum += s.iter().map(|&b| u64::from(b)).sum::<u64>())
-        .ok()?;
+    m.read(iova, len, &mut |s| {
+        sum += s.iter().map(|&b| u64::from(b)).sum::<u64>()
+    })
+    .ok()?;
     Some(sum)
 }
 
@@ -85,7 +87,10 @@ fn lazy_unmapped_chunk_waits_for_its_flush() {
     drop(held);
     c.release();
     let again: Vec<_> = (0..8).map(|_| c.refill(4096, true).unwrap()).collect();
-    assert!(again.iter().any(|f| f.addr() == first), "reused after the flush");
+    assert!(
+        again.iter().any(|f| f.addr() == first),
+        "reused after the flush"
+    );
 }
 
 /// Defect 6, at pool level: unmaps failing while the pool shrinks once left

@@ -286,11 +286,7 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
     /// The most payload one packet may carry: the pool's limit, and the
     /// 82576's 18-bit PAYLEN.
     pub fn max_payload(&self) -> usize {
-        self.cache
-            .pool()
-            .config()
-            .max_payload
-            .min(desc::MAX_PAYLEN)
+        self.cache.pool().config().max_payload.min(desc::MAX_PAYLEN)
     }
 
     /// Posts one packet of `len` payload bytes on `flow` (not yet visible to

@@ -438,7 +438,9 @@ mod tests {
 
     #[test]
     fn coherent_region_is_mapped_for_its_life() {
-        let d = Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default()).unwrap()));
+        let d = Arc::new(Domain::new(
+            SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+        ));
         let c = Coherent::new(d.clone(), 100, Dir::BIDIRECTIONAL).unwrap();
         c.write_u32(8, 0xdead_beef).unwrap();
         assert_eq!(c.read_u32(8).unwrap(), 0xdead_beef);

@@ -30,8 +30,8 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use super::{
-    Dir, DmaMapper, Fault, IovaSpace, MapStats, Mapping, PageSizes, Translate,
-    Translation, Unmapped,
+    Dir, DmaMapper, Fault, IovaSpace, MapStats, Mapping, PageSizes, Translate, Translation,
+    Unmapped,
 };
 use crate::addr::Iova;
 use crate::error::{Error, Result};
@@ -254,7 +254,6 @@ impl<M: Translate> Translate for Faulty<M> {
         self.inner.write(iova, src)
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,8 @@ fn iommu(inv: Invalidation) -> SoftIommu {
         invalidation: inv,
         flush_queue: 4,
         ..SoftIommuConfig::default()
-    }).unwrap()
+    })
+    .unwrap()
 }
 
 /// Maps a made-up host address. Sound only because these tests never let a
@@ -135,7 +136,8 @@ fn superpage_is_one_pte_and_one_iotlb_entry() {
     let m = SoftIommu::new(SoftIommuConfig {
         superpages: true,
         ..SoftIommuConfig::default()
-    }).unwrap();
+    })
+    .unwrap();
     // SAFETY: as in `map`: this test only translates.
     unsafe {
         m.map(&Mapping {
@@ -169,7 +171,8 @@ fn cost_model_is_kept_apart() {
             miss_ns: 10.0,
         }),
         ..SoftIommuConfig::default()
-    }).unwrap();
+    })
+    .unwrap();
     map(&m, 0x10_0000, 0x7000_0000, 0x2000, Dir::TO_DEVICE).unwrap();
     m.translate(Iova(0x10_0000), Dir::TO_DEVICE).unwrap();
     m.unmap(Iova(0x10_0000), 0x2000).unwrap();
@@ -182,7 +185,7 @@ fn iova_outside_the_domain_faults_instead_of_aliasing() {
     let m = iommu(Invalidation::Strict);
     map(&m, 0x10_0000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
     // Bits above 47 were once ignored: this IOVA aliased the page at 0x100000.
-    for iova in [0x1_0000_0010_0000u64, 1 << 48, u64::MAX & !0xfff] {
+    for iova in [0x1_0000_0010_0000u64, 1 << 48, !0xfffu64] {
         let f = m.translate(Iova(iova), Dir::TO_DEVICE).unwrap_err();
         assert_eq!(f.iova, Iova(iova));
         assert_eq!(m.faults().last().unwrap().reason, FaultReason::OutOfRange);
@@ -218,6 +221,9 @@ fn settings_out_of_range_are_typed_errors() {
             }),
             ..SoftIommuConfig::default()
         }),
-        Error::BadFloat { what: "cost miss ns", .. }
+        Error::BadFloat {
+            what: "cost miss ns",
+            ..
+        }
     ));
 }

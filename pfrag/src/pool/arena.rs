@@ -134,7 +134,10 @@ impl<M: DmaMapper> Shared<M> {
             })
             .collect();
         arenas.push(Arena::new(region, chunks));
-        let ptrs = arenas.last().map(|a| a.ptrs().collect()).unwrap_or_default();
+        let ptrs = arenas
+            .last()
+            .map(|a| a.ptrs().collect())
+            .unwrap_or_default();
         Ok((ptrs, huge))
     }
 
@@ -270,7 +273,10 @@ impl<M: DmaMapper> Shared<M> {
                 stuck.then_some(c.get().addr.raw() as u64)
             })
             .collect();
-        (move |c: ChunkPtr<M>| stuck.contains(&(c.get().addr.raw() as u64)), err)
+        (
+            move |c: ChunkPtr<M>| stuck.contains(&(c.get().addr.raw() as u64)),
+            err,
+        )
     }
 }
 

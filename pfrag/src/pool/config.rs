@@ -63,7 +63,7 @@ impl Policy {
     }
 }
 
-/// Settings of a [`Pool`].
+/// Settings of a [`Pool`](super::Pool).
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
     /// Chunk order.
@@ -159,4 +159,3 @@ impl PoolConfig {
         Ok(self)
     }
 }
-

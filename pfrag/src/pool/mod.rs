@@ -36,8 +36,8 @@ mod recycle;
 mod stats;
 
 pub use config::{Policy, PoolConfig, Reclaim};
-pub use stats::{PoolStats, QueueStats};
 use stats::QueueCounters;
+pub use stats::{PoolStats, QueueStats};
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;

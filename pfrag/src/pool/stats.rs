@@ -109,4 +109,3 @@ pub(super) struct QueueCounters {
     pub(super) skipped_pressured: AtomicU64,
     pub(super) pressure_flags: AtomicU64,
 }
-
