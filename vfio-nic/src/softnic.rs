@@ -108,6 +108,10 @@ impl NicStats {
     }
 }
 
+/// Most data buffers one packet may chain (the TX queue's default
+/// `max_bufs`); a longer chain is a malformed packet.
+pub const MAX_BUFS: usize = 64;
+
 /// The largest header the model parses.
 const MAX_HDR: usize = 256;
 
@@ -543,9 +547,17 @@ impl<T: Translate> TxDevice for SoftNic<T> {
                         self.first = Some(d);
                     }
                     self.bufs.push((Iova(d.addr), usize::from(d.len())));
-                    let last = d.addr + u64::from(d.len()).max(1) - 1;
+                    let last = d.addr.saturating_add(u64::from(d.len()).max(1) - 1);
                     if d.addr / pfrag::PAGE_SIZE != last / pfrag::PAGE_SIZE {
                         self.stats.page_crossing_bufs += 1;
+                    }
+                    if self.bufs.len() > MAX_BUFS {
+                        // More buffers than one packet may have: a broken
+                        // chain (no EOP). Drop it rather than grow forever.
+                        self.stats.bad_desc += 1;
+                        self.bufs.clear();
+                        self.first = None;
+                        continue;
                     }
                     if d.cmd().contains(Dcmd::EOP) {
                         self.process();

@@ -257,7 +257,9 @@ pub fn parse_iommu_info(b: &[u8]) -> IommuInfo {
         hops += 1;
         let id = u32::from(u16::from_le_bytes([b[at], b[at + 1]]));
         let next = le32(b, at + 4).unwrap_or(0) as usize;
-        if id == VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE {
+        if id == VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE && info.ranges.is_empty() {
+            // The kernel reports one range capability; a repeated one is
+            // malformed and ignored.
             let first = at + caph + 8;
             let step = std::mem::size_of::<vfio_iova_range>();
             let room = b.len().saturating_sub(first) / step;

@@ -222,3 +222,41 @@ fn descriptor_at_an_unmapped_address_faults_without_an_iommu() {
     assert_eq!((st.faults, st.frames, st.delivered_bytes), (2, 0, 0));
     assert!(id.stats().faults >= 2);
 }
+
+/// Found by fuzzing: a buffer address near the top of the 64-bit space once
+/// overflowed the model's page arithmetic. It is a fault like any other.
+#[test]
+fn descriptor_address_at_the_top_of_iova_space_is_a_fault() {
+    let id = Arc::new(Identity::new());
+    let domain = Arc::new(Domain::new(id.clone()));
+    let ring = Coherent::new(domain, 8 * 16, Dir::BIDIRECTIONAL).unwrap();
+    let mut nic = SoftNic::new(id, SoftNicConfig::default());
+    nic.attach(ring.iova(), 8).unwrap();
+    let cmd = Dcmd::EOP | Dcmd::RS;
+    let w = Desc::Data(Data::new(u64::MAX - 10, 100, cmd, 100, Popts::empty())).encode();
+    ring.write_u64(0, w[0]).unwrap();
+    ring.write_u64(8, w[1]).unwrap();
+    nic.kick(1).unwrap();
+    assert_eq!(nic.stats().faults + nic.stats().bad_desc, 1);
+}
+
+/// Found by fuzzing too: a chain of data descriptors without EOP once grew
+/// the model's buffer list without bound; past `MAX_BUFS` it is dropped.
+#[test]
+fn endless_chain_without_eop_is_dropped() {
+    let id = Arc::new(Identity::new());
+    let domain = Arc::new(Domain::new(id.clone()));
+    let ring = Coherent::new(domain, 8 * 16, Dir::BIDIRECTIONAL).unwrap();
+    let mut nic = SoftNic::new(id, SoftNicConfig::default());
+    nic.attach(ring.iova(), 8).unwrap();
+    let w = Desc::Data(Data::new(0x1000, 100, Dcmd::empty(), 0, Popts::empty())).encode();
+    for i in 0..8 {
+        ring.write_u64(i * 16, w[0]).unwrap();
+        ring.write_u64(i * 16 + 8, w[1]).unwrap();
+    }
+    for k in 0..20u16 {
+        nic.kick((k * 5 + 5) % 8).unwrap();
+    }
+    assert!(nic.stats().bad_desc >= 1);
+    assert_eq!(nic.stats().packets, 0);
+}
