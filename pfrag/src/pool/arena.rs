@@ -312,10 +312,14 @@ impl<M: DmaMapper> Drop for Shared<M> {
 }
 
 impl<M: DmaMapper> Shared<M> {
-    /// Leaks (on purpose) every arena that holds a pinned chunk, so that a
-    /// device that can still reach the chunk never reaches freed memory;
-    /// the arena's other chunks give their pages back. Counts the pinned
-    /// bytes in the domain.
+    /// Keeps (leaks on purpose) every arena that holds a pinned chunk, so
+    /// that a device that can still reach the chunk never reaches memory
+    /// reused by another allocation: the address range stays mapped for
+    /// good. Its pages go back to the kernel (`MADV_DONTNEED`): a device
+    /// reading through a stale translation sees zeroes, never someone
+    /// else's data, and a process whose unmaps keep failing does not grow
+    /// its resident set without bound. Counts the pinned bytes in the
+    /// domain.
     fn keep_pinned_arenas(&mut self) {
         let size = self.cfg.order.size();
         let pinned = std::mem::take(&mut *lock(&self.pinned));
@@ -327,13 +331,10 @@ impl<M: DmaMapper> Shared<M> {
         }
         self.domain.pin_host((pinned.len() * size) as u64);
         for a in arenas.iter().filter(|a| a.pinned) {
-            for (i, c) in a.ptrs().enumerate() {
-                if !pinned.contains(&c) {
-                    // SAFETY: this chunk is unmapped, its invalidation done,
-                    // and it is in no list or frag (the pool is going away).
-                    let _ = unsafe { a.region.release(i * size, size) };
-                }
-            }
+            // SAFETY: the pool is going away: no frag, list or cache can
+            // reach this memory any more, and the region stays mapped in the
+            // process for good (a pinned arena's region is never dropped).
+            let _ = unsafe { a.region.release(0, a.region.len()) };
         }
         // Dropping an arena frees its memory unless it is pinned.
         drop(arenas);
