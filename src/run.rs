@@ -800,3 +800,49 @@ pub fn limit(cfg: &RunConfig) -> Row {
         ..Row::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Defect 10: a row's Gbit/s counts bytes the device delivered intact,
+    /// never bytes posted: a run whose packets all faulted shows 0.
+    #[test]
+    fn gbit_s_counts_delivered_bytes_only() {
+        let cfg = RunConfig {
+            order: 4,
+            policy: Policy::Persistent,
+            iommu: IommuMode::Strict,
+            header: HeaderMode::Mapped,
+            fit_whole: true,
+            payload: 1000,
+            flows: 1,
+            packets: 10,
+            warmup: 0,
+            ring: 64,
+            burst: 1,
+            iotlb_entries: 128,
+            hugepages: false,
+            touch: Touch::Checksum,
+            cost: CostModel::default(),
+            queues: 1,
+            skew: None,
+            reclaim: Reclaim::Eager,
+            workload: Workload::Fixed,
+            limits: Limits::UNLIMITED,
+        };
+        let m = |delivered| Measured {
+            map: pfrag::dma::MapStats::default(),
+            packets: 10,
+            bytes: 10_000,
+            delivered,
+            descs: 30,
+            waste: 0,
+            ns: 1000.0,
+            pool: pfrag::pool::PoolStats::default(),
+            delta: pfrag::pool::PoolStats::default(),
+        };
+        assert_eq!(m(0).row("soft", &cfg).gbit_s, 0.0);
+        assert_eq!(m(5_000).row("soft", &cfg).gbit_s, 40.0);
+    }
+}

@@ -53,6 +53,38 @@ fn two_skewed_queues_share_one_pool_and_verify_every_byte() {
         assert_eq!(r.bytes_verified, r.packets * 16_000, "{}", r.queue);
     }
     assert_eq!(total.pressure_hook_calls, total.pressure_transitions);
+    // Defect 11: the mapper is shared, so per-queue rows cannot measure its
+    // counters: those cells are empty, not 0. The total row has them.
+    let cols = pfrag_lab::report::COLUMNS;
+    let cell = |r: &pfrag_lab::Row, name: &str| {
+        let i = cols.iter().position(|c| *c == name).unwrap();
+        pfrag_lab::report::record(r)[i].clone()
+    };
+    for name in [
+        "maps_per_pkt",
+        "invalidations_per_pkt",
+        "iotlb_misses_per_pkt",
+        "model_iommu_ns_per_pkt",
+    ] {
+        assert_eq!(cell(q0, name), "", "{name}");
+        assert_ne!(cell(total, name), "", "{name}");
+    }
+    // Defect 12: the IOTLB size is a column.
+    assert_eq!(cell(total, "iotlb_entries"), "128");
+    // Defect 10: throughput is delivered bits over measured time.
+    let ns = total.ns_per_pkt * total.packets as f64;
+    let delivered = total.gbit_s * ns / 8.0;
+    assert!((delivered - total.bytes_verified as f64).abs() < 1.0);
+}
+
+#[test]
+fn payload_past_paylen_is_refused_before_running() {
+    let mut c = config(1, Reclaim::Eager, Workload::Fixed, 100);
+    c.payload = 262_144;
+    match run(&c, &mut |_| {}) {
+        Err(pfrag_lab::run::RunError::Setting(s)) => assert!(s.contains("262143"), "{s}"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]

@@ -164,7 +164,22 @@ pub(crate) fn in_runs(runs: &[(Iova, u64)], iova: Iova) -> bool {
 /// by the device models of this workspace through [`Translate`]), so the
 /// caller promises the memory stays allocated for as long as any
 /// translation of it may exist. Pools and [`Coherent`] regions keep that
-/// promise for you; map through them unless you own raw memory.
+/// promise for you; map through them unless you own raw memory. Safe code
+/// cannot map an address it made up:
+///
+/// ```compile_fail
+/// use pfrag::dma::{Dir, DmaMapper, Identity, Mapping};
+/// use pfrag::{Iova, VirtAddr};
+/// let m = Identity::new();
+/// let bogus = Mapping {
+///     iova: Iova(0x1000),
+///     addr: VirtAddr(0x1000),
+///     len: 4096,
+///     dir: Dir::TO_DEVICE,
+///     huge: false,
+/// };
+/// m.map(&bogus).unwrap(); // error: call to unsafe function
+/// ```
 pub trait DmaMapper: Send + Sync {
     /// Installs one translation.
     ///
