@@ -145,6 +145,7 @@ fn run_ring<M: DmaMapper + Translate + 'static>(m: Arc<M>, input: &RingIn) -> Re
         SoftNicConfig {
             touch,
             capture: input.checksum,
+            verify: input.lazy,
         },
     );
     nic.attach(ring.iova(), RING as u16)

@@ -14,6 +14,7 @@ use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
 use pfrag::Order;
 use vfio_nic::csum::Csum;
 use vfio_nic::device::TxDevice;
+use vfio_nic::gen::Traffic;
 use vfio_nic::igb::{Igb, IgbConfig};
 use vfio_nic::pattern;
 use vfio_nic::softnic::{SoftNic, SoftNicConfig, Touch};
@@ -301,12 +302,16 @@ pub fn run(cfg: &RunConfig, tick: &mut dyn FnMut(u64)) -> Result<Vec<Row>, RunEr
     }
 }
 
+/// The TCP MSS of the generated traffic (a 1500-byte MTU).
+pub const MSS: u16 = 1448;
+
 /// How long a queue may go without completing anything before the run
 /// fails (a stuck device), instead of waiting forever.
 const STALL: Duration = Duration::from_secs(10);
 
 fn pump<M: DmaMapper, D: TxDevice>(
     q: &mut TxQueue<M, D>,
+    gen: &mut Traffic<M>,
     cfg: &RunConfig,
     n: u64,
     rng: &mut Rng,
@@ -319,7 +324,7 @@ fn pump<M: DmaMapper, D: TxDevice>(
         bytes += len as u64;
         let mut full_since: Option<Instant> = None;
         loop {
-            match q.send(flow, len) {
+            match gen.send(q, flow, len) {
                 Ok(()) => break,
                 Err(e) if e.is_backoff() => {
                     q.kick()?;
@@ -428,13 +433,13 @@ fn measure<M: DmaMapper + Translate + 'static>(
             SoftNicConfig {
                 touch: cfg.touch,
                 capture: false,
+                verify: true,
             },
         );
         let tx = TxConfig {
             ring: cfg.ring,
             header: cfg.header,
             fit_whole: cfg.fit_whole,
-            flows: cfg.flows,
             queue: i,
             ..TxConfig::default()
         };
@@ -443,17 +448,20 @@ fn measure<M: DmaMapper + Translate + 'static>(
         };
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
         let setup = TxQueue::new(domain.clone(), pool.clone(), nic, tx)
+            .and_then(|q| Ok((q, Traffic::new(cfg.flows, MSS)?)))
             .map_err(RunError::from)
-            .and_then(|mut q| pump(&mut q, cfg, cfg.warmup, &mut rng, &mut tick).map(|_| q));
+            .and_then(|(mut q, mut g)| {
+                pump(&mut q, &mut g, cfg, cfg.warmup, &mut rng, &mut tick).map(|_| (q, g))
+            });
         // Every thread passes every barrier, even after an error, so that
         // none waits forever.
         warmed.wait();
         go.wait();
         let t0 = Instant::now();
-        let measured = setup.and_then(|mut q| {
+        let measured = setup.and_then(|(mut q, mut g)| {
             let snap = (q.device().stats(), q.stats(), q.cache().stats());
             let packets = share(cfg.packets, queues, i, cfg.skew);
-            let bytes = pump(&mut q, cfg, packets, &mut rng, &mut tick)?;
+            let bytes = pump(&mut q, &mut g, cfg, packets, &mut rng, &mut tick)?;
             Ok((q, snap, packets, bytes, Instant::now()))
         });
         finished.fetch_add(1, Ordering::Release);
@@ -688,20 +696,20 @@ pub fn run_vfio(
         ring: cfg.ring,
         header: cfg.header,
         fit_whole: cfg.fit_whole,
-        flows: cfg.flows,
         boundary: Some(pfrag::PAGE_SIZE as usize),
         ..TxConfig::default()
     };
     let mut q = TxQueue::new(domain, pool.clone(), nic, tx)?;
+    let mut gen = Traffic::new(cfg.flows, MSS)?;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    pump(&mut q, cfg, cfg.warmup, &mut rng, tick)?;
+    pump(&mut q, &mut gen, cfg, cfg.warmup, &mut rng, tick)?;
 
     let magic = crate::vm::MARK_MAGIC | (window & 0x7f_ffff) << 1;
     let (m0, q0, c0, pool0) = (mapper.stats(), q.stats(), q.cache().stats(), pool.stats());
     let g0 = q.device_mut().stats()?.good_packets;
     q.device().mark(magic)?;
     let t0 = Instant::now();
-    let bytes = pump(&mut q, cfg, cfg.packets, &mut rng, tick)?;
+    let bytes = pump(&mut q, &mut gen, cfg, cfg.packets, &mut rng, tick)?;
     let ns = t0.elapsed().as_nanos() as f64;
     q.device().mark(magic | 1)?;
     let m = mapper.stats().since(&m0);

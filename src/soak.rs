@@ -30,6 +30,7 @@ use pfrag::dma::{Domain, Faulty, FaultyConfig, Invalidation, SoftIommu, SoftIomm
 use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
 use pfrag::{Order, PAGE_SIZE};
 use vfio_nic::desc::MAX_PAYLEN;
+use vfio_nic::gen::Traffic;
 use vfio_nic::softnic::{SoftNic, SoftNicConfig};
 use vfio_nic::txq::{HeaderMode, TxConfig, TxQueue};
 use vfio_nic::wire::WireCheck;
@@ -355,10 +356,10 @@ fn drive(
         ring: p.ring,
         header: p.header,
         fit_whole: p.fit_whole,
-        flows: p.flows,
         queue: q,
         ..TxConfig::default()
     };
+    let mut gen = Traffic::new(p.flows, 1448).map_err(|e| e.to_string())?;
     let mut txq = match TxQueue::new(domain, pool, nic, cfg) {
         Ok(t) => t,
         // Setting up can meet an injected map failure: a clean refusal.
@@ -380,7 +381,9 @@ fn drive(
     for _ in 0..p.packets {
         let flow = (rng.next_u64() % p.flows as u64) as usize;
         let len = payload_size(&mut rng, max);
-        if send(&mut txq, &mut t, flow, len)? {
+        // Half the packets zero-copy, half through the copying send.
+        let copy = rng.next_u64() % 2 == 0;
+        if send(&mut txq, &mut gen, copy, &mut t, flow, len)? {
             t.sent[flow] += len as u64;
             t.packets += 1;
         } else {
@@ -414,9 +417,21 @@ fn payload_size(rng: &mut Rng, max: usize) -> usize {
 
 /// Sends one packet, reaping and retrying while the ring or memory is
 /// full. `Ok(false)`: refused with a typed error and skipped.
-fn send(txq: &mut Queue, t: &mut QueueTally, flow: usize, len: usize) -> Result<bool, String> {
+fn send(
+    txq: &mut Queue,
+    gen: &mut Traffic<Mapper>,
+    copy: bool,
+    t: &mut QueueTally,
+    flow: usize,
+    len: usize,
+) -> Result<bool, String> {
     loop {
-        match txq.send(flow, len) {
+        let r = if copy {
+            gen.send_copied(txq, flow, len)
+        } else {
+            gen.send(txq, flow, len)
+        };
+        match r {
             Ok(()) => return Ok(true),
             Err(e) if e.is_backoff() => {
                 txq.kick().map_err(|e| e.to_string())?;

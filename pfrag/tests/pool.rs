@@ -32,7 +32,7 @@ fn cache(order: u32, policy: Policy) -> (Arc<Domain<SoftIommu>>, FragCache<SoftI
 /// orders of magnitude slower); the properties checked stay the same.
 fn n(full: usize) -> usize {
     if cfg!(miri) {
-        (full / 40).max(4)
+        (full / 400).max(4)
     } else {
         full
     }
@@ -364,7 +364,7 @@ fn frags_completed_on_another_thread_recycle_every_chunk() {
             n
         });
         let mut sent = 0u64;
-        for i in 0..n(20_000) / if cfg!(miri) { 10 } else { 1 } {
+        for i in 0..n(20_000) {
             let mut v = Vec::new();
             c.frags(100 + (i * 37) % 9000, i % 3 == 0, &mut v).unwrap();
             sent += v.len() as u64;

@@ -157,12 +157,22 @@ impl Data {
 impl Context {
     /// A TCP/IPv4 context: header lengths and, for TSO, the MSS.
     pub fn tcp_ipv4(maclen: u8, iplen: u16, l4len: u8, mss: u16) -> Context {
+        Context::ipv4(maclen, iplen, l4len, mss, true)
+    }
+    /// An IPv4 context for TCP (`tcp`) or UDP: header lengths and, for TSO,
+    /// the MSS.
+    pub fn ipv4(maclen: u8, iplen: u16, l4len: u8, mss: u16, tcp: bool) -> Context {
+        let l4t = if tcp { Tucmd::L4T_TCP } else { Tucmd::empty() };
         Context {
             vlan_macip_lens: (u32::from(maclen) << MACLEN_SHIFT) | (u32::from(iplen) & IPLEN_MASK),
             seqnum_seed: 0,
-            type_tucmd_mlhl: (Tucmd::IPV4 | Tucmd::L4T_TCP).bits() | DTYP_CTXT | Dcmd::DEXT.bits(),
+            type_tucmd_mlhl: (Tucmd::IPV4 | l4t).bits() | DTYP_CTXT | Dcmd::DEXT.bits(),
             mss_l4len_idx: (u32::from(mss) << MSS_SHIFT) | (u32::from(l4len) << L4LEN_SHIFT),
         }
+    }
+    /// Whether the L4 protocol is TCP (else UDP).
+    pub fn is_tcp(&self) -> bool {
+        Tucmd::from_bits_truncate(self.type_tucmd_mlhl).contains(Tucmd::L4T_TCP)
     }
     /// MACLEN.
     pub fn maclen(&self) -> usize {

@@ -39,6 +39,14 @@ pub enum Error {
         /// The most this queue can carry in one packet.
         max: usize,
     },
+    /// Headers the requested offload cannot use; nothing was posted.
+    #[error("headers cannot carry {offload}: {why}")]
+    BadHeaders {
+        /// The offload asked for.
+        offload: &'static str,
+        /// What is wrong with the headers.
+        why: crate::offload::HeaderFault,
+    },
     /// A setting outside the range the device or driver accepts.
     #[error("{what} = {value} is out of range ({min}..={max})")]
     OutOfRange {

@@ -25,7 +25,8 @@
 //! let nic = Igb::new(pci, IgbConfig::default())?;
 //! let pool = Pool::new(domain.clone(), PoolConfig::new(Order::new(4)?, Policy::Persistent))?;
 //! let mut q = TxQueue::new(domain, pool, nic, TxConfig::default())?;
-//! q.send(0, 65160)?;
+//! let headers = [0u8; 14]; // a raw frame start: no offload asked for
+//! q.send(&headers, &[0u8; 1000], vfio_nic::offload::Offload::None, 1)?;
 //! q.kick()?;
 //! q.wait(Duration::from_secs(1))?;
 //! # Ok::<(), vfio_nic::Error>(())

@@ -39,6 +39,11 @@ pub struct SoftNicConfig {
     pub touch: Touch,
     /// Keep every frame sent (for tests; only with [`Touch::Checksum`]).
     pub capture: bool,
+    /// Check every payload byte against its flow's test pattern (the lab's
+    /// traffic generator writes it; `bytes_verified` counts matches). Off
+    /// for a driver's own payloads, which the model then only reads,
+    /// checksums and segments.
+    pub verify: bool,
 }
 
 impl Default for SoftNicConfig {
@@ -46,6 +51,7 @@ impl Default for SoftNicConfig {
         SoftNicConfig {
             touch: Touch::Checksum,
             capture: false,
+            verify: true,
         }
     }
 }
@@ -128,6 +134,10 @@ struct Packet {
     paylen: usize,
     mss: usize,
     popts: Popts,
+    /// TCP (else UDP), from the context descriptor.
+    tcp: bool,
+    /// Check the payload against the flow's pattern.
+    verify: bool,
 }
 
 impl Packet {
@@ -236,8 +246,10 @@ impl<'a> Segmenter<'a> {
             let take = s.len().min(self.len - self.fill);
             let off = self.k * self.pkt.mss + self.fill;
             let piece = &s[..take];
-            let at = self.pkt.stream0().wrapping_add(off as u32);
-            self.ok &= pattern::verify(self.pkt.flow, at, piece);
+            if self.pkt.verify {
+                let at = self.pkt.stream0().wrapping_add(off as u32);
+                self.ok &= pattern::verify(self.pkt.flow, at, piece);
+            }
             self.sum.add(piece);
             if let Some(f) = self.frame.as_mut() {
                 f.extend_from_slice(piece);
@@ -268,26 +280,36 @@ impl<'a> Segmenter<'a> {
         }
         let off = self.k * p.mss;
         let t = &mut h[tcp..tcp + l4len];
-        t[4..8].copy_from_slice(&p.seq0.wrapping_add(off as u32).to_be_bytes());
-        if self.k + 1 < self.nseg {
-            t[13] &= !0x09; // FIN and PSH only on the last segment
-        }
+        // Where the L4 checksum goes, and the protocol for its pseudo-header.
+        let (at, proto) = if p.tcp {
+            t[4..8].copy_from_slice(&p.seq0.wrapping_add(off as u32).to_be_bytes());
+            if self.k + 1 < self.nseg {
+                t[13] &= !0x09; // FIN and PSH only on the last segment
+            }
+            (16, 6)
+        } else {
+            (6, 17)
+        };
         if p.popts.contains(Popts::TXSM) {
-            t[16..18].fill(0);
+            t[at..at + 2].fill(0);
             let mut c = Csum::new();
             c.add(&h[maclen + 12..maclen + 20]); // source and destination
-            c.add_u16(6);
+            c.add_u16(proto);
             c.add_u16((l4len + self.len) as u16);
             c.add(&h[tcp..tcp + l4len]);
             c.add_u16(self.sum.sum());
-            h[tcp + 16..tcp + 18].copy_from_slice(&c.finish().to_be_bytes());
+            let mut sum = c.finish();
+            if !p.tcp && sum == 0 {
+                sum = 0xffff; // UDP sends a computed zero as all ones
+            }
+            h[tcp + at..tcp + at + 2].copy_from_slice(&sum.to_be_bytes());
         }
         if let Some(mut fr) = self.frame.take() {
             fr[..hlen].copy_from_slice(&h[..hlen]);
             self.frames.push(fr);
         }
         self.out.frames += 1;
-        if self.ok {
+        if self.ok && p.verify {
             self.out.verified += self.len as u64;
         }
         self.out.ok &= self.ok;
@@ -394,7 +416,13 @@ impl<T: Translate> SoftNic<T> {
         let (maclen, iplen, l4len) = (ctx.maclen(), ctx.iplen(), ctx.l4len());
         let hlen = maclen + iplen + l4len;
         let tse = first.cmd().contains(Dcmd::TSE);
-        if hlen > MAX_HDR || hlen > total || iplen < 20 || l4len < 20 || maclen < 14 {
+        let tcp_ctx = ctx.is_tcp();
+        let l4_ok = if tcp_ctx {
+            l4len >= 20
+        } else {
+            l4len == 8 && !tse
+        };
+        if hlen > MAX_HDR || hlen > total || iplen < 20 || !l4_ok || maclen < 14 {
             return Ok(None);
         }
         let paylen = total - hlen;
@@ -411,10 +439,17 @@ impl<T: Translate> SoftNic<T> {
         })?;
         let tcp = maclen + iplen;
         let sport = u16::from_be_bytes([hdr[tcp], hdr[tcp + 1]]);
-        let Some(fl) = flow::flow_of_port(sport) else {
-            return Ok(None);
+        let verify = self.cfg.verify;
+        let fl = match flow::flow_of_port(sport) {
+            Some(f) => f,
+            None if !verify => 0,
+            None => return Ok(None),
         };
-        let seq0 = u32::from_be_bytes([hdr[tcp + 4], hdr[tcp + 5], hdr[tcp + 6], hdr[tcp + 7]]);
+        let seq0 = if tcp_ctx {
+            u32::from_be_bytes([hdr[tcp + 4], hdr[tcp + 5], hdr[tcp + 6], hdr[tcp + 7]])
+        } else {
+            flow::isn(fl)
+        };
         Ok(Some((
             Packet {
                 maclen,
@@ -425,6 +460,8 @@ impl<T: Translate> SoftNic<T> {
                 paylen,
                 mss,
                 popts: first.popts(),
+                tcp: tcp_ctx,
+                verify,
             },
             hdr,
         )))
@@ -436,6 +473,10 @@ impl<T: Translate> SoftNic<T> {
             self.stats.bad_desc += 1;
             return;
         };
+        if first.popts().is_empty() && !first.cmd().contains(Dcmd::TSE) {
+            self.raw(first);
+            return;
+        }
         let (pkt, hdr) = match self.parse(first) {
             Ok(Some(p)) => p,
             Ok(None) => {
@@ -468,6 +509,33 @@ impl<T: Translate> SoftNic<T> {
         self.frames.extend(frames);
     }
 
+    /// A packet without offloads: its bytes go out as one frame, as given.
+    fn raw(&mut self, first: Data) {
+        let total: usize = self.bufs.iter().map(|b| b.1).sum();
+        if first.paylen() as usize != total {
+            self.stats.bad_desc += 1;
+            return;
+        }
+        let mut frame = Vec::with_capacity(if self.cfg.capture { total } else { 0 });
+        let capture = self.cfg.capture;
+        let read = read_range(&self.iommu, &self.bufs, 0, total, &mut |s| {
+            if capture {
+                frame.extend_from_slice(s);
+            }
+        });
+        if read.is_err() {
+            self.stats.faults += 1;
+            return;
+        }
+        self.stats.pages += self.count_pages();
+        self.stats.payload_bytes += total as u64;
+        self.stats.delivered_bytes += total as u64;
+        self.stats.frames += 1;
+        if capture {
+            self.frames.push(frame);
+        }
+    }
+
     /// Reads one cache line at the start of every 4 KiB page of the payload.
     fn touch_pages(&self, hlen: usize, pkt: &Packet) -> Result<(Outcome, Vec<Vec<u8>>), Fault> {
         let mut out = Outcome {
@@ -484,8 +552,10 @@ impl<T: Translate> SoftNic<T> {
                 let take = (len - off).min(64).min(page_left);
                 let stream = pkt.stream0().wrapping_add((pos + off - hlen) as u32);
                 self.iommu.read(at, take, &mut |s| {
-                    out.ok &= pattern::verify(pkt.flow, stream, s);
-                    out.verified += s.len() as u64;
+                    if pkt.verify {
+                        out.ok &= pattern::verify(pkt.flow, stream, s);
+                        out.verified += s.len() as u64;
+                    }
                 })?;
                 off += page_left.min(len - off);
             }

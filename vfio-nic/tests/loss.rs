@@ -10,17 +10,48 @@ use pfrag::pool::{Policy, Pool, PoolConfig};
 use pfrag::Order;
 use vfio_nic::desc::{self, Context, Data, Dcmd, Desc, Popts};
 use vfio_nic::device::TxDevice;
+use vfio_nic::gen::Traffic;
 use vfio_nic::softnic::{SoftNic, SoftNicConfig};
 use vfio_nic::txq::{HeaderMode, TxConfig, TxQueue};
 use vfio_nic::wire::WireCheck;
 use vfio_nic::Error;
 
 type Mapper = Arc<Faulty<SoftIommu>>;
-type Queue = TxQueue<Mapper, SoftNic<Mapper>>;
+
+/// The queue with the traffic generator in front: `send(flow, len)`.
+struct Queue {
+    q: TxQueue<Mapper, SoftNic<Mapper>>,
+    g: Traffic<Mapper>,
+}
+
+impl std::ops::Deref for Queue {
+    type Target = TxQueue<Mapper, SoftNic<Mapper>>;
+    fn deref(&self) -> &Self::Target {
+        &self.q
+    }
+}
+
+impl std::ops::DerefMut for Queue {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.q
+    }
+}
+
+impl Queue {
+    fn send(&mut self, flow: usize, len: usize) -> Result<(), Error> {
+        self.g.send(&mut self.q, flow, len)
+    }
+}
 
 /// A queue on a software NIC whose IOMMU fails as `faults` says, capturing
 /// every frame.
-fn queue(order: u32, policy: Policy, faults: FaultyConfig, cfg: TxConfig) -> (Mapper, Queue) {
+fn queue(
+    order: u32,
+    policy: Policy,
+    faults: FaultyConfig,
+    cfg: TxConfig,
+    flows: usize,
+) -> (Mapper, Queue) {
     let soft = SoftIommu::new(SoftIommuConfig::default()).unwrap();
     let m = Arc::new(Faulty::new(soft, faults).unwrap());
     let domain = Arc::new(Domain::new(m.clone()));
@@ -35,14 +66,16 @@ fn queue(order: u32, policy: Policy, faults: FaultyConfig, cfg: TxConfig) -> (Ma
             ..SoftNicConfig::default()
         },
     );
-    (m, TxQueue::new(domain, pool, nic, cfg).unwrap())
+    let q = TxQueue::new(domain, pool, nic, cfg).unwrap();
+    let g = Traffic::new(flows, 1448).unwrap();
+    (m, Queue { q, g })
 }
 
 /// Sends `n` packets of `len` bytes round robin over the queue's flows,
 /// reaping when the ring is full and retrying sends that failed on an
 /// injected fault. Returns the sends that failed.
 fn pump(q: &mut Queue, n: usize, len: usize) -> u64 {
-    let flows = q.config().flows;
+    let flows = q.g.flows();
     let mut failed = 0;
     for i in 0..n {
         loop {
@@ -93,7 +126,7 @@ fn order4_payloads_never_overrun_a_small_ring() {
             fit_whole: fit,
             ..TxConfig::default()
         };
-        let (_, mut q) = queue(4, Policy::Persistent, FaultyConfig::default(), cfg);
+        let (_, mut q) = queue(4, Policy::Persistent, FaultyConfig::default(), cfg, 1);
         assert_eq!(pump(&mut q, n(200), len), 0);
         let st = q.device().stats();
         assert_eq!((st.faults, st.bad_desc), (0, 0), "{len}");
@@ -110,6 +143,7 @@ fn payload_past_paylen_is_refused_and_the_largest_is_delivered() {
         Policy::Persistent,
         FaultyConfig::default(),
         TxConfig::default(),
+        1,
     );
     match q.send(0, 262_144) {
         Err(Error::PayloadTooLarge { len, max }) => {
@@ -137,10 +171,9 @@ fn failing_unmaps_during_shrink_lose_no_packet() {
     };
     let cfg = TxConfig {
         ring: 512,
-        flows: 4,
         ..TxConfig::default()
     };
-    let (m, mut q) = queue(0, Policy::Persistent, faults, cfg);
+    let (m, mut q) = queue(0, Policy::Persistent, faults, cfg, 4);
     let rounds = n(20);
     for _ in 0..rounds {
         // Bursts of 160 in flight (80 chunks), then all completed: the pool
@@ -176,10 +209,9 @@ fn failed_header_map_leaves_the_stream_continuous() {
     };
     let cfg = TxConfig {
         header: HeaderMode::Mapped,
-        flows: 3,
         ..TxConfig::default()
     };
-    let (m, mut q) = queue(2, Policy::PerFrag, faults, cfg);
+    let (m, mut q) = queue(2, Policy::PerFrag, faults, cfg, 3);
     let sends = n(3000);
     let failed = pump(&mut q, sends, 3000);
     assert!(failed > 0 && m.stats_injected().maps == failed);

@@ -17,7 +17,39 @@ use vfio_nic::txq::{HeaderMode, TxConfig, TxQueue};
 use vfio_nic::wire::{FrameError, WireCheck};
 use vfio_nic::Error;
 
-type Queue = TxQueue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>;
+type Queue = Gen<TxQueue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>, Arc<SoftIommu>>;
+
+/// The queue with the traffic generator in front of it: `send(flow, len)`
+/// posts a generated packet; everything else is the queue's own API.
+struct Gen<Q, M: pfrag::dma::DmaMapper> {
+    q: Q,
+    g: vfio_nic::gen::Traffic<M>,
+}
+
+impl<Q, M: pfrag::dma::DmaMapper> std::ops::Deref for Gen<Q, M> {
+    type Target = Q;
+    fn deref(&self) -> &Q {
+        &self.q
+    }
+}
+
+impl<Q, M: pfrag::dma::DmaMapper> std::ops::DerefMut for Gen<Q, M> {
+    fn deref_mut(&mut self) -> &mut Q {
+        &mut self.q
+    }
+}
+
+impl<M: pfrag::dma::DmaMapper, D: TxDevice> Gen<TxQueue<M, D>, M> {
+    fn new(q: TxQueue<M, D>, flows: usize) -> Self {
+        Gen {
+            q,
+            g: vfio_nic::gen::Traffic::new(flows, 1448).unwrap(),
+        }
+    }
+    fn send(&mut self, flow: usize, len: usize) -> Result<(), Error> {
+        self.g.send(&mut self.q, flow, len)
+    }
+}
 
 fn queue(
     order: u32,
@@ -25,6 +57,17 @@ fn queue(
     inv: Invalidation,
     cfg: TxConfig,
     nic: SoftNicConfig,
+) -> (Arc<SoftIommu>, Queue) {
+    queue_flows(order, policy, inv, cfg, nic, 1)
+}
+
+fn queue_flows(
+    order: u32,
+    policy: Policy,
+    inv: Invalidation,
+    cfg: TxConfig,
+    nic: SoftNicConfig,
+    flows: usize,
 ) -> (Arc<SoftIommu>, Queue) {
     let iommu = Arc::new(
         SoftIommu::new(SoftIommuConfig {
@@ -40,7 +83,7 @@ fn queue(
     )
     .unwrap();
     let q = TxQueue::new(domain, pool, SoftNic::new(iommu.clone(), nic), cfg).unwrap();
-    (iommu, q)
+    (iommu, Gen::new(q, flows))
 }
 
 fn send_all(q: &mut Queue, plan: &[(usize, usize)]) {
@@ -92,7 +135,6 @@ fn tso_frames_are_correct_for_every_order_and_policy() {
                 TxConfig::default().header
             };
             let cfg = TxConfig {
-                flows: 3,
                 header,
                 fit_whole: policy != Policy::PerFrag,
                 ring: 64,
@@ -102,7 +144,7 @@ fn tso_frames_are_correct_for_every_order_and_policy() {
                 capture: true,
                 ..SoftNicConfig::default()
             };
-            let (iommu, mut q) = queue(order, policy, Invalidation::Strict, cfg, nic);
+            let (iommu, mut q) = queue_flows(order, policy, Invalidation::Strict, cfg, nic, 3);
             let plan: Vec<(usize, usize)> = (0..n(40))
                 .map(|i| (i % 3, [65160, 100, 3000, 1448, 20000][i % 5]))
                 .collect();
@@ -146,13 +188,14 @@ fn lazy_and_identity_deliver_every_byte() {
         PoolConfig::new(Order::new(2).unwrap(), Policy::Persistent),
     )
     .unwrap();
-    let mut q = TxQueue::new(
+    let q = TxQueue::new(
         domain,
         pool,
         SoftNic::new(id, SoftNicConfig::default()),
         TxConfig::default(),
     )
     .unwrap();
+    let mut q = Gen::new(q, 1);
     for _ in 0..n(100) {
         q.send(0, 65160).unwrap();
         q.kick().unwrap();
@@ -184,6 +227,7 @@ fn touch_pages_reads_a_line_per_page() {
     let nic = SoftNicConfig {
         touch: Touch::Pages,
         capture: false,
+        verify: true,
     };
     let (_, mut q) = queue(
         4,
@@ -342,18 +386,17 @@ fn ring_mapped_read_only_cannot_take_write_back() {
 /// frame of someone else's port.
 #[test]
 fn wire_check_catches_corruption_loss_and_strangers() {
-    let (_iommu, mut q) = queue(
+    let (_iommu, mut q) = queue_flows(
         2,
         Policy::Persistent,
         Invalidation::Strict,
-        TxConfig {
-            flows: 2,
-            ..TxConfig::default()
-        },
+        TxConfig::default(),
         SoftNicConfig {
             touch: Touch::Checksum,
             capture: true,
+            verify: true,
         },
+        2,
     );
     for i in 0..4 {
         q.send(i % 2, 5000).unwrap();
@@ -411,19 +454,20 @@ fn boundary_keeps_every_buffer_inside_one_page() {
     for order in [0, 2, 4] {
         for policy in Policy::ALL {
             for boundary in [None, Some(4096)] {
-                let (_iommu, mut q) = queue(
+                let (_iommu, mut q) = queue_flows(
                     order,
                     policy,
                     Invalidation::Strict,
                     TxConfig {
-                        flows: 2,
                         boundary,
                         ..TxConfig::default()
                     },
                     SoftNicConfig {
                         touch: Touch::Checksum,
                         capture: true,
+                        verify: true,
                     },
+                    2,
                 );
                 for i in 0..8 {
                     q.send(i % 2, [65_160, 3_000, 9_000, 100][i % 4]).unwrap();
@@ -486,7 +530,10 @@ fn memory_limit_makes_the_queue_back_off() {
     )
     .unwrap();
     let nic = SoftNic::new(iommu, SoftNicConfig::default());
-    let mut q = TxQueue::new(domain, pool, nic, TxConfig::default()).unwrap();
+    let mut q = Gen::new(
+        TxQueue::new(domain, pool, nic, TxConfig::default()).unwrap(),
+        1,
+    );
     let mut sent = 0;
     let err = loop {
         match q.send(0, 65_160) {

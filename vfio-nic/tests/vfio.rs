@@ -17,6 +17,7 @@ use pfrag::Order;
 use vfio_nic::desc::{self, Context, Data, Dcmd, Desc, Popts, Sta};
 use vfio_nic::device::TxDevice;
 use vfio_nic::flow::{self, Flow, HDR_LEN};
+use vfio_nic::gen::Traffic;
 use vfio_nic::igb::{Igb, IgbConfig};
 use vfio_nic::txq::{HeaderMode, TxConfig, TxQueue};
 use vfio_nic::vfio::{self as vf, VfioMapper, VfioPci};
@@ -45,10 +46,9 @@ fn open() -> (Dom, Igb) {
 /// TX settings for the emulated device: no buffer may cross an IOMMU page
 /// (QEMU maps each buffer as one IOTLB entry and drops packets whose
 /// buffers cross one).
-fn txcfg(header: HeaderMode, flows: usize) -> TxConfig {
+fn txcfg(header: HeaderMode) -> TxConfig {
     TxConfig {
         header,
-        flows,
         boundary: Some(4096),
         ..TxConfig::default()
     }
@@ -56,11 +56,16 @@ fn txcfg(header: HeaderMode, flows: usize) -> TxConfig {
 
 type Queue = TxQueue<VfioMapper, Igb>;
 
-/// Posts one packet, kicking and waiting for completions while the ring is
-/// full.
-fn send(q: &mut Queue, flow: usize, len: usize) -> Result<(), Error> {
+/// The traffic generator for `flows` flows.
+fn traffic(flows: usize) -> Traffic<VfioMapper> {
+    Traffic::new(flows, MSS as u16).unwrap()
+}
+
+/// Posts one generated packet, kicking and waiting for completions while
+/// the ring is full.
+fn send(q: &mut Queue, g: &mut Traffic<VfioMapper>, flow: usize, len: usize) -> Result<(), Error> {
     loop {
-        match q.send(flow, len) {
+        match g.send(q, flow, len) {
             Err(Error::RingFull { .. }) => {
                 q.kick()?;
                 q.wait(WAIT)?;
@@ -100,12 +105,13 @@ fn tx_tso_and_small_packets_at_every_order_and_policy() {
             )
             .unwrap();
             let before = nic.stats().unwrap().good_packets;
-            let cfg = txcfg(header_for(policy), 3);
+            let cfg = txcfg(header_for(policy));
             let mut q = TxQueue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
+            let mut g = traffic(3);
             let sizes = [65_160usize, 200, 3_000, 1_448, 64_000, 60];
             let (mut frames, mut packets) = (0, 0);
             for (i, &len) in sizes.iter().cycle().take(24).enumerate() {
-                if let Err(e) = send(&mut q, i % 3, len) {
+                if let Err(e) = send(&mut q, &mut g, i % 3, len) {
                     panic!("order {order} {policy:?}: {e}");
                 }
                 frames += segments(len);
@@ -168,11 +174,12 @@ fn mapping_limit_fails_per_frag_with_enospc_and_persistent_keeps_working() {
             PoolConfig::new(Order::new(0).unwrap(), Policy::PerFrag),
         )
         .unwrap();
-        let cfg = txcfg(HeaderMode::Mapped, 1);
+        let cfg = txcfg(HeaderMode::Mapped);
         let mut q = TxQueue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
+        let mut g = traffic(1);
         let mut sent = 0u64;
         let err = loop {
-            match q.send(0, 65_160) {
+            match g.send(&mut q, 0, 65_160) {
                 Ok(()) => sent += 1,
                 Err(e) => break e,
             }
@@ -203,8 +210,9 @@ fn mapping_limit_fails_per_frag_with_enospc_and_persistent_keeps_working() {
         PoolConfig::new(Order::new(4).unwrap(), Policy::Persistent),
     )
     .unwrap();
-    let cfg = txcfg(HeaderMode::Bounce(SlotSize::B128), 1);
+    let cfg = txcfg(HeaderMode::Bounce(SlotSize::B128));
     let mut q = TxQueue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
+    let mut g = traffic(1);
     let n = 300u64;
     let mut m0 = None;
     for i in 0..n {
@@ -213,7 +221,7 @@ fn mapping_limit_fails_per_frag_with_enospc_and_persistent_keeps_working() {
             q.wait(WAIT).unwrap();
             m0 = Some(domain.mapper().stats());
         }
-        if let Err(e) = send(&mut q, 0, 65_160) {
+        if let Err(e) = send(&mut q, &mut g, 0, 65_160) {
             panic!("persistent under the limit: {e}");
         }
     }
@@ -380,11 +388,12 @@ fn stalled_transmitter_times_out_instead_of_hanging() {
         PoolConfig::new(Order::new(2).unwrap(), Policy::Persistent),
     )
     .unwrap();
-    let cfg = txcfg(HeaderMode::Bounce(SlotSize::B128), 1);
+    let cfg = txcfg(HeaderMode::Bounce(SlotSize::B128));
     let mut q = TxQueue::new(domain, pool, nic, cfg).unwrap();
+    let mut g = traffic(1);
     // Transmitter off: descriptors are posted but never processed.
     q.device_mut().write(vfio_nic::igb::regs::TCTL, 0).unwrap();
-    q.send(0, 3000).unwrap();
+    g.send(&mut q, 0, 3000).unwrap();
     q.kick().unwrap();
     let t0 = Instant::now();
     let err = q.wait(Duration::from_millis(300)).unwrap_err();
@@ -528,20 +537,15 @@ fn mac_loopback_receives_what_was_sent() {
         PoolConfig::new(Order::new(2).unwrap(), Policy::Persistent),
     )
     .unwrap();
-    let mut q = TxQueue::new(
-        domain,
-        pool,
-        nic,
-        txcfg(HeaderMode::Bounce(SlotSize::B128), 2),
-    )
-    .unwrap();
+    let mut q = TxQueue::new(domain, pool, nic, txcfg(HeaderMode::Bounce(SlotSize::B128))).unwrap();
+    let mut g = traffic(2);
     let mut rx = rx;
     let sizes = [8_000usize, 300, 8_000, 300, 16_000, 60];
     let mut want_frames = 0;
     let mut check = WireCheck::default();
     let mut got = 0u64;
     for (i, &len) in sizes.iter().enumerate() {
-        send(&mut q, i % 2, len).unwrap();
+        send(&mut q, &mut g, i % 2, len).unwrap();
         want_frames += segments(len);
         q.kick().unwrap();
         q.wait(WAIT).unwrap();

@@ -1,10 +1,51 @@
-//! A TX queue: builds TCP/IPv4 packets for a set of flows, header in the
-//! bounce ring (or in its own mapping), payload from a pfrag frag cache;
-//! writes a context descriptor and data descriptors into a coherent ring;
-//! reaps completions by their `DD` write-back and frees frags in bursts.
+//! A TX queue for a driver's own packets: headers go into the bounce ring
+//! (or their own mapping), payloads into pfrag frags (copied by
+//! [`TxQueue::send`], or filled by the caller and posted zero-copy with
+//! [`TxQueue::post`]); the queue writes a context descriptor for the
+//! offloads ([`Offload`]) and data descriptors into a coherent ring, and
+//! reaps completions by their `DD` write-back, handing back each packet's
+//! token and freeing its frags in bursts.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
+//! use pfrag::pool::{Policy, Pool, PoolConfig};
+//! use pfrag::Order;
+//! use vfio_nic::offload::Offload;
+//! use vfio_nic::softnic::{SoftNic, SoftNicConfig};
+//! use vfio_nic::txq::{TxConfig, TxQueue};
+//!
+//! let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default())?);
+//! let domain = Arc::new(Domain::new(iommu.clone()));
+//! let pool = Pool::new(domain.clone(), PoolConfig::new(Order::new(3)?, Policy::Persistent))?;
+//! let nic = SoftNic::new(iommu, SoftNicConfig { verify: false, capture: true, ..Default::default() });
+//! let mut q = TxQueue::new(domain, pool, nic, TxConfig::default())?;
+//!
+//! // Ethernet + IPv4 + UDP headers, built with etherparse; the NIC fills
+//! // in both checksums.
+//! let payload = b"hello from a driver";
+//! let mut headers = Vec::new();
+//! etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+//!     .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+//!     .udp(4000, 5000)
+//!     .write(&mut headers, payload)?;
+//! headers.truncate(42);
+//! q.send(&headers, payload, Offload::Checksum, 7)?; // token 7
+//! q.kick()?;
+//! let mut done = Vec::new();
+//! while done.is_empty() {
+//!     q.reap_tokens(&mut done)?;
+//! }
+//! assert_eq!(done, [7]);
+//! let frame = &q.device_mut().take_frames()[0];
+//! assert_eq!(&frame[42..], payload);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! The queue is generic over the device ([`TxDevice`]) and the mapper, so
 //! the hot path has no indirect calls.
+
+mod send;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -16,11 +57,11 @@ use pfrag::frag::{complete_burst, Frag, FragCache};
 use pfrag::pool::{Policy, Pool, PoolConfig};
 use pfrag::{Iova, Order};
 
-use crate::desc::{self, Context, Data, Dcmd, Desc, Popts, Sta};
+use crate::desc::{self, Desc, Sta};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
-use crate::flow::{self, Flow, HDR_LEN};
-use crate::pattern;
+
+pub use crate::offload::Offload;
 
 /// Largest buffer one data descriptor carries (DTALEN is 16 bits).
 pub const MAX_DESC_LEN: usize = u16::MAX as usize;
@@ -62,10 +103,6 @@ pub struct TxConfig {
     pub header: HeaderMode,
     /// Ask the frag cache to fit each payload whole in one chunk.
     pub fit_whole: bool,
-    /// TCP maximum segment size for TSO.
-    pub mss: u16,
-    /// Flows (distinct source ports) the queue sends on.
-    pub flows: usize,
     /// Most data buffers per packet the device accepts.
     pub max_bufs: usize,
     /// If set (a power of two), no data descriptor crosses a multiple of
@@ -84,8 +121,6 @@ impl Default for TxConfig {
             ring: 256,
             header: HeaderMode::Bounce(SlotSize::B128),
             fit_whole: true,
-            mss: 1448,
-            flows: 1,
             max_bufs: 64,
             boundary: None,
             queue: 0,
@@ -129,6 +164,8 @@ struct Pending<M: DmaMapper> {
     ndesc: u16,
     hdr: Hdr<M>,
     frags: Vec<Frag<M>>,
+    /// The caller's token, handed back at completion.
+    token: u64,
 }
 
 /// A TX queue over device `D`, with pool memory mapped through `M`.
@@ -149,7 +186,6 @@ pub struct TxQueue<M: DmaMapper, D: TxDevice> {
     pending: VecDeque<Pending<M>>,
     /// Emptied frag vectors, reused to avoid allocating per packet.
     spare: Vec<Vec<Frag<M>>>,
-    flows: Vec<Flow>,
     stats: TxStats,
 }
 
@@ -174,16 +210,10 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
                 value: u64::from(cfg.ring),
             });
         }
-        if cfg.flows == 0 || cfg.flows > flow::MAX_FLOWS {
+        if cfg.max_bufs < 2 {
             return Err(Error::BadConfig {
-                what: "flows",
-                value: cfg.flows as u64,
-            });
-        }
-        if cfg.mss == 0 || cfg.max_bufs < 2 {
-            return Err(Error::BadConfig {
-                what: "mss / max_bufs",
-                value: u64::from(cfg.mss),
+                what: "max_bufs (at least 2)",
+                value: cfg.max_bufs as u64,
             });
         }
         if let Some(b) = cfg.boundary {
@@ -210,7 +240,6 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
             HeaderMode::Mapped => None,
         };
         dev.attach(ring.iova(), cfg.ring)?;
-        let flows = (0..cfg.flows).map(Flow::new).collect::<Result<Vec<_>>>()?;
         Ok(TxQueue {
             dev,
             cfg,
@@ -222,7 +251,6 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
             bounce,
             pending: VecDeque::with_capacity(usize::from(cfg.ring)),
             spare: Vec::new(),
-            flows,
             stats: TxStats::default(),
         })
     }
@@ -238,6 +266,11 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
     /// The payload frag cache.
     pub fn cache(&self) -> &FragCache<M> {
         &self.cache
+    }
+    /// The payload frag cache, to carve frags for a zero-copy
+    /// [`post`](Self::post) (or use [`frags`](Self::frags)).
+    pub fn cache_mut(&mut self) -> &mut FragCache<M> {
+        &mut self.cache
     }
     /// Counters.
     pub fn stats(&self) -> TxStats {
@@ -280,204 +313,11 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
     }
 
     fn next(&self, idx: u16) -> u16 {
-        (idx + 1) % self.cfg.ring
+        self.next_by(idx, 1)
     }
 
-    /// The most payload one packet may carry: the pool's limit, and the
-    /// 82576's 18-bit PAYLEN.
-    pub fn max_payload(&self) -> usize {
-        self.cache.pool().config().max_payload.min(desc::MAX_PAYLEN)
-    }
-
-    /// Posts one packet of `len` payload bytes on `flow` (not yet visible to
-    /// the device: see [`kick`](Self::kick)). A full ring is
-    /// [`Error::RingFull`]: reap and retry. All or nothing: when this fails,
-    /// nothing is written, posted, advanced (the flow's sequence included),
-    /// allocated or leaked.
-    pub fn send(&mut self, flow: usize, len: usize) -> Result<()> {
-        self.check_send(flow, len)?;
-        let mut frags = self.spare.pop().unwrap_or_default();
-        if let Err(e) = self.cache.frags(len, self.cfg.fit_whole, &mut frags) {
-            self.spare.push(frags);
-            let e = Error::from(e);
-            if e.is_backoff() {
-                // Out of memory by policy, not by bug: the caller backs off
-                // (reaps completions) and retries.
-                self.stats.mem_backoffs += 1;
-            }
-            return Err(e);
-        }
-        match self.post(flow, len, &mut frags) {
-            Ok(p) => {
-                self.pending.push_back(p);
-                Ok(())
-            }
-            Err(e) => {
-                complete_burst(frags.drain(..)).ok();
-                self.spare.push(frags);
-                Err(e)
-            }
-        }
-    }
-
-    /// Refuses what the device cannot carry or the ring cannot take, before
-    /// anything is allocated (the ring check is an estimate; `post` checks
-    /// the exact count).
-    fn check_send(&mut self, flow: usize, len: usize) -> Result<()> {
-        if flow >= self.flows.len() {
-            return Err(Error::BadFlow {
-                flow,
-                flows: self.flows.len(),
-            });
-        }
-        if len == 0 {
-            return Err(pfrag::Error::ZeroLength.into());
-        }
-        let paylen = if len > usize::from(self.cfg.mss) {
-            len
-        } else {
-            len + HDR_LEN
-        };
-        let max = self.max_payload();
-        if len > max || paylen > desc::MAX_PAYLEN {
-            return Err(Error::PayloadTooLarge { len, max });
-        }
-        self.check_room(self.descs_needed(len) - 2)
-    }
-
-    /// Whether `data` data descriptors (plus context and header) fit the
-    /// device's buffer limit and the free part of the ring.
-    fn check_room(&mut self, data: usize) -> Result<()> {
-        let needed = data + 2;
-        if needed - 1 > self.cfg.max_bufs {
-            return Err(Error::TooManyBuffers {
-                needed: needed - 1,
-                max: self.cfg.max_bufs,
-            });
-        }
-        if needed > self.free_descs() {
-            self.stats.ring_full += 1;
-            return Err(Error::RingFull {
-                needed,
-                free: self.free_descs(),
-            });
-        }
-        Ok(())
-    }
-
-    /// Writes the packet of `frags` into the ring and advances the queue.
-    /// On error nothing is advanced and `frags` are the caller's to free.
-    fn post(&mut self, flow: usize, len: usize, frags: &mut Vec<Frag<M>>) -> Result<Pending<M>> {
-        let boundary = self.cfg.boundary;
-        let data: usize = frags
-            .iter()
-            .map(|f| pieces(f.iova(), f.len(), boundary).count())
-            .sum();
-        self.check_room(data)?;
-        let mut hdr = [0u8; HDR_LEN];
-        let mut off = self.flows[flow].header(len, &mut hdr);
-        for f in frags.iter_mut() {
-            pattern::fill(flow as u32, off, f.as_mut_slice());
-            off = off.wrapping_add(f.len() as u32);
-        }
-        let hdr_idx = self.next(self.tail);
-        let (hdr_iova, hold) = self.place_header(hdr_idx, &hdr)?;
-        let last = match self.write_packet(len, hdr_iova, frags) {
-            Ok(last) => last,
-            Err(e) => {
-                self.drop_header(hold);
-                return Err(e);
-            }
-        };
-        let ndesc = (data + 2) as u16;
-        self.flows[flow].advance(len, usize::from(self.cfg.mss));
-        self.tail = self.next(last);
-        self.used += usize::from(ndesc);
-        self.stats.packets += 1;
-        self.stats.bytes += len as u64;
-        self.stats.descs += u64::from(ndesc);
-        Ok(Pending {
-            last,
-            ndesc,
-            hdr: hold,
-            frags: std::mem::take(frags),
-        })
-    }
-
-    /// Writes context, header and data descriptors from the tail on.
-    /// Returns the index of the last one (which asks for write-back).
-    fn write_packet(&self, len: usize, hdr_iova: Iova, frags: &[Frag<M>]) -> Result<u16> {
-        let mss = usize::from(self.cfg.mss);
-        let tse = len > mss;
-        let tso = if tse { Dcmd::TSE } else { Dcmd::empty() };
-        let paylen = if tse { len } else { len + HDR_LEN };
-        let ctx_idx = self.tail;
-        let hdr_idx = self.next(ctx_idx);
-        self.write_desc(
-            ctx_idx,
-            Desc::Context(Context::tcp_ipv4(
-                flow::MACLEN as u8,
-                flow::IPLEN as u16,
-                flow::L4LEN as u8,
-                self.cfg.mss,
-            )),
-        )?;
-        self.write_desc(
-            hdr_idx,
-            Desc::Data(Data::new(
-                hdr_iova.raw(),
-                HDR_LEN as u16,
-                Dcmd::IFCS | tso,
-                paylen as u32,
-                Popts::IXSM | Popts::TXSM,
-            )),
-        )?;
-        let mut idx = hdr_idx;
-        let nfr = frags.len();
-        for (i, f) in frags.iter().enumerate() {
-            let mut ps = pieces(f.iova(), f.len(), self.cfg.boundary).peekable();
-            while let Some((at, n)) = ps.next() {
-                idx = self.next(idx);
-                let end = if i + 1 == nfr && ps.peek().is_none() {
-                    Dcmd::EOP | Dcmd::RS
-                } else {
-                    Dcmd::empty()
-                };
-                let cmd = Dcmd::IFCS | tso | end;
-                let d = Data::new(at.raw(), n as u16, cmd, 0, Popts::empty());
-                self.write_desc(idx, Desc::Data(d))?;
-            }
-        }
-        Ok(idx)
-    }
-
-    fn drop_header(&mut self, h: Hdr<M>) {
-        match h {
-            Hdr::Slot(i) => {
-                if let Some(b) = self.bounce.as_mut() {
-                    b.release(i);
-                }
-            }
-            Hdr::Frag(f) => {
-                if f.complete().is_err() {
-                    self.stats.unmap_errors += 1;
-                }
-            }
-        }
-    }
-
-    fn place_header(&mut self, idx: u16, hdr: &[u8]) -> Result<(Iova, Hdr<M>)> {
-        if let Some(b) = self.bounce.as_mut() {
-            match b.fill(usize::from(idx), hdr) {
-                Ok(iova) => return Ok((iova, Hdr::Slot(usize::from(idx)))),
-                Err(pfrag::Error::HeaderTooLarge { .. }) => self.stats.header_fallbacks += 1,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let mut f = self.hdr_cache.refill(hdr.len(), true)?;
-        f.as_mut_slice().copy_from_slice(hdr);
-        self.stats.mapped_headers += 1;
-        Ok((f.iova(), Hdr::Frag(f)))
+    fn next_by(&self, idx: u16, n: usize) -> u16 {
+        ((usize::from(idx) + n) % usize::from(self.cfg.ring)) as u16
     }
 
     /// Rings the doorbell for everything posted.
@@ -545,8 +385,20 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
     }
 
     /// Frees every packet whose last descriptor has `DD` set, oldest first.
-    /// Returns how many completed.
+    /// Returns how many completed (their tokens are dropped; see
+    /// [`reap_tokens`](Self::reap_tokens)).
     pub fn reap(&mut self) -> Result<usize> {
+        self.reap_with(|_| {})
+    }
+
+    /// [`reap`](Self::reap), appending each completed packet's token to
+    /// `out`, oldest first: how the caller learns what finished (the role
+    /// of an skb destructor or a DPDK free callback).
+    pub fn reap_tokens(&mut self, out: &mut Vec<u64>) -> Result<usize> {
+        self.reap_with(|t| out.push(t))
+    }
+
+    fn reap_with(&mut self, mut done: impl FnMut(u64)) -> Result<usize> {
         let mut n = 0;
         while let Some(p) = self.pending.front() {
             let sta = self
@@ -562,6 +414,7 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
             }
             self.spare.push(p.frags);
             self.drop_header(p.hdr);
+            done(p.token);
             n += 1;
         }
         self.stats.completed += n as u64;

@@ -1,0 +1,147 @@
+//! The traffic generator of the lab and the tests: TCP/IPv4 flows whose
+//! payload is a deterministic per-flow pattern ([`pattern`]), so that the
+//! device model and the wire checker can verify every byte and every
+//! flow's sequence. It drives a [`TxQueue`] through the queue's public API
+//! only, like any application: it fills frags from the queue's cache with
+//! the pattern and posts them zero-copy with the flow's headers. A flow
+//! advances only when its packet was posted.
+
+use pfrag::dma::DmaMapper;
+use pfrag::frag::Frag;
+
+use crate::device::TxDevice;
+use crate::error::{Error, Result};
+use crate::flow::{Flow, HDR_LEN, MAX_FLOWS};
+use crate::offload::Offload;
+use crate::pattern;
+use crate::txq::TxQueue;
+
+/// Flows and their send state; see the module docs.
+pub struct Traffic<M: DmaMapper> {
+    flows: Vec<Flow>,
+    mss: u16,
+    /// Frags of the packet being built (reused: no allocation per packet).
+    scratch: Vec<Frag<M>>,
+    /// Packets posted (each packet's token).
+    posted: u64,
+    /// Payload staging for [`send_copied`](Self::send_copied).
+    buf: Vec<u8>,
+}
+
+impl<M: DmaMapper> std::fmt::Debug for Traffic<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Traffic")
+            .field("flows", &self.flows.len())
+            .field("mss", &self.mss)
+            .field("posted", &self.posted)
+            .finish()
+    }
+}
+
+impl<M: DmaMapper> Traffic<M> {
+    /// `flows` flows (1..=MAX_FLOWS) cut into `mss`-byte TCP segments.
+    pub fn new(flows: usize, mss: u16) -> Result<Traffic<M>> {
+        if flows == 0 || flows > MAX_FLOWS {
+            return Err(Error::OutOfRange {
+                what: "flows",
+                value: flows as u64,
+                min: 1,
+                max: MAX_FLOWS as u64,
+            });
+        }
+        if mss == 0 {
+            return Err(Error::OutOfRange {
+                what: "mss",
+                value: 0,
+                min: 1,
+                max: u64::from(u16::MAX),
+            });
+        }
+        Ok(Traffic {
+            flows: (0..flows).map(Flow::new).collect::<Result<_>>()?,
+            mss,
+            scratch: Vec::with_capacity(8),
+            posted: 0,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Flows.
+    pub fn flows(&self) -> usize {
+        self.flows.len()
+    }
+
+    /// Packets posted so far (the next packet's token).
+    pub fn posted(&self) -> u64 {
+        self.posted
+    }
+
+    fn offload(&self, len: usize) -> Offload {
+        if len > usize::from(self.mss) {
+            Offload::Tso { mss: self.mss }
+        } else {
+            Offload::Checksum
+        }
+    }
+
+    /// Like [`send`](Self::send), but through the queue's copying
+    /// [`TxQueue::send`]: the payload is written into a buffer of the
+    /// generator's and copied into frags by the queue, as an application's
+    /// bytes are.
+    pub fn send_copied<D: TxDevice>(
+        &mut self,
+        q: &mut TxQueue<M, D>,
+        flow: usize,
+        len: usize,
+    ) -> Result<()> {
+        let flows = self.flows.len();
+        let fl = self.flows.get(flow).ok_or(Error::BadFlow { flow, flows })?;
+        let mut hdr = [0u8; HDR_LEN];
+        let off = fl.header(len, &mut hdr);
+        self.buf.resize(len, 0);
+        pattern::fill(flow as u32, off, &mut self.buf);
+        q.send(&hdr, &self.buf, self.offload(len), self.posted)?;
+        self.flows[flow].advance(len, usize::from(self.mss));
+        self.posted += 1;
+        Ok(())
+    }
+
+    /// Posts one packet of `len` payload bytes on `flow` to `q`: TSO for a
+    /// payload longer than the MSS, checksum offload otherwise. All or
+    /// nothing: on error the flow does not advance and the frags go back.
+    /// A full ring or a memory limit is a back-off ([`Error::is_backoff`]).
+    pub fn send<D: TxDevice>(
+        &mut self,
+        q: &mut TxQueue<M, D>,
+        flow: usize,
+        len: usize,
+    ) -> Result<()> {
+        let flows = self.flows.len();
+        let fl = self.flows.get(flow).ok_or(Error::BadFlow { flow, flows })?;
+        if len == 0 {
+            return Err(pfrag::Error::ZeroLength.into());
+        }
+        let offload = self.offload(len);
+        q.room_for(len, offload)?;
+        let mut hdr = [0u8; HDR_LEN];
+        let mut off = fl.header(len, &mut hdr);
+        q.frags(len, &mut self.scratch)?;
+        for f in self.scratch.iter_mut() {
+            pattern::fill(flow as u32, off, f.as_mut_slice());
+            off = off.wrapping_add(f.len() as u32);
+        }
+        match q.post(&hdr, &mut self.scratch, offload, self.posted) {
+            Ok(()) => {
+                self.flows[flow].advance(len, usize::from(self.mss));
+                self.posted += 1;
+                Ok(())
+            }
+            Err(e) => {
+                // Not posted: the frags are ours again; completing them
+                // gives them back to the pool.
+                self.scratch.clear();
+                Err(e)
+            }
+        }
+    }
+}

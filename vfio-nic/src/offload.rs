@@ -1,0 +1,293 @@
+//! What the 82576 does to a packet on its way out (checksum insertion, TCP
+//! segmentation), and the check that a packet's headers allow it. Headers
+//! are parsed with `etherparse`; a header the offload cannot use is a typed
+//! error, found before anything is posted.
+
+use std::fmt;
+
+use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, TcpHeader, UdpHeader};
+
+use crate::desc::MAX_PAYLEN;
+use crate::error::{Error, Result};
+
+/// What the device does to a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Offload {
+    /// Nothing: the frame goes out exactly as given (one frame, checksums
+    /// as the caller wrote them; no context descriptor).
+    None,
+    /// Insert the IPv4 header checksum and the TCP or UDP checksum.
+    Checksum,
+    /// TCP segmentation: cut the payload into `mss`-byte segments, each with
+    /// its own IPv4 length, id, TCP sequence and both checksums.
+    Tso {
+        /// Payload bytes per segment.
+        mss: u16,
+    },
+}
+
+impl Offload {
+    fn name(self) -> &'static str {
+        match self {
+            Offload::None => "no offload",
+            Offload::Checksum => "checksum offload",
+            Offload::Tso { .. } => "TSO",
+        }
+    }
+}
+
+/// The transport protocol of an offloaded packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum L4 {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+/// Why a packet's headers cannot carry the offload asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeaderFault {
+    /// The headers do not parse (what etherparse said).
+    Parse(String),
+    /// Not IPv4 (the ether type found).
+    NotIpv4(u16),
+    /// Not TCP or UDP (the IP protocol number found).
+    NotTcpOrUdp(u8),
+    /// TSO of something other than TCP.
+    TsoNeedsTcp,
+    /// The headers are longer or shorter than the layers they hold.
+    Length {
+        /// Bytes given.
+        given: usize,
+        /// Bytes the parsed headers take.
+        parsed: usize,
+    },
+    /// The IPv4 total length does not match the packet (checksum offload
+    /// of an unsegmented packet).
+    IpLength {
+        /// What the header says.
+        header: usize,
+        /// What the packet is.
+        packet: usize,
+    },
+    /// An MSS of 0.
+    ZeroMss,
+}
+
+impl fmt::Display for HeaderFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeaderFault::Parse(s) => write!(f, "headers do not parse: {s}"),
+            HeaderFault::NotIpv4(t) => write!(f, "ether type {t:#06x} is not IPv4"),
+            HeaderFault::NotTcpOrUdp(p) => write!(f, "IP protocol {p} is not TCP or UDP"),
+            HeaderFault::TsoNeedsTcp => write!(f, "TSO needs TCP"),
+            HeaderFault::Length { given, parsed } => write!(
+                f,
+                "{given} header bytes given, the Ethernet, IPv4 and L4 headers take {parsed}"
+            ),
+            HeaderFault::IpLength { header, packet } => write!(
+                f,
+                "IPv4 total length {header} does not match the packet's {packet} bytes"
+            ),
+            HeaderFault::ZeroMss => write!(f, "MSS 0"),
+        }
+    }
+}
+
+/// Where the layers of an offloaded packet's headers are: what the context
+/// descriptor tells the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Ethernet header bytes.
+    pub maclen: u8,
+    /// IPv4 header bytes.
+    pub iplen: u16,
+    /// TCP or UDP header bytes.
+    pub l4len: u8,
+    /// The transport.
+    pub l4: L4,
+}
+
+impl Layout {
+    /// All header bytes.
+    pub fn len(&self) -> usize {
+        usize::from(self.maclen) + usize::from(self.iplen) + usize::from(self.l4len)
+    }
+    /// Never true: a layout has headers.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+fn bad(offload: Offload, why: HeaderFault) -> Error {
+    Error::BadHeaders {
+        offload: offload.name(),
+        why,
+    }
+}
+
+/// Checks `headers` (Ethernet + IPv4 + TCP or UDP, nothing else) for
+/// `offload` of a packet with `payload` bytes after them, and returns where
+/// the layers are (`None` for [`Offload::None`], which needs nothing).
+pub fn check(headers: &[u8], payload: usize, offload: Offload) -> Result<Option<Layout>> {
+    let total = headers.len() + payload;
+    let max = match offload {
+        Offload::Tso { .. } => MAX_PAYLEN + headers.len(),
+        _ => MAX_PAYLEN,
+    };
+    if total > max || headers.is_empty() {
+        return Err(Error::PayloadTooLarge {
+            len: payload,
+            max: max.saturating_sub(headers.len()),
+        });
+    }
+    if offload == Offload::None {
+        return Ok(None);
+    }
+    if offload == (Offload::Tso { mss: 0 }) {
+        return Err(bad(offload, HeaderFault::ZeroMss));
+    }
+    let parse = |e: &dyn fmt::Display| bad(offload, HeaderFault::Parse(e.to_string()));
+    let (eth, rest) = Ethernet2Header::from_slice(headers).map_err(|e| parse(&e))?;
+    if eth.ether_type != EtherType::IPV4 {
+        return Err(bad(offload, HeaderFault::NotIpv4(eth.ether_type.0)));
+    }
+    let (ip, rest) = Ipv4Header::from_slice(rest).map_err(|e| parse(&e))?;
+    let (l4, l4len, rest) = match ip.protocol {
+        IpNumber::TCP => {
+            let (t, rest) = TcpHeader::from_slice(rest).map_err(|e| parse(&e))?;
+            (L4::Tcp, t.header_len(), rest)
+        }
+        IpNumber::UDP if !matches!(offload, Offload::Tso { .. }) => {
+            let (u, rest) = UdpHeader::from_slice(rest).map_err(|e| parse(&e))?;
+            (L4::Udp, u.header_len(), rest)
+        }
+        IpNumber::UDP => return Err(bad(offload, HeaderFault::TsoNeedsTcp)),
+        p => return Err(bad(offload, HeaderFault::NotTcpOrUdp(p.0))),
+    };
+    if !rest.is_empty() {
+        return Err(bad(
+            offload,
+            HeaderFault::Length {
+                given: headers.len(),
+                parsed: headers.len() - rest.len(),
+            },
+        ));
+    }
+    let layout = Layout {
+        maclen: Ethernet2Header::LEN as u8,
+        iplen: ip.header_len() as u16,
+        l4len: l4len as u8,
+        l4,
+    };
+    let ip_packet = total - Ethernet2Header::LEN;
+    if offload == Offload::Checksum && usize::from(ip.total_len) != ip_packet {
+        return Err(bad(
+            offload,
+            HeaderFault::IpLength {
+                header: usize::from(ip.total_len),
+                packet: ip_packet,
+            },
+        ));
+    }
+    Ok(Some(layout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etherparse::PacketBuilder;
+
+    fn tcp_headers(payload: usize) -> Vec<u8> {
+        let mut v = Vec::new();
+        PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+            .tcp(1000, 2000, 7, 65535)
+            .write(&mut v, &vec![0u8; payload])
+            .unwrap();
+        v.truncate(54);
+        v
+    }
+
+    #[test]
+    fn tcp_headers_give_their_layout() {
+        let h = tcp_headers(100);
+        let l = check(&h, 100, Offload::Checksum).unwrap().unwrap();
+        assert_eq!((l.maclen, l.iplen, l.l4len, l.l4), (14, 20, 20, L4::Tcp));
+        assert_eq!(l.len(), 54);
+        assert!(check(&h, 9000, Offload::Tso { mss: 1448 }).is_ok());
+        assert_eq!(check(&h, 5, Offload::None).unwrap(), None);
+    }
+
+    #[test]
+    fn headers_the_offload_cannot_use_are_typed_errors() {
+        let h = tcp_headers(100);
+        let why = |r: Result<Option<Layout>>| match r {
+            Err(Error::BadHeaders { why, .. }) => why,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            why(check(&h, 99, Offload::Checksum)),
+            HeaderFault::IpLength {
+                header: 140,
+                packet: 139
+            }
+        );
+        assert!(matches!(
+            why(check(&h[..50], 100, Offload::Checksum)),
+            HeaderFault::Parse(_)
+        ));
+        let mut longer = h.clone();
+        longer.push(0);
+        assert!(matches!(
+            why(check(&longer, 100, Offload::Tso { mss: 1448 })),
+            HeaderFault::Length {
+                given: 55,
+                parsed: 54
+            }
+        ));
+        let mut arp = h.clone();
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert_eq!(
+            why(check(&arp, 100, Offload::Checksum)),
+            HeaderFault::NotIpv4(0x0806)
+        );
+        assert_eq!(
+            why(check(&h, 100, Offload::Tso { mss: 0 })),
+            HeaderFault::ZeroMss
+        );
+    }
+
+    #[test]
+    fn udp_takes_checksums_but_not_tso() {
+        let mut v = Vec::new();
+        PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+            .udp(53, 53)
+            .write(&mut v, &[0u8; 10])
+            .unwrap();
+        v.truncate(42);
+        let l = check(&v, 10, Offload::Checksum).unwrap().unwrap();
+        assert_eq!((l.l4len, l.l4), (8, L4::Udp));
+        assert!(matches!(
+            check(&v, 10, Offload::Tso { mss: 1000 }),
+            Err(Error::BadHeaders {
+                why: HeaderFault::TsoNeedsTcp,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn past_paylen_is_refused() {
+        let h = tcp_headers(0);
+        assert!(matches!(
+            check(&h, MAX_PAYLEN + 1, Offload::Tso { mss: 1448 }),
+            Err(Error::PayloadTooLarge {
+                max: MAX_PAYLEN,
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,225 @@
+//! A driver's own bytes through the TX queue, using the public API only:
+//! headers and payload chosen by the caller, TSO and checksum offload, the
+//! copying, vectored and zero-copy sends, and completion tokens. The frames
+//! the software NIC puts on the wire are parsed with etherparse: their
+//! checksums must be valid and their payloads, put back together, must be
+//! exactly the caller's bytes.
+
+use std::io::IoSlice;
+use std::sync::Arc;
+
+use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
+use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
+use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::Order;
+use vfio_nic::offload::{HeaderFault, Offload};
+use vfio_nic::softnic::{SoftNic, SoftNicConfig};
+use vfio_nic::txq::{TxConfig, TxQueue};
+use vfio_nic::Error;
+
+type Queue = TxQueue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>;
+
+fn queue(order: u32) -> Queue {
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let cfg = PoolConfig::new(Order::new(order).unwrap(), Policy::Persistent);
+    let pool = Pool::new(domain.clone(), cfg).unwrap();
+    let nic = SoftNic::new(
+        iommu,
+        SoftNicConfig {
+            capture: true,
+            verify: false,
+            ..SoftNicConfig::default()
+        },
+    );
+    TxQueue::new(domain, pool, nic, TxConfig::default()).unwrap()
+}
+
+/// Ethernet + IPv4 + TCP headers for `payload` bytes at sequence `seq`.
+fn tcp_headers(seq: u32, payload: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4([192, 0, 2, 1], [192, 0, 2, 2], 64)
+        .tcp(40_000, 443, seq, 65_535)
+        .write(&mut v, &vec![0; payload.min(60_000)])
+        .unwrap();
+    v.truncate(54);
+    v
+}
+
+fn udp_headers(payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4([192, 0, 2, 1], [192, 0, 2, 2], 64)
+        .udp(5353, 5353)
+        .write(&mut v, payload)
+        .unwrap();
+    v.truncate(42);
+    v
+}
+
+/// Bytes a caller might send: not the lab's pattern.
+fn bytes(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}
+
+/// Parses every frame, checks both checksums, and returns the TCP payload
+/// put back together in sequence order.
+fn tcp_stream(frames: &[Vec<u8>]) -> Vec<u8> {
+    let mut segs: Vec<(u32, Vec<u8>)> = Vec::new();
+    for fr in frames {
+        let p = SlicedPacket::from_ethernet(fr).unwrap();
+        let (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Tcp(tcp))) = (p.net, p.transport)
+        else {
+            panic!("not TCP/IPv4");
+        };
+        let iph = ip.header().to_header();
+        assert_eq!(iph.header_checksum, iph.calc_header_checksum());
+        let th = tcp.to_header();
+        let want = th.calc_checksum_ipv4(&iph, tcp.payload()).unwrap();
+        assert!(vfio_nic::wire::same_checksum(th.checksum, want));
+        segs.push((th.sequence_number, tcp.payload().to_vec()));
+    }
+    segs.sort_by_key(|s| s.0);
+    segs.into_iter().flat_map(|s| s.1).collect()
+}
+
+fn drain(q: &mut Queue) -> Vec<u64> {
+    q.kick().unwrap();
+    let mut tokens = Vec::new();
+    // The software NIC completes within the doorbell.
+    q.reap_tokens(&mut tokens).unwrap();
+    assert_eq!(q.in_flight(), 0);
+    tokens
+}
+
+#[test]
+fn own_bytes_go_out_exactly_with_tso_and_checksums() {
+    let mut q = queue(4);
+    let payload = bytes(100_000, 7);
+    q.send(
+        &tcp_headers(1000, payload.len()),
+        &payload,
+        Offload::Tso { mss: 1448 },
+        11,
+    )
+    .unwrap();
+    // The same stream continues, in three gathered pieces.
+    let more = bytes(5_000, 9);
+    let parts = [
+        IoSlice::new(&more[..10]),
+        IoSlice::new(&more[10..4000]),
+        IoSlice::new(&more[4000..]),
+    ];
+    let seq = 1000 + payload.len() as u32;
+    q.send_vectored(
+        &tcp_headers(seq, more.len()),
+        &parts,
+        Offload::Tso { mss: 1448 },
+        12,
+    )
+    .unwrap();
+    assert_eq!(drain(&mut q), [11, 12]);
+    let frames = q.device_mut().take_frames();
+    assert_eq!(
+        frames.len(),
+        100_000usize.div_ceil(1448) + 5_000usize.div_ceil(1448)
+    );
+    let mut want = payload.clone();
+    want.extend_from_slice(&more);
+    assert_eq!(tcp_stream(&frames), want);
+    assert_eq!(q.device().stats().faults, 0);
+}
+
+#[test]
+fn udp_checksum_offload_and_a_raw_frame() {
+    let mut q = queue(2);
+    let payload = bytes(777, 3);
+    q.send(&udp_headers(&payload), &payload, Offload::Checksum, 1)
+        .unwrap();
+    // No offload: the frame goes out byte for byte (one descriptor fewer).
+    let raw = bytes(200, 5);
+    let descs = q.stats().descs;
+    q.send(&raw[..14], &raw[14..], Offload::None, 2).unwrap();
+    assert_eq!(q.stats().descs - descs, 2, "header + payload, no context");
+    assert_eq!(drain(&mut q), [1, 2]);
+    let frames = q.device_mut().take_frames();
+    let p = SlicedPacket::from_ethernet(&frames[0]).unwrap();
+    let (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Udp(udp))) = (p.net, p.transport) else {
+        panic!("not UDP/IPv4");
+    };
+    let iph = ip.header().to_header();
+    assert_eq!(iph.header_checksum, iph.calc_header_checksum());
+    let want = udp
+        .to_header()
+        .calc_checksum_ipv4(&iph, udp.payload())
+        .unwrap();
+    assert_eq!(udp.checksum(), want);
+    assert_eq!(udp.payload(), &payload[..]);
+    assert_eq!(frames[1], raw);
+}
+
+#[test]
+fn zero_copy_post_sends_the_frags_the_caller_filled() {
+    let mut q = queue(3);
+    let payload = bytes(20_000, 1);
+    let mut frags = Vec::new();
+    q.frags(payload.len(), &mut frags).unwrap();
+    let mut at = 0;
+    for f in frags.iter_mut() {
+        let n = f.len();
+        f.as_mut_slice().copy_from_slice(&payload[at..at + n]);
+        at += n;
+    }
+    q.post(
+        &tcp_headers(5, payload.len()),
+        &mut frags,
+        Offload::Tso { mss: 1000 },
+        99,
+    )
+    .unwrap();
+    assert!(frags.is_empty(), "the queue owns them until completion");
+    assert_eq!(drain(&mut q), [99]);
+    assert_eq!(tcp_stream(&q.device_mut().take_frames()), payload);
+}
+
+#[test]
+fn headers_the_offload_cannot_use_post_nothing() {
+    let mut q = queue(2);
+    let payload = bytes(3000, 2);
+    let udp = udp_headers(&payload);
+    let tcp = tcp_headers(0, 100);
+    let cases: [(&[u8], Offload); 4] = [
+        (&udp, Offload::Tso { mss: 1448 }),
+        (&tcp[..40], Offload::Checksum),
+        (&tcp, Offload::Checksum), // IPv4 length says 140, the packet is 3054
+        (&tcp, Offload::Tso { mss: 0 }),
+    ];
+    for (h, o) in cases {
+        let before = (q.stats(), q.cache().stats().frags, q.free_descs());
+        match q.send(h, &payload, o, 0) {
+            Err(Error::BadHeaders { why, .. }) => assert!(
+                matches!(
+                    why,
+                    HeaderFault::TsoNeedsTcp
+                        | HeaderFault::Parse(_)
+                        | HeaderFault::IpLength { .. }
+                        | HeaderFault::ZeroMss
+                ),
+                "{why:?}"
+            ),
+            other => panic!("{o:?}: {other:?}"),
+        }
+        let after = (q.stats(), q.cache().stats().frags, q.free_descs());
+        assert_eq!(before, after, "nothing posted, allocated or advanced");
+    }
+    // A rejected zero-copy post hands the frags back.
+    let mut frags = Vec::new();
+    q.frags(3000, &mut frags).unwrap();
+    assert!(q
+        .post(&udp, &mut frags, Offload::Tso { mss: 100 }, 0)
+        .is_err());
+    assert_eq!(frags.iter().map(|f| f.len()).sum::<usize>(), 3000);
+}
