@@ -26,7 +26,7 @@ use pfrag::bounce::SlotSize;
 use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
 use pfrag_lab::cli;
-use pfrag_lab::run::{run, IommuMode, Row, RunConfig, Workload};
+use pfrag_lab::run::{run, DeviceModel, IommuMode, Row, RunConfig, Workload};
 use vfio_nic::softnic::Touch;
 use vfio_nic::txq::HeaderMode;
 
@@ -147,6 +147,7 @@ fn main() -> ExitCode {
                     max: a.max,
                 },
                 limits,
+                model: DeviceModel::Soft,
             });
         }
     }

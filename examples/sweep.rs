@@ -19,7 +19,7 @@ use pfrag::account::Limits;
 use pfrag::bounce::SlotSize;
 use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
-use pfrag_lab::run::{run_vfio, Workload};
+use pfrag_lab::run::{run_vfio, DeviceModel, Workload};
 use pfrag_lab::{cli, report};
 use pfrag_lab::{limit, run, IommuMode, Row, RunConfig};
 use vfio_nic::softnic::Touch;
@@ -58,6 +58,23 @@ enum Backend {
     /// An Intel 82576 bound to vfio-pci (see --device), through the
     /// kernel's IOMMU.
     Vfio,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ModelArg {
+    /// The software NIC: reads, verifies and checksums every byte.
+    Soft,
+    /// The null device: translates every buffer, reads no payload.
+    Null,
+}
+
+impl From<ModelArg> for DeviceModel {
+    fn from(m: ModelArg) -> DeviceModel {
+        match m {
+            ModelArg::Soft => DeviceModel::Soft,
+            ModelArg::Null => DeviceModel::Null,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -127,6 +144,11 @@ struct Args {
     /// normal pages, shown in the `backing` column, when none are reserved).
     #[arg(long)]
     hugepages: bool,
+    /// The device model behind the ring: the software NIC, or the null
+    /// device (translates and completes, reads no payload: the driver's own
+    /// cost).
+    #[arg(long, value_enum, default_value = "soft")]
+    model: ModelArg,
     /// How much payload the NIC reads: every byte, or a line per page.
     #[arg(long, value_enum, default_value = "checksum")]
     touch: TouchArg,
@@ -262,6 +284,7 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
                 // (threshold_mib is checked by `cli::mib` before this runs)
                 workload: Workload::Fixed,
                 limits: Limits::UNLIMITED,
+                model: a.model.into(),
             });
         }
     }
@@ -409,6 +432,7 @@ fn main() -> ExitCode {
         .filter(|r| {
             r.faults > 0
                 || (a.backend == Backend::Soft
+                    && a.model == ModelArg::Soft
                     && a.touch == TouchArg::Checksum
                     && r.bytes_verified != r.packets * r.payload_bytes as u64)
         })

@@ -10,7 +10,7 @@ use crate::run::Row;
 
 /// CSV columns, in order. The first 21 are the design's contract (never
 /// renamed); the rest are additions.
-pub const COLUMNS: [&str; 37] = [
+pub const COLUMNS: [&str; 38] = [
     "backend",
     "order",
     "policy",
@@ -48,6 +48,7 @@ pub const COLUMNS: [&str; 37] = [
     "pressure_transitions",
     "peak_bytes",
     "iotlb_entries",
+    "device_model",
 ];
 
 /// An optional figure: empty where it was not measured.
@@ -105,6 +106,7 @@ pub fn record(r: &Row) -> Vec<String> {
         r.pressure_transitions.to_string(),
         r.peak_bytes.to_string(),
         r.iotlb_entries.map(|n| n.to_string()).unwrap_or_default(),
+        r.device_model.clone(),
     ]
 }
 

@@ -13,9 +13,10 @@ use pfrag::dma::{
 use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
 use pfrag::Order;
 use vfio_nic::csum::Csum;
-use vfio_nic::device::TxDevice;
+use vfio_nic::device::{Model, TxDevice};
 use vfio_nic::gen::Traffic;
 use vfio_nic::igb::{Igb, IgbConfig};
+use vfio_nic::null::NullNic;
 use vfio_nic::pattern;
 use vfio_nic::softnic::{SoftNic, SoftNicConfig, Touch};
 use vfio_nic::txq::{HeaderMode, TxConfig, TxQueue};
@@ -88,6 +89,29 @@ pub struct RunConfig {
     /// Process-wide memory limits of the pool's account (`Limits::UNLIMITED`
     /// to only measure).
     pub limits: Limits,
+    /// The device model behind the ring.
+    pub model: DeviceModel,
+}
+
+/// Which device model consumes the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceModel {
+    /// The software NIC: reads, verifies and checksums every payload byte
+    /// (or a line per page with `Touch::Pages`), segments TSO.
+    Soft,
+    /// The null device: translates every buffer page and completes, reading
+    /// no payload: the driver's own cost.
+    Null,
+}
+
+impl DeviceModel {
+    /// The lab's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceModel::Soft => "soft",
+            DeviceModel::Null => "null",
+        }
+    }
 }
 
 /// Packet sizes and flows of a run.
@@ -216,6 +240,8 @@ pub struct Row {
     pub peak_bytes: u64,
     /// IOTLB entries of the software IOMMU (empty without one).
     pub iotlb_entries: Option<usize>,
+    /// The device behind the ring: `soft`, `null` or `igb`.
+    pub device_model: String,
 }
 
 /// Failures of a run.
@@ -401,9 +427,34 @@ impl QueueRun {
     }
 }
 
+/// Runs `cfg` on the device model it names.
 fn measure<M: DmaMapper + Translate + 'static>(
     cfg: &RunConfig,
     mapper: Arc<M>,
+    tick: &mut dyn FnMut(u64),
+) -> Result<Vec<Row>, RunError> {
+    match cfg.model {
+        DeviceModel::Soft => {
+            let nic = |m: Arc<M>| {
+                SoftNic::new(
+                    m,
+                    SoftNicConfig {
+                        touch: cfg.touch,
+                        capture: false,
+                        verify: true,
+                    },
+                )
+            };
+            measure_on(cfg, mapper, &nic, tick)
+        }
+        DeviceModel::Null => measure_on(cfg, mapper, &NullNic::new, tick),
+    }
+}
+
+fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
+    cfg: &RunConfig,
+    mapper: Arc<M>,
+    make_nic: &(dyn Fn(Arc<M>) -> D + Sync),
     tick: &mut dyn FnMut(u64),
 ) -> Result<Vec<Row>, RunError> {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -428,14 +479,7 @@ fn measure<M: DmaMapper + Translate + 'static>(
     let finished = std::sync::atomic::AtomicUsize::new(0);
 
     let one = |i: usize| -> Result<QueueRun, RunError> {
-        let nic = SoftNic::new(
-            mapper.clone(),
-            SoftNicConfig {
-                touch: cfg.touch,
-                capture: false,
-                verify: true,
-            },
-        );
+        let nic = make_nic(mapper.clone());
         let tx = TxConfig {
             ring: cfg.ring,
             header: cfg.header,
@@ -459,7 +503,7 @@ fn measure<M: DmaMapper + Translate + 'static>(
         go.wait();
         let t0 = Instant::now();
         let measured = setup.and_then(|(mut q, mut g)| {
-            let snap = (q.device().stats(), q.stats(), q.cache().stats());
+            let snap = (q.device().counters(), q.stats(), q.cache().stats());
             let packets = share(cfg.packets, queues, i, cfg.skew);
             let bytes = pump(&mut q, &mut g, cfg, packets, &mut rng, &mut tick)?;
             Ok((q, snap, packets, bytes, Instant::now()))
@@ -468,7 +512,7 @@ fn measure<M: DmaMapper + Translate + 'static>(
         done.wait();
         release.wait();
         let (q, (n0, q0, c0), packets, bytes, end) = measured?;
-        let (n, qs, cs) = (q.device().stats(), q.stats(), q.cache().stats());
+        let (n, qs, cs) = (q.device().counters(), q.stats(), q.cache().stats());
         Ok(QueueRun {
             packets,
             bytes,
@@ -646,6 +690,7 @@ impl Measured {
             queue: "all".into(),
             reclaim: cfg.reclaim.name().into(),
             iotlb_entries: (cfg.iommu != IommuMode::Off).then_some(cfg.iotlb_entries),
+            device_model: cfg.model.name().into(),
             borrows_per_pkt: self.delta.borrows as f64 / p,
             skipped_pressured_per_pkt: self.delta.skipped_pressured as f64 / p,
             reclaim_calls_per_pkt: self.delta.reclaim_calls as f64 / p,
@@ -741,6 +786,7 @@ pub fn run_vfio(
         pages_per_pkt: None,
         model_iommu_ns_per_pkt: None,
         iotlb_entries: None,
+        device_model: "igb".into(),
         ..common.row("vfio", cfg)
     })
 }
@@ -838,6 +884,7 @@ mod tests {
             reclaim: Reclaim::Eager,
             workload: Workload::Fixed,
             limits: Limits::UNLIMITED,
+            model: DeviceModel::Soft,
         };
         let m = |delivered| Measured {
             map: pfrag::dma::MapStats::default(),

@@ -6,7 +6,7 @@ use pfrag::account::Limits;
 use pfrag::bounce::SlotSize;
 use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
-use pfrag_lab::run::{run, IommuMode, RunConfig, Workload};
+use pfrag_lab::run::{run, DeviceModel, IommuMode, RunConfig, Workload};
 use vfio_nic::softnic::Touch;
 use vfio_nic::txq::HeaderMode;
 
@@ -32,6 +32,7 @@ fn config(queues: usize, reclaim: Reclaim, workload: Workload, packets: u64) -> 
         reclaim,
         workload,
         limits: Limits::UNLIMITED,
+        model: DeviceModel::Soft,
     }
 }
 

@@ -18,6 +18,7 @@ pub mod flow;
 pub mod gen;
 pub mod igb;
 pub mod mmio;
+pub mod null;
 pub mod offload;
 pub mod pattern;
 pub mod softnic;

@@ -578,6 +578,12 @@ impl<T: Translate> SoftNic<T> {
     }
 }
 
+impl<T: Translate> crate::device::Model for SoftNic<T> {
+    fn counters(&self) -> NicStats {
+        self.stats
+    }
+}
+
 impl<T: Translate> TxDevice for SoftNic<T> {
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         if len == 0 || len % 8 != 0 {
