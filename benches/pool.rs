@@ -10,7 +10,7 @@ use pfrag::bounce::{Ring, SlotSize};
 use pfrag::dma::{Dir, Domain, SoftIommu, SoftIommuConfig};
 use pfrag::frag::{complete_burst, FragCache};
 use pfrag::mem::Region;
-use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
+use pfrag::pool::{self, Policy, Pool, Reclaim};
 use pfrag::Order;
 
 fn domain() -> Arc<Domain<SoftIommu>> {
@@ -22,7 +22,7 @@ fn domain() -> Arc<Domain<SoftIommu>> {
 fn cache(order: u32, policy: Policy) -> FragCache<SoftIommu> {
     let pool = Pool::new(
         domain(),
-        PoolConfig::new(Order::new(order).expect("order"), policy),
+        pool::Config::new(Order::new(order).expect("order"), policy),
     )
     .expect("pool");
     FragCache::new(pool)
@@ -133,7 +133,7 @@ fn reclaim(c: &mut Criterion) {
         ("hysteresis", Reclaim::HYSTERESIS),
     ] {
         for queues in [1usize, 2] {
-            let mut cfg = PoolConfig::new(Order::new(0).expect("order"), Policy::Persistent);
+            let mut cfg = pool::Config::new(Order::new(0).expect("order"), Policy::Persistent);
             cfg.reclaim = policy;
             cfg.queues = queues;
             let pool = Pool::new(domain(), cfg).expect("pool");

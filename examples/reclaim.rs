@@ -27,8 +27,8 @@ use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
 use pfrag_lab::cli;
 use pfrag_lab::run::{run, DeviceModel, IommuMode, Row, RunConfig, Workload};
-use vfio_nic::softnic::Touch;
-use vfio_nic::txq::HeaderMode;
+use vfio_nic::model::softnic::Touch;
+use vfio_nic::tx::HeaderMode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum ReclaimArg {

@@ -22,8 +22,8 @@ use pfrag::pool::{Policy, Reclaim};
 use pfrag_lab::run::{run_vfio, DeviceModel, Workload};
 use pfrag_lab::{cli, report};
 use pfrag_lab::{limit, run, IommuMode, Row, RunConfig};
-use vfio_nic::softnic::Touch;
-use vfio_nic::txq::HeaderMode;
+use vfio_nic::model::softnic::Touch;
+use vfio_nic::tx::HeaderMode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum PolicyArg {

@@ -128,7 +128,7 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, out: &Path) -> Result<bool, 
             c.exit
         ));
     }
-    let windows = vm::count_windows(&read(trace)?, vfio_nic::igb::MARK_REG.offset());
+    let windows = vm::count_windows(&read(trace)?, vfio_nic::hw::igb::MARK_REG.offset());
     let mut rd = csv::Reader::from_reader(c.csv.as_bytes());
     let mut headers = rd.headers().map_err(|e| e.to_string())?.clone();
     let packets_col = headers

@@ -19,7 +19,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use pfrag::dma::{Coherent, Dir, DmaMapper, Domain, Identity, Invalidation};
 use pfrag::dma::{SoftIommu, SoftIommuConfig, Translate};
 use vfio_nic::device::TxDevice;
-use vfio_nic::softnic::{SoftNic, SoftNicConfig, Touch};
+use vfio_nic::model::softnic::{self, SoftNic, Touch};
 
 /// Descriptors in the fuzzed ring.
 const RING: usize = 16;
@@ -142,7 +142,7 @@ fn run_ring<M: DmaMapper + Translate + 'static>(m: Arc<M>, input: &RingIn) -> Re
     };
     let mut nic = SoftNic::new(
         m,
-        SoftNicConfig {
+        softnic::Config {
             touch,
             capture: input.checksum,
             verify: input.lazy,
@@ -192,7 +192,7 @@ fn check_untouched<M: DmaMapper>(
 
 /// The wire checker on arbitrary bytes; see the module docs.
 pub fn wire_frame(data: &[u8]) -> Result<(), String> {
-    let mut w = vfio_nic::wire::WireCheck::default();
+    let mut w = vfio_nic::check::wire::WireCheck::default();
     if w.frame(data).is_ok() {
         etherparse::SlicedPacket::from_ethernet(data)
             .map_err(|e| format!("accepted a frame that does not parse: {e}"))?;
@@ -204,7 +204,7 @@ pub fn wire_frame(data: &[u8]) -> Result<(), String> {
 
 /// The `VFIO_IOMMU_GET_INFO` parser on arbitrary bytes; see the module docs.
 pub fn iommu_info(data: &[u8]) -> Result<(), String> {
-    let info = vfio_nic::vfio::parse_iommu_info(data);
+    let info = vfio_nic::hw::vfio::parse_iommu_info(data);
     if info.ranges.len() > data.len() / 16 {
         return Err(format!(
             "{} ranges from {} bytes",
@@ -228,7 +228,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
 }
 
 fn wire_seeds() -> Vec<Vec<u8>> {
-    use vfio_nic::flow::{Flow, HDR_LEN};
+    use vfio_nic::gen::flow::{Flow, HDR_LEN};
     let mut out = Vec::new();
     for (flow, len) in [(0usize, 1usize), (3, 100), (7, 1448)] {
         let mut f = match Flow::new(flow) {
@@ -238,7 +238,7 @@ fn wire_seeds() -> Vec<Vec<u8>> {
         let mut hdr = [0u8; HDR_LEN];
         f.next_header(len, 1448, &mut hdr);
         let mut payload = vec![0u8; len];
-        vfio_nic::pattern::fill(flow as u32, 0, &mut payload);
+        vfio_nic::gen::pattern::fill(flow as u32, 0, &mut payload);
         let mut fr = hdr.to_vec();
         fr.extend_from_slice(&payload);
         // The NIC fills in the checksums: so does the seed, via etherparse.
@@ -305,11 +305,11 @@ mod tests {
     fn seeds_are_what_the_parsers_accept() {
         let frames = seeds("wire");
         assert_eq!(frames.len(), 3);
-        let mut w = vfio_nic::wire::WireCheck::default();
+        let mut w = vfio_nic::check::wire::WireCheck::default();
         for f in &frames {
             w.frame(f).unwrap();
         }
-        let info = vfio_nic::vfio::parse_iommu_info(&seeds("iommu_info")[0]);
+        let info = vfio_nic::hw::vfio::parse_iommu_info(&seeds("iommu_info")[0]);
         assert_eq!(info.ranges, vec![0..0xfee0_0000, 0xfef0_0000..(1 << 39)]);
         assert_eq!(info.dma_avail, Some(65_535));
     }

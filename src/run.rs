@@ -10,17 +10,17 @@ use pfrag::account::{CountHooks, Limits, MemAccount};
 use pfrag::dma::{
     CostModel, DmaMapper, Domain, Identity, Invalidation, SoftIommu, SoftIommuConfig, Translate,
 };
-use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
+use pfrag::pool::{self, Policy, Pool, Reclaim};
 use pfrag::Order;
 use vfio_nic::csum::Csum;
 use vfio_nic::device::{Model, TxDevice};
+use vfio_nic::gen::pattern;
 use vfio_nic::gen::Traffic;
-use vfio_nic::igb::{Igb, IgbConfig};
-use vfio_nic::null::NullNic;
-use vfio_nic::pattern;
-use vfio_nic::softnic::{SoftNic, SoftNicConfig, Touch};
-use vfio_nic::txq::{HeaderMode, TxConfig, TxQueue};
-use vfio_nic::vfio::{VfioMapper, VfioPci};
+use vfio_nic::hw::igb::{Igb, IgbConfig};
+use vfio_nic::hw::vfio::{VfioMapper, VfioPci};
+use vfio_nic::model::null::NullNic;
+use vfio_nic::model::softnic::{self, SoftNic, Touch};
+use vfio_nic::tx::{self, HeaderMode};
 
 /// The IOMMU under the software NIC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -336,7 +336,7 @@ pub const MSS: u16 = 1448;
 const STALL: Duration = Duration::from_secs(10);
 
 fn pump<M: DmaMapper, D: TxDevice>(
-    q: &mut TxQueue<M, D>,
+    q: &mut tx::Queue<M, D>,
     gen: &mut Traffic<M>,
     cfg: &RunConfig,
     n: u64,
@@ -414,7 +414,7 @@ struct QueueRun {
     bytes: u64,
     descs: u64,
     waste: u64,
-    nic: vfio_nic::softnic::NicStats,
+    nic: vfio_nic::model::softnic::NicStats,
     faults: u64,
     start: Instant,
     end: Instant,
@@ -438,7 +438,7 @@ fn measure<M: DmaMapper + Translate + 'static>(
             let nic = |m: Arc<M>| {
                 SoftNic::new(
                     m,
-                    SoftNicConfig {
+                    softnic::Config {
                         touch: cfg.touch,
                         capture: false,
                         verify: true,
@@ -462,7 +462,7 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
 
     let queues = cfg.queues.max(1);
     let domain = Arc::new(Domain::new(mapper.clone()));
-    let mut pcfg = PoolConfig::new(Order::new(cfg.order)?, cfg.policy);
+    let mut pcfg = pool::Config::new(Order::new(cfg.order)?, cfg.policy);
     pcfg.hugepages = cfg.hugepages;
     pcfg.queues = queues;
     pcfg.reclaim = cfg.reclaim;
@@ -480,18 +480,18 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
 
     let one = |i: usize| -> Result<QueueRun, RunError> {
         let nic = make_nic(mapper.clone());
-        let tx = TxConfig {
+        let tx = tx::Config {
             ring: cfg.ring,
             header: cfg.header,
             fit_whole: cfg.fit_whole,
             queue: i,
-            ..TxConfig::default()
+            ..tx::Config::default()
         };
         let mut tick = |n| {
             progress.fetch_add(n, Ordering::Relaxed);
         };
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
-        let setup = TxQueue::new(domain.clone(), pool.clone(), nic, tx)
+        let setup = tx::Queue::new(domain.clone(), pool.clone(), nic, tx)
             .and_then(|q| Ok((q, Traffic::new(cfg.flows, MSS)?)))
             .map_err(RunError::from)
             .and_then(|(mut q, mut g)| {
@@ -575,7 +575,7 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
         faults: runs.iter().map(|r| r.faults).sum(),
         nic: runs
             .iter()
-            .fold(vfio_nic::softnic::NicStats::default(), |a, r| {
+            .fold(vfio_nic::model::softnic::NicStats::default(), |a, r| {
                 a.plus(&r.nic)
             }),
         start,
@@ -587,7 +587,7 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
             None => (m, pool1.since(&pool0)),
             Some(_) => (
                 pfrag::dma::MapStats::default(),
-                pfrag::pool::PoolStats::default(),
+                pfrag::pool::Stats::default(),
             ),
         };
         let common = Measured {
@@ -655,9 +655,9 @@ struct Measured {
     waste: u64,
     ns: f64,
     /// Pool counters at the end.
-    pool: pfrag::pool::PoolStats,
+    pool: pfrag::pool::Stats,
     /// Pool counters over the measured part.
-    delta: pfrag::pool::PoolStats,
+    delta: pfrag::pool::Stats,
 }
 
 impl Measured {
@@ -733,18 +733,18 @@ pub fn run_vfio(
     let mapper = Arc::new(VfioMapper::new(&pci)?);
     let nic = Igb::new(pci, IgbConfig::default())?;
     let domain = Arc::new(Domain::new(mapper.clone()));
-    let mut pcfg = PoolConfig::new(Order::new(cfg.order)?, cfg.policy);
+    let mut pcfg = pool::Config::new(Order::new(cfg.order)?, cfg.policy);
     pcfg.hugepages = cfg.hugepages;
     pcfg.reclaim = cfg.reclaim;
     let pool = Pool::new(domain.clone(), pcfg)?;
-    let tx = TxConfig {
+    let tx = tx::Config {
         ring: cfg.ring,
         header: cfg.header,
         fit_whole: cfg.fit_whole,
         boundary: Some(pfrag::PAGE_SIZE as usize),
-        ..TxConfig::default()
+        ..tx::Config::default()
     };
-    let mut q = TxQueue::new(domain, pool.clone(), nic, tx)?;
+    let mut q = tx::Queue::new(domain, pool.clone(), nic, tx)?;
     let mut gen = Traffic::new(cfg.flows, MSS)?;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     pump(&mut q, &mut gen, cfg, cfg.warmup, &mut rng, tick)?;
@@ -894,8 +894,8 @@ mod tests {
             descs: 30,
             waste: 0,
             ns: 1000.0,
-            pool: pfrag::pool::PoolStats::default(),
-            delta: pfrag::pool::PoolStats::default(),
+            pool: pfrag::pool::Stats::default(),
+            delta: pfrag::pool::Stats::default(),
         };
         assert_eq!(m(0).row("soft", &cfg).gbit_s, 0.0);
         assert_eq!(m(5_000).row("soft", &cfg).gbit_s, 40.0);

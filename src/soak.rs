@@ -27,13 +27,13 @@ use std::time::Duration;
 use pfrag::account::{CountHooks, Limits, MemAccount};
 use pfrag::bounce::SlotSize;
 use pfrag::dma::{Domain, Faulty, FaultyConfig, Invalidation, SoftIommu, SoftIommuConfig};
-use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
+use pfrag::pool::{self, Policy, Pool, Reclaim};
 use pfrag::{Order, PAGE_SIZE};
+use vfio_nic::check::wire::WireCheck;
 use vfio_nic::desc::MAX_PAYLEN;
 use vfio_nic::gen::Traffic;
-use vfio_nic::softnic::{SoftNic, SoftNicConfig};
-use vfio_nic::txq::{HeaderMode, TxConfig, TxQueue};
-use vfio_nic::wire::WireCheck;
+use vfio_nic::model::softnic::{self, SoftNic};
+use vfio_nic::tx::{self, HeaderMode};
 
 /// A deterministic random stream (splitmix64).
 #[derive(Clone, Debug)]
@@ -220,7 +220,7 @@ pub struct Violation {
 }
 
 type Mapper = Arc<Faulty<SoftIommu>>;
-type Queue = TxQueue<Mapper, SoftNic<Mapper>>;
+type Queue = tx::Queue<Mapper, SoftNic<Mapper>>;
 
 /// One queue's view of a phase.
 #[derive(Default)]
@@ -252,7 +252,7 @@ pub fn run_phase(p: &Phase, index: u64, tick: &(dyn Fn(u64) + Sync)) -> Result<T
     let account =
         MemAccount::new(p.limits, CountHooks::default()).map_err(|e| fail(e.to_string()))?;
     let order = Order::new(p.order).map_err(|e| fail(e.to_string()))?;
-    let mut cfg = PoolConfig::new(order, p.policy);
+    let mut cfg = pool::Config::new(order, p.policy);
     cfg.queues = p.queues;
     let size = order.size() as u64;
     cfg.reclaim = if p.seed % 2 == 0 {
@@ -347,20 +347,20 @@ fn drive(
 ) -> Result<QueueTally, String> {
     let nic = SoftNic::new(
         mapper,
-        SoftNicConfig {
+        softnic::Config {
             capture: true,
-            ..SoftNicConfig::default()
+            ..softnic::Config::default()
         },
     );
-    let cfg = TxConfig {
+    let cfg = tx::Config {
         ring: p.ring,
         header: p.header,
         fit_whole: p.fit_whole,
         queue: q,
-        ..TxConfig::default()
+        ..tx::Config::default()
     };
     let mut gen = Traffic::new(p.flows, 1448).map_err(|e| e.to_string())?;
-    let mut txq = match TxQueue::new(domain, pool, nic, cfg) {
+    let mut txq = match tx::Queue::new(domain, pool, nic, cfg) {
         Ok(t) => t,
         // Setting up can meet an injected map failure: a clean refusal.
         Err(e) if e.errno().is_some() => {

@@ -5,7 +5,7 @@ use std::io::Read;
 use std::path::Path;
 
 use pcap_file::pcap::PcapReader;
-use vfio_nic::wire::{WireCheck, WireReport};
+use vfio_nic::check::wire::{WireCheck, WireReport};
 
 /// Source MAC of every frame a pfrag flow sends.
 pub const FLOW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -127,9 +127,9 @@ pub fn check_pcap(path: &Path, blocked: &[u32]) -> Result<Capture, CaptureError>
 }
 
 fn source_flow(fr: &[u8]) -> Option<u32> {
-    let sport = vfio_nic::flow::MACLEN + vfio_nic::flow::IPLEN;
+    let sport = vfio_nic::gen::flow::MACLEN + vfio_nic::gen::flow::IPLEN;
     let b = fr.get(sport..sport + 2)?;
-    vfio_nic::flow::flow_of_port(u16::from_be_bytes([b[0], b[1]]))
+    vfio_nic::gen::flow::flow_of_port(u16::from_be_bytes([b[0], b[1]]))
 }
 
 fn check_pcap_from(r: impl Read, name: &str, blocked: &[u32]) -> Result<Capture, CaptureError> {

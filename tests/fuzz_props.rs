@@ -42,13 +42,13 @@ proptest! {
 /// reach deep into the checker; random bytes rarely do.
 #[test]
 fn wire_checker_on_real_frames_with_one_byte_flipped() {
-    use vfio_nic::flow::{Flow, HDR_LEN};
+    use vfio_nic::gen::flow::{Flow, HDR_LEN};
     let mut f = Flow::new(3).unwrap();
     let mut hdr = [0u8; HDR_LEN];
     f.next_header(100, 1448, &mut hdr);
     let mut frame = hdr.to_vec();
     let mut payload = vec![0u8; 100];
-    vfio_nic::pattern::fill(3, 0, &mut payload);
+    vfio_nic::gen::pattern::fill(3, 0, &mut payload);
     frame.extend_from_slice(&payload);
     for i in 0..frame.len() {
         let mut g = frame.clone();

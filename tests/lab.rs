@@ -7,8 +7,8 @@ use pfrag::bounce::SlotSize;
 use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
 use pfrag_lab::run::{run, DeviceModel, IommuMode, RunConfig, Workload};
-use vfio_nic::softnic::Touch;
-use vfio_nic::txq::HeaderMode;
+use vfio_nic::model::softnic::Touch;
+use vfio_nic::tx::HeaderMode;
 
 fn config(queues: usize, reclaim: Reclaim, workload: Workload, packets: u64) -> RunConfig {
     RunConfig {

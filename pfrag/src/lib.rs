@@ -24,12 +24,12 @@
 //! ```
 //! use std::sync::Arc;
 //! use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig, DmaMapper};
-//! use pfrag::pool::{Pool, PoolConfig, Policy};
+//! use pfrag::pool::{self, Pool, Policy};
 //! use pfrag::frag::FragCache;
 //! use pfrag::Order;
 //!
 //! let domain = Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig::default())?));
-//! let pool = Pool::new(domain.clone(), PoolConfig::new(Order::new(4)?, Policy::Persistent))?;
+//! let pool = Pool::new(domain.clone(), pool::Config::new(Order::new(4)?, Policy::Persistent))?;
 //! let mut cache = FragCache::new(pool);
 //! let mut frags = Vec::new();
 //! cache.frags(65160, true, &mut frags)?;           // a 64 KB TSO payload

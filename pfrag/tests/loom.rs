@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use pfrag::dma::{Domain, Identity};
 use pfrag::frag::FragCache;
-use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
+use pfrag::pool::{self, Policy, Pool, Reclaim};
 use pfrag::Order;
 
 fn pool(queues: usize, reclaim: Reclaim) -> Pool<Identity> {
-    let mut cfg = PoolConfig::new(Order::new(0).unwrap(), Policy::Persistent);
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
     cfg.grow_batch = 1;
     cfg.queues = queues;
     cfg.reclaim = reclaim;

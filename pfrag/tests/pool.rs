@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use pfrag::dma::{Dir, DmaMapper, Domain, Invalidation, SoftIommu, SoftIommuConfig, Translate};
 use pfrag::frag::{complete_burst, FragCache};
-use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::pool::{self, Policy, Pool};
 use pfrag::{Error, Order};
 
 fn domain(inv: Invalidation) -> Arc<Domain<SoftIommu>> {
@@ -22,7 +22,7 @@ fn cache(order: u32, policy: Policy) -> (Arc<Domain<SoftIommu>>, FragCache<SoftI
     let d = domain(Invalidation::Strict);
     let pool = Pool::new(
         d.clone(),
-        PoolConfig::new(Order::new(order).unwrap(), policy),
+        pool::Config::new(Order::new(order).unwrap(), policy),
     )
     .unwrap();
     (d, FragCache::new(pool))
@@ -189,7 +189,7 @@ fn bad_input_is_a_typed_error_with_numbers() {
 #[test]
 fn limit_reached_is_typed_and_leaks_nothing() {
     let d = domain(Invalidation::Strict);
-    let mut cfg = PoolConfig::new(Order::new(0).unwrap(), Policy::Persistent);
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
     cfg.grow_batch = 4;
     cfg.max_bytes = Some(4 * 4096);
     let pool = Pool::new(d.clone(), cfg).unwrap();
@@ -215,7 +215,7 @@ fn limit_reached_is_typed_and_leaks_nothing() {
 #[test]
 fn shrink_unmaps_in_one_call_and_gives_memory_back() {
     let d = domain(Invalidation::Strict);
-    let mut cfg = PoolConfig::new(Order::new(0).unwrap(), Policy::Persistent);
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
     cfg.grow_batch = 8;
     cfg.high_watermark = 8;
     cfg.shrink_batch = 8;
@@ -255,7 +255,7 @@ fn lazy_unmapped_iova_is_not_reused_before_the_flush() {
     let d = domain(Invalidation::Lazy);
     let pool = Pool::new(
         d.clone(),
-        PoolConfig::new(Order::new(0).unwrap(), Policy::PerFrag),
+        pool::Config::new(Order::new(0).unwrap(), Policy::PerFrag),
     )
     .unwrap();
     let mut c = FragCache::new(pool);
@@ -328,7 +328,7 @@ impl DmaMapper for Refuse {
 fn refused_grow_map_carries_the_errno_and_leaks_nothing() {
     let d = Arc::new(Domain::new(Refuse(pfrag::dma::Identity::new())));
     for policy in [Policy::Persistent, Policy::PerChunk, Policy::PerFrag] {
-        let pool = Pool::new(d.clone(), PoolConfig::new(Order::new(2).unwrap(), policy)).unwrap();
+        let pool = Pool::new(d.clone(), pool::Config::new(Order::new(2).unwrap(), policy)).unwrap();
         let mut c = FragCache::new(pool.clone());
         match c.refill(1000, true) {
             Err(Error::Map { source, .. }) => assert_eq!(source.raw_os_error(), Some(12)),
@@ -352,7 +352,7 @@ fn refused_grow_map_carries_the_errno_and_leaks_nothing() {
 fn frags_completed_on_another_thread_recycle_every_chunk() {
     for policy in [Policy::PerChunk, Policy::Persistent, Policy::PerFrag] {
         let d = domain(Invalidation::Strict);
-        let pool = Pool::new(d.clone(), PoolConfig::new(Order::new(1).unwrap(), policy)).unwrap();
+        let pool = Pool::new(d.clone(), pool::Config::new(Order::new(1).unwrap(), policy)).unwrap();
         let mut c = FragCache::new(pool.clone());
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<pfrag::frag::Frag<SoftIommu>>>(64);
         let reaper = std::thread::spawn(move || {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use pfrag::dma::{Domain, Invalidation, SoftIommu, SoftIommuConfig, Translate};
 use pfrag::frag::{Frag, FragCache};
-use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::pool::{self, Policy, Pool};
 use pfrag::Order;
 use proptest::prelude::*;
 
@@ -63,7 +63,7 @@ proptest! {
             flush_queue: 8,
             ..SoftIommuConfig::default()
         }).unwrap()));
-        let mut cfg = PoolConfig::new(Order::new(order).unwrap(), policy);
+        let mut cfg = pool::Config::new(Order::new(order).unwrap(), policy);
         cfg.grow_batch = 4;
         cfg.high_watermark = 6;
         let pool = Pool::new(domain.clone(), cfg).unwrap();

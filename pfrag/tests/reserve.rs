@@ -8,7 +8,7 @@ use std::sync::Arc;
 use pfrag::account::{CountHooks, Limits, MemAccount};
 use pfrag::dma::{Dir, DmaMapper, Domain, Invalidation, SoftIommu, SoftIommuConfig, Translate};
 use pfrag::frag::{Frag, FragCache};
-use pfrag::pool::{Policy, Pool, PoolConfig, Reclaim};
+use pfrag::pool::{self, Policy, Pool, Reclaim};
 use pfrag::{Error, Order};
 
 fn domain() -> Arc<Domain<SoftIommu>> {
@@ -21,8 +21,8 @@ fn domain() -> Arc<Domain<SoftIommu>> {
     ))
 }
 
-fn config(order: u32, reclaim: Reclaim, queues: usize) -> PoolConfig {
-    let mut c = PoolConfig::new(Order::new(order).unwrap(), Policy::Persistent);
+fn config(order: u32, reclaim: Reclaim, queues: usize) -> pool::Config {
+    let mut c = pool::Config::new(Order::new(order).unwrap(), Policy::Persistent);
     c.reclaim = reclaim;
     c.queues = queues;
     c

@@ -9,7 +9,7 @@ use pfrag::dma::{
     Translate,
 };
 use pfrag::frag::{Frag, FragCache};
-use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::pool::{self, Policy, Pool};
 use pfrag::{Iova, Order};
 
 fn soft(inv: Invalidation) -> SoftIommu {
@@ -21,7 +21,7 @@ fn soft(inv: Invalidation) -> SoftIommu {
 }
 
 fn small_pool<M: DmaMapper>(d: &Arc<Domain<M>>, order: u32, policy: Policy) -> Pool<M> {
-    let mut cfg = PoolConfig::new(Order::new(order).unwrap(), policy);
+    let mut cfg = pool::Config::new(Order::new(order).unwrap(), policy);
     cfg.grow_batch = 4;
     cfg.high_watermark = 4;
     cfg.shrink_batch = 4;

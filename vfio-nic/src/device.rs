@@ -4,7 +4,7 @@ use pfrag::Iova;
 
 use crate::error::Result;
 
-/// A NIC TX queue engine: the [`SoftNic`](crate::softnic::SoftNic) model
+/// A NIC TX queue engine: the [`SoftNic`](crate::model::softnic::SoftNic) model
 /// here, the 82576 through VFIO elsewhere. The queue owns the descriptor
 /// ring; the device reads descriptors from it and writes back `DD`.
 pub trait TxDevice {
@@ -26,5 +26,5 @@ pub trait TxDevice {
 /// device).
 pub trait Model: TxDevice {
     /// The model's counters.
-    fn counters(&self) -> crate::softnic::NicStats;
+    fn counters(&self) -> crate::model::softnic::NicStats;
 }

@@ -1,29 +1,31 @@
 //! # vfio-nic
 //!
-//! The NIC side of pfrag: Intel 82576 (igb) advanced TX descriptors
-//! ([`desc`]), a TX queue that builds TCP/IPv4 packets from a pfrag frag
-//! cache and header bounce ring ([`txq`]), and a software NIC model
-//! ([`softnic`]) that consumes the same descriptors through an IOMMU
-//! translation, reads and verifies every payload byte, segments TSO packets
-//! and writes back completions.
+//! The NIC side of pfrag, by layer:
 //!
-//! The software NIC is a simulator: it measures what the driver and the
+//! - the driver: [`tx::Queue`] sends a driver's own packets (copying,
+//!   vectored or zero-copy, with [`offload::Offload`]s) over any
+//!   [`device::TxDevice`], writing Intel 82576 advanced descriptors
+//!   ([`desc`]) and reaping completions with their tokens;
+//! - device models ([`model`]): the software NIC and the null device, which
+//!   consume the same descriptors through an IOMMU translation;
+//! - hardware ([`hw`]): MMIO, VFIO and the 82576 (igb) driver;
+//! - checking ([`check`]): the frame checker used on model output and on
+//!   captures of the real device;
+//! - the traffic generator ([`gen`]): flows with a per-flow payload pattern,
+//!   driving a queue through its public API.
+//!
+//! The device models are simulators: they measure what the driver and the
 //! IOMMU model do per packet, not what a real NIC does.
 
+pub mod check;
 pub mod csum;
 pub mod desc;
 pub mod device;
 pub mod error;
-pub mod flow;
 pub mod gen;
-pub mod igb;
-pub mod mmio;
-pub mod null;
+pub mod hw;
+pub mod model;
 pub mod offload;
-pub mod pattern;
-pub mod softnic;
-pub mod txq;
-pub mod vfio;
-pub mod wire;
+pub mod tx;
 
 pub use error::{Error, Result};

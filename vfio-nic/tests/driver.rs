@@ -10,29 +10,29 @@ use std::sync::Arc;
 
 use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
-use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::pool::{self, Policy, Pool};
 use pfrag::Order;
+use vfio_nic::model::softnic::{self, SoftNic};
 use vfio_nic::offload::{HeaderFault, Offload};
-use vfio_nic::softnic::{SoftNic, SoftNicConfig};
-use vfio_nic::txq::{TxConfig, TxQueue};
+use vfio_nic::tx::{self};
 use vfio_nic::Error;
 
-type Queue = TxQueue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>;
+type Queue = tx::Queue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>;
 
 fn queue(order: u32) -> Queue {
     let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
     let domain = Arc::new(Domain::new(iommu.clone()));
-    let cfg = PoolConfig::new(Order::new(order).unwrap(), Policy::Persistent);
+    let cfg = pool::Config::new(Order::new(order).unwrap(), Policy::Persistent);
     let pool = Pool::new(domain.clone(), cfg).unwrap();
     let nic = SoftNic::new(
         iommu,
-        SoftNicConfig {
+        softnic::Config {
             capture: true,
             verify: false,
-            ..SoftNicConfig::default()
+            ..softnic::Config::default()
         },
     );
-    TxQueue::new(domain, pool, nic, TxConfig::default()).unwrap()
+    tx::Queue::new(domain, pool, nic, tx::Config::default()).unwrap()
 }
 
 /// Ethernet + IPv4 + TCP headers for `payload` bytes at sequence `seq`.
@@ -79,7 +79,7 @@ fn tcp_stream(frames: &[Vec<u8>]) -> Vec<u8> {
         assert_eq!(iph.header_checksum, iph.calc_header_checksum());
         let th = tcp.to_header();
         let want = th.calc_checksum_ipv4(&iph, tcp.payload()).unwrap();
-        assert!(vfio_nic::wire::same_checksum(th.checksum, want));
+        assert!(vfio_nic::check::wire::same_checksum(th.checksum, want));
         segs.push((th.sequence_number, tcp.payload().to_vec()));
     }
     segs.sort_by_key(|s| s.0);

@@ -6,26 +6,26 @@ use std::sync::Arc;
 use pfrag::dma::{
     Coherent, Dir, DmaMapper, Domain, Faulty, FaultyConfig, Identity, SoftIommu, SoftIommuConfig,
 };
-use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::pool::{self, Policy, Pool};
 use pfrag::Order;
+use vfio_nic::check::wire::WireCheck;
 use vfio_nic::desc::{self, Context, Data, Dcmd, Desc, Popts};
 use vfio_nic::device::TxDevice;
 use vfio_nic::gen::Traffic;
-use vfio_nic::softnic::{SoftNic, SoftNicConfig};
-use vfio_nic::txq::{HeaderMode, TxConfig, TxQueue};
-use vfio_nic::wire::WireCheck;
+use vfio_nic::model::softnic::{self, SoftNic};
+use vfio_nic::tx::{self, HeaderMode};
 use vfio_nic::Error;
 
 type Mapper = Arc<Faulty<SoftIommu>>;
 
 /// The queue with the traffic generator in front: `send(flow, len)`.
 struct Queue {
-    q: TxQueue<Mapper, SoftNic<Mapper>>,
+    q: tx::Queue<Mapper, SoftNic<Mapper>>,
     g: Traffic<Mapper>,
 }
 
 impl std::ops::Deref for Queue {
-    type Target = TxQueue<Mapper, SoftNic<Mapper>>;
+    type Target = tx::Queue<Mapper, SoftNic<Mapper>>;
     fn deref(&self) -> &Self::Target {
         &self.q
     }
@@ -49,24 +49,24 @@ fn queue(
     order: u32,
     policy: Policy,
     faults: FaultyConfig,
-    cfg: TxConfig,
+    cfg: tx::Config,
     flows: usize,
 ) -> (Mapper, Queue) {
     let soft = SoftIommu::new(SoftIommuConfig::default()).unwrap();
     let m = Arc::new(Faulty::new(soft, faults).unwrap());
     let domain = Arc::new(Domain::new(m.clone()));
-    let mut pcfg = PoolConfig::new(Order::new(order).unwrap(), policy);
+    let mut pcfg = pool::Config::new(Order::new(order).unwrap(), policy);
     pcfg.grow_batch = 4;
     pcfg.high_watermark = 4;
     let pool = Pool::new(domain.clone(), pcfg).unwrap();
     let nic = SoftNic::new(
         m.clone(),
-        SoftNicConfig {
+        softnic::Config {
             capture: true,
-            ..SoftNicConfig::default()
+            ..softnic::Config::default()
         },
     );
-    let q = TxQueue::new(domain, pool, nic, cfg).unwrap();
+    let q = tx::Queue::new(domain, pool, nic, cfg).unwrap();
     let g = Traffic::new(flows, 1448).unwrap();
     (m, Queue { q, g })
 }
@@ -120,11 +120,11 @@ fn n(full: usize) -> usize {
 #[test]
 fn order4_payloads_never_overrun_a_small_ring() {
     for (len, fit) in [(196_608, true), (100_000, false), (65_536, true)] {
-        let cfg = TxConfig {
+        let cfg = tx::Config {
             ring: 16,
             header: HeaderMode::Mapped,
             fit_whole: fit,
-            ..TxConfig::default()
+            ..tx::Config::default()
         };
         let (_, mut q) = queue(4, Policy::Persistent, FaultyConfig::default(), cfg, 1);
         assert_eq!(pump(&mut q, n(200), len), 0);
@@ -142,7 +142,7 @@ fn payload_past_paylen_is_refused_and_the_largest_is_delivered() {
         4,
         Policy::Persistent,
         FaultyConfig::default(),
-        TxConfig::default(),
+        tx::Config::default(),
         1,
     );
     match q.send(0, 262_144) {
@@ -169,9 +169,9 @@ fn failing_unmaps_during_shrink_lose_no_packet() {
         unmap_rate: 0.2,
         ..FaultyConfig::default()
     };
-    let cfg = TxConfig {
+    let cfg = tx::Config {
         ring: 512,
-        ..TxConfig::default()
+        ..tx::Config::default()
     };
     let (m, mut q) = queue(0, Policy::Persistent, faults, cfg, 4);
     let rounds = n(20);
@@ -207,9 +207,9 @@ fn failed_header_map_leaves_the_stream_continuous() {
         map_rate: 0.05,
         ..FaultyConfig::default()
     };
-    let cfg = TxConfig {
+    let cfg = tx::Config {
         header: HeaderMode::Mapped,
-        ..TxConfig::default()
+        ..tx::Config::default()
     };
     let (m, mut q) = queue(2, Policy::PerFrag, faults, cfg, 3);
     let sends = n(3000);
@@ -235,7 +235,7 @@ fn descriptor_at_an_unmapped_address_faults_without_an_iommu() {
     let id = Arc::new(Identity::new());
     let domain = Arc::new(Domain::new(id.clone()));
     let ring = Coherent::new(domain, 8 * 16, Dir::BIDIRECTIONAL).unwrap();
-    let mut nic = SoftNic::new(id.clone(), SoftNicConfig::default());
+    let mut nic = SoftNic::new(id.clone(), softnic::Config::default());
     nic.attach(ring.iova(), 8).unwrap();
     // A live host buffer nobody mapped, and an address nothing backs.
     let private = vec![0u8; 8192];
@@ -262,7 +262,7 @@ fn descriptor_address_at_the_top_of_iova_space_is_a_fault() {
     let id = Arc::new(Identity::new());
     let domain = Arc::new(Domain::new(id.clone()));
     let ring = Coherent::new(domain, 8 * 16, Dir::BIDIRECTIONAL).unwrap();
-    let mut nic = SoftNic::new(id, SoftNicConfig::default());
+    let mut nic = SoftNic::new(id, softnic::Config::default());
     nic.attach(ring.iova(), 8).unwrap();
     let cmd = Dcmd::EOP | Dcmd::RS;
     let w = Desc::Data(Data::new(u64::MAX - 10, 100, cmd, 100, Popts::empty())).encode();
@@ -279,7 +279,7 @@ fn endless_chain_without_eop_is_dropped() {
     let id = Arc::new(Identity::new());
     let domain = Arc::new(Domain::new(id.clone()));
     let ring = Coherent::new(domain, 8 * 16, Dir::BIDIRECTIONAL).unwrap();
-    let mut nic = SoftNic::new(id, SoftNicConfig::default());
+    let mut nic = SoftNic::new(id, softnic::Config::default());
     nic.attach(ring.iova(), 8).unwrap();
     let w = Desc::Data(Data::new(0x1000, 100, Dcmd::empty(), 0, Popts::empty())).encode();
     for i in 0..8 {

@@ -7,17 +7,17 @@ use std::sync::Arc;
 use pfrag::dma::{
     Coherent, Dir, DmaMapper, Domain, Identity, Invalidation, SoftIommu, SoftIommuConfig,
 };
-use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::pool::{self, Policy, Pool};
 use pfrag::{Iova, Order};
+use vfio_nic::check::wire::{FrameError, WireCheck};
 use vfio_nic::desc::{Context, Data, Dcmd, Desc, Popts, Sta};
 use vfio_nic::device::TxDevice;
-use vfio_nic::flow;
-use vfio_nic::softnic::{SoftNic, SoftNicConfig, Touch};
-use vfio_nic::txq::{HeaderMode, TxConfig, TxQueue};
-use vfio_nic::wire::{FrameError, WireCheck};
+use vfio_nic::gen::flow;
+use vfio_nic::model::softnic::{self, SoftNic, Touch};
+use vfio_nic::tx::{self, HeaderMode};
 use vfio_nic::Error;
 
-type Queue = Gen<TxQueue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>, Arc<SoftIommu>>;
+type Queue = Gen<tx::Queue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>, Arc<SoftIommu>>;
 
 /// The queue with the traffic generator in front of it: `send(flow, len)`
 /// posts a generated packet; everything else is the queue's own API.
@@ -39,8 +39,8 @@ impl<Q, M: pfrag::dma::DmaMapper> std::ops::DerefMut for Gen<Q, M> {
     }
 }
 
-impl<M: pfrag::dma::DmaMapper, D: TxDevice> Gen<TxQueue<M, D>, M> {
-    fn new(q: TxQueue<M, D>, flows: usize) -> Self {
+impl<M: pfrag::dma::DmaMapper, D: TxDevice> Gen<tx::Queue<M, D>, M> {
+    fn new(q: tx::Queue<M, D>, flows: usize) -> Self {
         Gen {
             q,
             g: vfio_nic::gen::Traffic::new(flows, 1448).unwrap(),
@@ -55,8 +55,8 @@ fn queue(
     order: u32,
     policy: Policy,
     inv: Invalidation,
-    cfg: TxConfig,
-    nic: SoftNicConfig,
+    cfg: tx::Config,
+    nic: softnic::Config,
 ) -> (Arc<SoftIommu>, Queue) {
     queue_flows(order, policy, inv, cfg, nic, 1)
 }
@@ -65,8 +65,8 @@ fn queue_flows(
     order: u32,
     policy: Policy,
     inv: Invalidation,
-    cfg: TxConfig,
-    nic: SoftNicConfig,
+    cfg: tx::Config,
+    nic: softnic::Config,
     flows: usize,
 ) -> (Arc<SoftIommu>, Queue) {
     let iommu = Arc::new(
@@ -79,10 +79,10 @@ fn queue_flows(
     let domain = Arc::new(Domain::new(iommu.clone()));
     let pool = Pool::new(
         domain.clone(),
-        PoolConfig::new(Order::new(order).unwrap(), policy),
+        pool::Config::new(Order::new(order).unwrap(), policy),
     )
     .unwrap();
-    let q = TxQueue::new(domain, pool, SoftNic::new(iommu.clone(), nic), cfg).unwrap();
+    let q = tx::Queue::new(domain, pool, SoftNic::new(iommu.clone(), nic), cfg).unwrap();
     (iommu, Gen::new(q, flows))
 }
 
@@ -132,17 +132,17 @@ fn tso_frames_are_correct_for_every_order_and_policy() {
             let header = if policy == Policy::PerFrag {
                 HeaderMode::Mapped
             } else {
-                TxConfig::default().header
+                tx::Config::default().header
             };
-            let cfg = TxConfig {
+            let cfg = tx::Config {
                 header,
                 fit_whole: policy != Policy::PerFrag,
                 ring: 64,
-                ..TxConfig::default()
+                ..tx::Config::default()
             };
-            let nic = SoftNicConfig {
+            let nic = softnic::Config {
                 capture: true,
-                ..SoftNicConfig::default()
+                ..softnic::Config::default()
             };
             let (iommu, mut q) = queue_flows(order, policy, Invalidation::Strict, cfg, nic, 3);
             let plan: Vec<(usize, usize)> = (0..n(40))
@@ -173,8 +173,8 @@ fn lazy_and_identity_deliver_every_byte() {
         3,
         Policy::PerFrag,
         Invalidation::Lazy,
-        TxConfig::default(),
-        SoftNicConfig::default(),
+        tx::Config::default(),
+        softnic::Config::default(),
     );
     send_all(&mut q, &vec![(0, 65160); n(300)]);
     assert_eq!(q.device().stats().bytes_verified, n(300) as u64 * 65160);
@@ -185,14 +185,14 @@ fn lazy_and_identity_deliver_every_byte() {
     let domain = Arc::new(Domain::new(id.clone()));
     let pool = Pool::new(
         domain.clone(),
-        PoolConfig::new(Order::new(2).unwrap(), Policy::Persistent),
+        pool::Config::new(Order::new(2).unwrap(), Policy::Persistent),
     )
     .unwrap();
-    let q = TxQueue::new(
+    let q = tx::Queue::new(
         domain,
         pool,
-        SoftNic::new(id, SoftNicConfig::default()),
-        TxConfig::default(),
+        SoftNic::new(id, softnic::Config::default()),
+        tx::Config::default(),
     )
     .unwrap();
     let mut q = Gen::new(q, 1);
@@ -210,8 +210,8 @@ fn persistent_bounce_order4_makes_no_mappings_and_uses_three_descriptors() {
         4,
         Policy::Persistent,
         Invalidation::Strict,
-        TxConfig::default(),
-        SoftNicConfig::default(),
+        tx::Config::default(),
+        softnic::Config::default(),
     );
     send_all(&mut q, &vec![(0, 65160); n(600)]);
     let before = iommu.stats();
@@ -224,7 +224,7 @@ fn persistent_bounce_order4_makes_no_mappings_and_uses_three_descriptors() {
 
 #[test]
 fn touch_pages_reads_a_line_per_page() {
-    let nic = SoftNicConfig {
+    let nic = softnic::Config {
         touch: Touch::Pages,
         capture: false,
         verify: true,
@@ -233,7 +233,7 @@ fn touch_pages_reads_a_line_per_page() {
         4,
         Policy::Persistent,
         Invalidation::Strict,
-        TxConfig::default(),
+        tx::Config::default(),
         nic,
     );
     send_all(&mut q, &[(0, 65160)]);
@@ -249,16 +249,16 @@ fn touch_pages_reads_a_line_per_page() {
 
 #[test]
 fn ring_full_is_a_typed_error_and_nothing_leaks() {
-    let cfg = TxConfig {
+    let cfg = tx::Config {
         ring: 8,
-        ..TxConfig::default()
+        ..tx::Config::default()
     };
     let (iommu, mut q) = queue(
         0,
         Policy::PerFrag,
         Invalidation::Strict,
         cfg,
-        SoftNicConfig::default(),
+        softnic::Config::default(),
     );
     match q.send(0, 65160) {
         Err(Error::RingFull {
@@ -293,17 +293,17 @@ fn ring_full_is_a_typed_error_and_nothing_leaks() {
 
 #[test]
 fn too_many_buffers_is_refused_before_allocating() {
-    let cfg = TxConfig {
+    let cfg = tx::Config {
         ring: 256,
         max_bufs: 8,
-        ..TxConfig::default()
+        ..tx::Config::default()
     };
     let (_, mut q) = queue(
         0,
         Policy::Persistent,
         Invalidation::Strict,
         cfg,
-        SoftNicConfig::default(),
+        softnic::Config::default(),
     );
     assert!(matches!(
         q.send(0, 65160),
@@ -325,7 +325,7 @@ impl RawRing {
         let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
         let domain = Arc::new(Domain::new(iommu.clone()));
         let ring = Coherent::new(domain, 8 * 16, dir).unwrap();
-        let mut nic = SoftNic::new(iommu.clone(), SoftNicConfig::default());
+        let mut nic = SoftNic::new(iommu.clone(), softnic::Config::default());
         nic.attach(ring.iova(), 8).unwrap();
         RawRing { iommu, ring, nic }
     }
@@ -390,8 +390,8 @@ fn wire_check_catches_corruption_loss_and_strangers() {
         2,
         Policy::Persistent,
         Invalidation::Strict,
-        TxConfig::default(),
-        SoftNicConfig {
+        tx::Config::default(),
+        softnic::Config {
             touch: Touch::Checksum,
             capture: true,
             verify: true,
@@ -458,11 +458,11 @@ fn boundary_keeps_every_buffer_inside_one_page() {
                     order,
                     policy,
                     Invalidation::Strict,
-                    TxConfig {
+                    tx::Config {
                         boundary,
-                        ..TxConfig::default()
+                        ..tx::Config::default()
                     },
-                    SoftNicConfig {
+                    softnic::Config {
                         touch: Touch::Checksum,
                         capture: true,
                         verify: true,
@@ -490,17 +490,17 @@ fn boundary_keeps_every_buffer_inside_one_page() {
     let domain = Arc::new(Domain::new(iommu.clone()));
     let pool = Pool::new(
         domain.clone(),
-        PoolConfig::new(Order::new(0).unwrap(), Policy::Persistent),
+        pool::Config::new(Order::new(0).unwrap(), Policy::Persistent),
     )
     .unwrap();
-    let nic = SoftNic::new(iommu, SoftNicConfig::default());
-    let bad = TxQueue::new(
+    let nic = SoftNic::new(iommu, softnic::Config::default());
+    let bad = tx::Queue::new(
         domain,
         pool,
         nic,
-        TxConfig {
+        tx::Config {
             boundary: Some(3000),
-            ..TxConfig::default()
+            ..tx::Config::default()
         },
     );
     assert!(matches!(bad, Err(Error::BadConfig { value: 3000, .. })));
@@ -525,13 +525,13 @@ fn memory_limit_makes_the_queue_back_off() {
     let domain = Arc::new(Domain::new(iommu.clone()));
     let pool = Pool::with_account(
         domain.clone(),
-        PoolConfig::new(Order::new(4).unwrap(), Policy::Persistent),
+        pool::Config::new(Order::new(4).unwrap(), Policy::Persistent),
         acct.clone(),
     )
     .unwrap();
-    let nic = SoftNic::new(iommu, SoftNicConfig::default());
+    let nic = SoftNic::new(iommu, softnic::Config::default());
     let mut q = Gen::new(
-        TxQueue::new(domain, pool, nic, TxConfig::default()).unwrap(),
+        tx::Queue::new(domain, pool, nic, tx::Config::default()).unwrap(),
         1,
     );
     let mut sent = 0;

@@ -12,15 +12,15 @@ use std::time::{Duration, Instant};
 
 use pfrag::bounce::SlotSize;
 use pfrag::dma::{Coherent, Dir, DmaMapper, Domain};
-use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::pool::{self, Policy, Pool};
 use pfrag::Order;
 use vfio_nic::desc::{self, Context, Data, Dcmd, Desc, Popts, Sta};
 use vfio_nic::device::TxDevice;
-use vfio_nic::flow::{self, Flow, HDR_LEN};
+use vfio_nic::gen::flow::{self, Flow, HDR_LEN};
 use vfio_nic::gen::Traffic;
-use vfio_nic::igb::{Igb, IgbConfig};
-use vfio_nic::txq::{HeaderMode, TxConfig, TxQueue};
-use vfio_nic::vfio::{self as vf, VfioMapper, VfioPci};
+use vfio_nic::hw::igb::{Igb, IgbConfig};
+use vfio_nic::hw::vfio::{self as vf, VfioMapper, VfioPci};
+use vfio_nic::tx::{self, HeaderMode};
 use vfio_nic::Error;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -46,15 +46,15 @@ fn open() -> (Dom, Igb) {
 /// TX settings for the emulated device: no buffer may cross an IOMMU page
 /// (QEMU maps each buffer as one IOTLB entry and drops packets whose
 /// buffers cross one).
-fn txcfg(header: HeaderMode) -> TxConfig {
-    TxConfig {
+fn txcfg(header: HeaderMode) -> tx::Config {
+    tx::Config {
         header,
         boundary: Some(4096),
-        ..TxConfig::default()
+        ..tx::Config::default()
     }
 }
 
-type Queue = TxQueue<VfioMapper, Igb>;
+type Queue = tx::Queue<VfioMapper, Igb>;
 
 /// The traffic generator for `flows` flows.
 fn traffic(flows: usize) -> Traffic<VfioMapper> {
@@ -101,12 +101,12 @@ fn tx_tso_and_small_packets_at_every_order_and_policy() {
         for policy in Policy::ALL {
             let pool = Pool::new(
                 domain.clone(),
-                PoolConfig::new(Order::new(order).unwrap(), policy),
+                pool::Config::new(Order::new(order).unwrap(), policy),
             )
             .unwrap();
             let before = nic.stats().unwrap().good_packets;
             let cfg = txcfg(header_for(policy));
-            let mut q = TxQueue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
+            let mut q = tx::Queue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
             let mut g = traffic(3);
             let sizes = [65_160usize, 200, 3_000, 1_448, 64_000, 60];
             let (mut frames, mut packets) = (0, 0);
@@ -171,11 +171,11 @@ fn mapping_limit_fails_per_frag_with_enospc_and_persistent_keeps_working() {
         assert_eq!(domain.mapper().dma_avail().unwrap(), Some(LIMIT));
         let pool = Pool::new(
             domain.clone(),
-            PoolConfig::new(Order::new(0).unwrap(), Policy::PerFrag),
+            pool::Config::new(Order::new(0).unwrap(), Policy::PerFrag),
         )
         .unwrap();
         let cfg = txcfg(HeaderMode::Mapped);
-        let mut q = TxQueue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
+        let mut q = tx::Queue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
         let mut g = traffic(1);
         let mut sent = 0u64;
         let err = loop {
@@ -207,11 +207,11 @@ fn mapping_limit_fails_per_frag_with_enospc_and_persistent_keeps_working() {
     let (domain, nic) = open();
     let pool = Pool::new(
         domain.clone(),
-        PoolConfig::new(Order::new(4).unwrap(), Policy::Persistent),
+        pool::Config::new(Order::new(4).unwrap(), Policy::Persistent),
     )
     .unwrap();
     let cfg = txcfg(HeaderMode::Bounce(SlotSize::B128));
-    let mut q = TxQueue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
+    let mut q = tx::Queue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
     let mut g = traffic(1);
     let n = 300u64;
     let mut m0 = None;
@@ -286,7 +286,7 @@ fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
     // the device read it, the host would find a valid frame of that flow.
     let secret = pfrag::mem::Region::new(4096, 4096, false).unwrap();
     let mut want = vec![0u8; 1000];
-    vfio_nic::pattern::fill(BLOCKED_FLOW as u32, 0, &mut want);
+    vfio_nic::gen::pattern::fill(BLOCKED_FLOW as u32, 0, &mut want);
     // SAFETY: the region is 4096 bytes, private to this test, and no
     // device can reach it yet.
     unsafe { pfrag::mem::write(secret.addr(), &want) };
@@ -363,7 +363,7 @@ fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
 
     // The device goes on: a good packet on another flow gets out.
     let mut data = vec![0u8; 1000];
-    vfio_nic::pattern::fill(GOOD_FLOW as u32, 0, &mut data);
+    vfio_nic::gen::pattern::fill(GOOD_FLOW as u32, 0, &mut data);
     payload.write(0, &data).unwrap();
     post(GOOD_FLOW, 3, payload.iova(), 1000);
     nic.kick(6).unwrap();
@@ -385,14 +385,16 @@ fn stalled_transmitter_times_out_instead_of_hanging() {
     let (domain, nic) = open();
     let pool = Pool::new(
         domain.clone(),
-        PoolConfig::new(Order::new(2).unwrap(), Policy::Persistent),
+        pool::Config::new(Order::new(2).unwrap(), Policy::Persistent),
     )
     .unwrap();
     let cfg = txcfg(HeaderMode::Bounce(SlotSize::B128));
-    let mut q = TxQueue::new(domain, pool, nic, cfg).unwrap();
+    let mut q = tx::Queue::new(domain, pool, nic, cfg).unwrap();
     let mut g = traffic(1);
     // Transmitter off: descriptors are posted but never processed.
-    q.device_mut().write(vfio_nic::igb::regs::TCTL, 0).unwrap();
+    q.device_mut()
+        .write(vfio_nic::hw::igb::regs::TCTL, 0)
+        .unwrap();
     g.send(&mut q, 0, 3000).unwrap();
     q.kick().unwrap();
     let t0 = Instant::now();
@@ -411,9 +413,9 @@ fn stalled_transmitter_times_out_instead_of_hanging() {
         "{err:?}"
     );
     // Back on, and the same packet completes.
-    let on = vfio_nic::igb::Tctl::EN | vfio_nic::igb::Tctl::PSP;
+    let on = vfio_nic::hw::igb::Tctl::EN | vfio_nic::hw::igb::Tctl::PSP;
     q.device_mut()
-        .write(vfio_nic::igb::regs::TCTL, on.bits())
+        .write(vfio_nic::hw::igb::regs::TCTL, on.bits())
         .unwrap();
     q.kick().unwrap();
     assert_eq!(q.wait(WAIT).unwrap(), 1);
@@ -527,17 +529,18 @@ fn memlock_limit_without_cap_ipc_lock_gives_enomem() {
 #[test]
 #[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
 fn mac_loopback_receives_what_was_sent() {
-    use vfio_nic::igb::RxRing;
-    use vfio_nic::wire::WireCheck;
+    use vfio_nic::check::wire::WireCheck;
+    use vfio_nic::hw::igb::RxRing;
     let (domain, mut nic) = open();
     let rx = RxRing::new(domain.clone(), 128).unwrap();
     nic.start_rx(&rx, true).unwrap();
     let pool = Pool::new(
         domain.clone(),
-        PoolConfig::new(Order::new(2).unwrap(), Policy::Persistent),
+        pool::Config::new(Order::new(2).unwrap(), Policy::Persistent),
     )
     .unwrap();
-    let mut q = TxQueue::new(domain, pool, nic, txcfg(HeaderMode::Bounce(SlotSize::B128))).unwrap();
+    let mut q =
+        tx::Queue::new(domain, pool, nic, txcfg(HeaderMode::Bounce(SlotSize::B128))).unwrap();
     let mut g = traffic(2);
     let mut rx = rx;
     let sizes = [8_000usize, 300, 8_000, 300, 16_000, 60];

@@ -10,7 +10,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use pfrag::dma::{Domain, Faulty, FaultyConfig, Op, SoftIommu, SoftIommuConfig};
-//! use pfrag::pool::{Policy, Pool, PoolConfig};
+//! use pfrag::pool::{self, Policy, Pool};
 //! use pfrag::frag::FragCache;
 //! use pfrag::Order;
 //!
@@ -18,7 +18,7 @@
 //! let cfg = FaultyConfig { fail_nth: Some((Op::Map, 1)), ..FaultyConfig::default() };
 //! let mapper = Faulty::new(SoftIommu::new(SoftIommuConfig::default())?, cfg)?;
 //! let domain = Arc::new(Domain::new(mapper));
-//! let pool = Pool::new(domain.clone(), PoolConfig::new(Order::new(2)?, Policy::Persistent))?;
+//! let pool = Pool::new(domain.clone(), pool::Config::new(Order::new(2)?, Policy::Persistent))?;
 //! let mut cache = FragCache::new(pool);
 //! assert_eq!(cache.refill(1500, true).unwrap_err().errno(), Some(libc::ENOMEM));
 //! assert!(cache.refill(1500, true).is_ok()); // the second grow maps

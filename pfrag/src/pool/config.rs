@@ -65,7 +65,7 @@ impl Policy {
 
 /// Settings of a [`Pool`](super::Pool).
 #[derive(Clone, Debug)]
-pub struct PoolConfig {
+pub struct Config {
     /// Chunk order.
     pub order: Order,
     /// Mapping policy.
@@ -95,11 +95,11 @@ pub struct PoolConfig {
     pub reclaim: Reclaim,
 }
 
-impl PoolConfig {
+impl Config {
     /// Defaults for `order` and `policy`: TX direction, automatic batches,
     /// no byte limit, 256 KiB max payload, normal pages.
-    pub fn new(order: Order, policy: Policy) -> PoolConfig {
-        PoolConfig {
+    pub fn new(order: Order, policy: Policy) -> Config {
+        Config {
             order,
             policy,
             dir: Dir::TO_DEVICE,
@@ -114,7 +114,7 @@ impl PoolConfig {
         }
     }
 
-    pub(super) fn resolve(mut self) -> Result<PoolConfig> {
+    pub(super) fn resolve(mut self) -> Result<Config> {
         let chunk = self.order.size();
         if self.grow_batch == 0 {
             let target = if self.hugepages {

@@ -35,9 +35,9 @@ mod config;
 mod recycle;
 mod stats;
 
-pub use config::{Policy, PoolConfig, Reclaim};
+pub use config::{Config, Policy, Reclaim};
 use stats::QueueCounters;
-pub use stats::{PoolStats, QueueStats};
+pub use stats::{QueueStats, Stats};
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
@@ -215,7 +215,7 @@ struct Counters {
 /// State shared by a pool's handles, caches and frags.
 pub(crate) struct Shared<M: DmaMapper> {
     pub(crate) domain: Arc<Domain<M>>,
-    pub(crate) cfg: PoolConfig,
+    pub(crate) cfg: Config,
     /// Chunks ready to hand out. Invariant: refcnt 0; mapped iff Persistent.
     free: Queue<ChunkPtr<M>>,
     /// Chunks whose memory was given back. Invariant: refcnt 0, unmapped.
@@ -265,7 +265,7 @@ impl<M: DmaMapper> std::fmt::Debug for Pool<M> {
 
 impl<M: DmaMapper> Pool<M> {
     /// A new, empty pool in `domain`.
-    pub fn new(domain: Arc<Domain<M>>, cfg: PoolConfig) -> Result<Pool<M>> {
+    pub fn new(domain: Arc<Domain<M>>, cfg: Config) -> Result<Pool<M>> {
         Pool::build(domain, cfg, None)
     }
 
@@ -273,7 +273,7 @@ impl<M: DmaMapper> Pool<M> {
     /// every pool that should share its limits).
     pub fn with_account(
         domain: Arc<Domain<M>>,
-        cfg: PoolConfig,
+        cfg: Config,
         account: Arc<dyn Charge>,
     ) -> Result<Pool<M>> {
         Pool::build(domain, cfg, Some(account))
@@ -281,7 +281,7 @@ impl<M: DmaMapper> Pool<M> {
 
     fn build(
         domain: Arc<Domain<M>>,
-        cfg: PoolConfig,
+        cfg: Config,
         account: Option<Arc<dyn Charge>>,
     ) -> Result<Pool<M>> {
         let cfg = cfg.resolve()?;
@@ -306,7 +306,7 @@ impl<M: DmaMapper> Pool<M> {
     }
 
     /// The resolved configuration.
-    pub fn config(&self) -> &PoolConfig {
+    pub fn config(&self) -> &Config {
         &self.shared.cfg
     }
 
@@ -364,10 +364,10 @@ impl<M: DmaMapper> Pool<M> {
     }
 
     /// A snapshot of the counters.
-    pub fn stats(&self) -> PoolStats {
+    pub fn stats(&self) -> Stats {
         let c = &self.shared.counters;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        PoolStats {
+        Stats {
             grows: l(&c.grows),
             shrinks: l(&c.shrinks),
             chunks: l(&c.chunks),

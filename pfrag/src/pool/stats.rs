@@ -4,7 +4,7 @@ use crate::sync::AtomicU64;
 
 /// A snapshot of a pool's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PoolStats {
+pub struct Stats {
     /// Grow operations (each one arena or one batch of released chunks).
     pub grows: u64,
     /// Shrink operations.
@@ -40,12 +40,12 @@ pub struct PoolStats {
     pub skipped_pressured: u64,
 }
 
-impl PoolStats {
+impl Stats {
     /// This snapshot with the queue-traffic counters (`shared_ops`,
     /// `reclaim_calls`, `borrows`, `skipped_pressured`) taken relative to
     /// `earlier`; levels (chunks, bytes) stay as they are now.
-    pub fn since(&self, earlier: &PoolStats) -> PoolStats {
-        PoolStats {
+    pub fn since(&self, earlier: &Stats) -> Stats {
+        Stats {
             shared_ops: self.shared_ops - earlier.shared_ops,
             reclaim_calls: self.reclaim_calls - earlier.reclaim_calls,
             borrows: self.borrows - earlier.borrows,

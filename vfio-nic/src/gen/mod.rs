@@ -1,20 +1,22 @@
 //! The traffic generator of the lab and the tests: TCP/IPv4 flows whose
 //! payload is a deterministic per-flow pattern ([`pattern`]), so that the
 //! device model and the wire checker can verify every byte and every
-//! flow's sequence. It drives a [`TxQueue`] through the queue's public API
+//! flow's sequence. It drives a [`tx::Queue`] through the queue's public API
 //! only, like any application: it fills frags from the queue's cache with
 //! the pattern and posts them zero-copy with the flow's headers. A flow
 //! advances only when its packet was posted.
+
+pub mod flow;
+pub mod pattern;
 
 use pfrag::dma::DmaMapper;
 use pfrag::frag::Frag;
 
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
-use crate::flow::{Flow, HDR_LEN, MAX_FLOWS};
+use crate::gen::flow::{Flow, HDR_LEN, MAX_FLOWS};
 use crate::offload::Offload;
-use crate::pattern;
-use crate::txq::TxQueue;
+use crate::tx;
 
 /// Flows and their send state; see the module docs.
 pub struct Traffic<M: DmaMapper> {
@@ -85,12 +87,12 @@ impl<M: DmaMapper> Traffic<M> {
     }
 
     /// Like [`send`](Self::send), but through the queue's copying
-    /// [`TxQueue::send`]: the payload is written into a buffer of the
+    /// [`tx::Queue::send`]: the payload is written into a buffer of the
     /// generator's and copied into frags by the queue, as an application's
     /// bytes are.
     pub fn send_copied<D: TxDevice>(
         &mut self,
-        q: &mut TxQueue<M, D>,
+        q: &mut tx::Queue<M, D>,
         flow: usize,
         len: usize,
     ) -> Result<()> {
@@ -112,7 +114,7 @@ impl<M: DmaMapper> Traffic<M> {
     /// A full ring or a memory limit is a back-off ([`Error::is_backoff`]).
     pub fn send<D: TxDevice>(
         &mut self,
-        q: &mut TxQueue<M, D>,
+        q: &mut tx::Queue<M, D>,
         flow: usize,
         len: usize,
     ) -> Result<()> {

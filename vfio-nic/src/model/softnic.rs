@@ -19,8 +19,8 @@ use crate::csum::Csum;
 use crate::desc::{self, Context, Data, Dcmd, Desc, Popts, Sta};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
-use crate::flow;
-use crate::pattern;
+use crate::gen::flow;
+use crate::gen::pattern;
 
 /// How much of each payload the model reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +34,7 @@ pub enum Touch {
 
 /// Settings of the model.
 #[derive(Clone, Copy, Debug)]
-pub struct SoftNicConfig {
+pub struct Config {
     /// How much of each payload is read.
     pub touch: Touch,
     /// Keep every frame sent (for tests; only with [`Touch::Checksum`]).
@@ -46,9 +46,9 @@ pub struct SoftNicConfig {
     pub verify: bool,
 }
 
-impl Default for SoftNicConfig {
+impl Default for Config {
     fn default() -> Self {
-        SoftNicConfig {
+        Config {
             touch: Touch::Checksum,
             capture: false,
             verify: true,
@@ -82,7 +82,7 @@ pub struct NicStats {
     pub bad_desc: u64,
     /// Data buffers whose IOVA range crosses a 4 KiB page (a real NIC
     /// does not care; QEMU's emulated one drops such packets behind an
-    /// IOMMU, see [`TxConfig::boundary`](crate::txq::TxConfig::boundary)).
+    /// IOMMU, see [`tx::Config::boundary`](crate::tx::Config::boundary)).
     pub page_crossing_bufs: u64,
 }
 
@@ -324,7 +324,7 @@ impl<'a> Segmenter<'a> {
 /// The software NIC.
 pub struct SoftNic<T: Translate> {
     iommu: T,
-    cfg: SoftNicConfig,
+    cfg: Config,
     ring: Option<(Iova, u16)>,
     head: u16,
     ctx: Context,
@@ -348,7 +348,7 @@ impl<T: Translate> std::fmt::Debug for SoftNic<T> {
 
 impl<T: Translate> SoftNic<T> {
     /// A NIC whose DMA goes through `iommu`.
-    pub fn new(iommu: T, cfg: SoftNicConfig) -> SoftNic<T> {
+    pub fn new(iommu: T, cfg: Config) -> SoftNic<T> {
         SoftNic {
             iommu,
             cfg,

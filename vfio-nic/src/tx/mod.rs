@@ -1,7 +1,7 @@
 //! A TX queue for a driver's own packets: headers go into the bounce ring
 //! (or their own mapping), payloads into pfrag frags (copied by
-//! [`TxQueue::send`], or filled by the caller and posted zero-copy with
-//! [`TxQueue::post`]); the queue writes a context descriptor for the
+//! [`Queue::send`], or filled by the caller and posted zero-copy with
+//! [`Queue::post`]); the queue writes a context descriptor for the
 //! offloads ([`Offload`]) and data descriptors into a coherent ring, and
 //! reaps completions by their `DD` write-back, handing back each packet's
 //! token and freeing its frags in bursts.
@@ -9,17 +9,17 @@
 //! ```
 //! use std::sync::Arc;
 //! use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
-//! use pfrag::pool::{Policy, Pool, PoolConfig};
+//! use pfrag::pool::{self, Policy, Pool};
 //! use pfrag::Order;
 //! use vfio_nic::offload::Offload;
-//! use vfio_nic::softnic::{SoftNic, SoftNicConfig};
-//! use vfio_nic::txq::{TxConfig, TxQueue};
+//! use vfio_nic::model::softnic::{self, SoftNic};
+//! use vfio_nic::tx::{Config, Queue};
 //!
 //! let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default())?);
 //! let domain = Arc::new(Domain::new(iommu.clone()));
-//! let pool = Pool::new(domain.clone(), PoolConfig::new(Order::new(3)?, Policy::Persistent))?;
-//! let nic = SoftNic::new(iommu, SoftNicConfig { verify: false, capture: true, ..Default::default() });
-//! let mut q = TxQueue::new(domain, pool, nic, TxConfig::default())?;
+//! let pool = Pool::new(domain.clone(), pool::Config::new(Order::new(3)?, Policy::Persistent))?;
+//! let nic = SoftNic::new(iommu, softnic::Config { verify: false, capture: true, ..Default::default() });
+//! let mut q = Queue::new(domain, pool, nic, Config::default())?;
 //!
 //! // Ethernet + IPv4 + UDP headers, built with etherparse; the NIC fills
 //! // in both checksums.
@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 use pfrag::bounce::{self, SlotSize};
 use pfrag::dma::{Coherent, Dir, DmaMapper, Domain};
 use pfrag::frag::{complete_burst, Frag, FragCache};
-use pfrag::pool::{Policy, Pool, PoolConfig};
+use pfrag::pool::{self, Policy, Pool};
 use pfrag::{Iova, Order};
 
 use crate::desc::{self, Desc, Sta};
@@ -94,9 +94,9 @@ pub enum HeaderMode {
     Mapped,
 }
 
-/// Settings of a [`TxQueue`].
+/// Settings of a [`Queue`].
 #[derive(Clone, Copy, Debug)]
-pub struct TxConfig {
+pub struct Config {
     /// Descriptors in the ring: a multiple of 8, 8..=4096.
     pub ring: u16,
     /// Header placement.
@@ -115,9 +115,9 @@ pub struct TxConfig {
     pub queue: usize,
 }
 
-impl Default for TxConfig {
+impl Default for Config {
     fn default() -> Self {
-        TxConfig {
+        Config {
             ring: 256,
             header: HeaderMode::Bounce(SlotSize::B128),
             fit_whole: true,
@@ -130,7 +130,7 @@ impl Default for TxConfig {
 
 /// Counters of a queue.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TxStats {
+pub struct Stats {
     /// Packets posted.
     pub packets: u64,
     /// Payload bytes posted.
@@ -169,11 +169,11 @@ struct Pending<M: DmaMapper> {
 }
 
 /// A TX queue over device `D`, with pool memory mapped through `M`.
-pub struct TxQueue<M: DmaMapper, D: TxDevice> {
+pub struct Queue<M: DmaMapper, D: TxDevice> {
     /// Declared first so it is dropped (and stops) before any memory it may
     /// still read.
     dev: D,
-    cfg: TxConfig,
+    cfg: Config,
     ring: Coherent<M>,
     /// Next descriptor to write.
     tail: u16,
@@ -186,12 +186,12 @@ pub struct TxQueue<M: DmaMapper, D: TxDevice> {
     pending: VecDeque<Pending<M>>,
     /// Emptied frag vectors, reused to avoid allocating per packet.
     spare: Vec<Vec<Frag<M>>>,
-    stats: TxStats,
+    stats: Stats,
 }
 
-impl<M: DmaMapper, D: TxDevice> std::fmt::Debug for TxQueue<M, D> {
+impl<M: DmaMapper, D: TxDevice> std::fmt::Debug for Queue<M, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TxQueue")
+        f.debug_struct("Queue")
             .field("cfg", &self.cfg)
             .field("tail", &self.tail)
             .field("used", &self.used)
@@ -200,10 +200,10 @@ impl<M: DmaMapper, D: TxDevice> std::fmt::Debug for TxQueue<M, D> {
     }
 }
 
-impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
+impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// A queue whose payloads come from `pool`, with its ring, header
     /// memory and bounce ring mapped in `domain`, attached to `dev`.
-    pub fn new(domain: Arc<Domain<M>>, pool: Pool<M>, mut dev: D, cfg: TxConfig) -> Result<Self> {
+    pub fn new(domain: Arc<Domain<M>>, pool: Pool<M>, mut dev: D, cfg: Config) -> Result<Self> {
         if cfg.ring < 8 || cfg.ring > 4096 || cfg.ring % 8 != 0 {
             return Err(Error::BadConfig {
                 what: "ring (multiple of 8, 8..=4096)",
@@ -231,7 +231,7 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
         )?;
         let hdr_pool = Pool::new(
             domain.clone(),
-            PoolConfig::new(Order::new(0)?, Policy::PerFrag),
+            pool::Config::new(Order::new(0)?, Policy::PerFrag),
         )?;
         let bounce = match cfg.header {
             HeaderMode::Bounce(size) => {
@@ -240,7 +240,7 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
             HeaderMode::Mapped => None,
         };
         dev.attach(ring.iova(), cfg.ring)?;
-        Ok(TxQueue {
+        Ok(Queue {
             dev,
             cfg,
             ring,
@@ -251,7 +251,7 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
             bounce,
             pending: VecDeque::with_capacity(usize::from(cfg.ring)),
             spare: Vec::new(),
-            stats: TxStats::default(),
+            stats: Stats::default(),
         })
     }
 
@@ -273,7 +273,7 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
         &mut self.cache
     }
     /// Counters.
-    pub fn stats(&self) -> TxStats {
+    pub fn stats(&self) -> Stats {
         self.stats
     }
     /// Packets posted and not yet reaped.
@@ -285,7 +285,7 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
         usize::from(self.cfg.ring) - 1 - self.used
     }
     /// The settings.
-    pub fn config(&self) -> &TxConfig {
+    pub fn config(&self) -> &Config {
         &self.cfg
     }
 
@@ -364,7 +364,7 @@ impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
     /// queue is dropped with the device stopped first and
     /// [`Error::Timeout`] tells how many packets were still pending.
     pub fn into_device(self) -> Result<D> {
-        let TxQueue {
+        let Queue {
             mut dev,
             ring,
             pending,

@@ -1,11 +1,11 @@
 //! The VFIO backend: a container, group and device opened with
-//! `vfio-ioctls`, BAR0 mapped (see [`mmio`](crate::mmio)), and
+//! `vfio-ioctls`, BAR0 mapped (see [`mmio`](crate::hw::mmio)), and
 //! [`VfioMapper`], a [`DmaMapper`] over the type1 IOMMU of the container.
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use pfrag::dma::Domain;
-//! use vfio_nic::vfio::{VfioMapper, VfioPci};
+//! use vfio_nic::hw::vfio::{VfioMapper, VfioPci};
 //!
 //! // The NIC must be bound to vfio-pci first, e.g.
 //! //   echo 8086 10c9 > /sys/bus/pci/drivers/vfio-pci/new_id
@@ -34,7 +34,7 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError};
 
 use crate::error::{Error, Result};
-use crate::mmio::Bar;
+use crate::hw::mmio::Bar;
 
 /// `VFIO_IOMMU_GET_INFO`: `_IO(VFIO_TYPE, VFIO_BASE + 12)`.
 const VFIO_IOMMU_GET_INFO: u64 = ((VFIO_TYPE as u64) << 8) | (VFIO_BASE as u64 + 12);

@@ -10,13 +10,13 @@ use pfrag::dma::DmaMapper;
 use pfrag::frag::{complete_burst, Frag};
 use pfrag::Iova;
 
-use super::{pieces, Hdr, Pending, TxQueue};
+use super::{pieces, Hdr, Pending, Queue};
 use crate::desc::{self, Context, Data, Dcmd, Desc, Popts};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
 use crate::offload::{self, Layout, Offload, L4};
 
-impl<M: DmaMapper, D: TxDevice> TxQueue<M, D> {
+impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// The most payload one packet may carry: the pool's limit, and the
     /// 82576's 18-bit PAYLEN.
     pub fn max_payload(&self) -> usize {

@@ -11,7 +11,7 @@ use pfrag::{Iova, PAGE_SIZE};
 use crate::desc::{self, Dcmd, Desc, Sta};
 use crate::device::{Model, TxDevice};
 use crate::error::{Error, Result};
-use crate::softnic::{NicStats, MAX_BUFS};
+use crate::model::softnic::{NicStats, MAX_BUFS};
 
 /// The null device; see the module docs.
 pub struct NullNic<T: Translate> {
@@ -173,19 +173,19 @@ impl<T: Translate> Model for NullNic<T> {
 mod tests {
     use super::*;
     use crate::gen::Traffic;
-    use crate::txq::{TxConfig, TxQueue};
+    use crate::tx::{self};
     use pfrag::dma::{DmaMapper, Domain, SoftIommu, SoftIommuConfig};
-    use pfrag::pool::{Policy, Pool, PoolConfig};
+    use pfrag::pool::{self, Policy, Pool};
     use std::sync::Arc;
 
     #[test]
     fn completes_every_packet_and_counts_its_pages_without_reading() {
         let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
         let domain = Arc::new(Domain::new(iommu.clone()));
-        let cfg = PoolConfig::new(pfrag::Order::new(4).unwrap(), Policy::Persistent);
+        let cfg = pool::Config::new(pfrag::Order::new(4).unwrap(), Policy::Persistent);
         let pool = Pool::new(domain.clone(), cfg).unwrap();
         let nic = NullNic::new(iommu.clone());
-        let mut q = TxQueue::new(domain, pool, nic, TxConfig::default()).unwrap();
+        let mut q = tx::Queue::new(domain, pool, nic, tx::Config::default()).unwrap();
         let mut g = Traffic::new(2, 1448).unwrap();
         for i in 0..20 {
             g.send(&mut q, i % 2, 65_160).unwrap();

@@ -6,7 +6,7 @@
 //! NIC's output.
 //!
 //! ```
-//! use vfio_nic::wire::WireCheck;
+//! use vfio_nic::check::wire::WireCheck;
 //! let mut check = WireCheck::default();
 //! assert!(check.frame(&[0u8; 10]).is_err());
 //! assert_eq!(check.report().bad_frames, 1);
@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
 
-use crate::{flow, pattern};
+use crate::gen::{flow, pattern};
 
 /// Why one frame failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! Intel 82576 (igb) TX driver over VFIO.
 //!
 //! [`Igb`] resets the controller, waits (bounded) for link, and runs TX
-//! queue 0 as a [`TxDevice`]: the [`TxQueue`](crate::txq::TxQueue) that
+//! queue 0 as a [`TxDevice`]: the [`tx::Queue`](crate::tx::Queue) that
 //! drives the software NIC drives this one unchanged. Completions come from
 //! the descriptor-done write-back of the report-status descriptor (head
 //! write-back stays off). An optional receive queue ([`RxRing`],
@@ -14,17 +14,17 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use pfrag::dma::Domain;
-//! use pfrag::pool::{Policy, Pool, PoolConfig};
+//! use pfrag::pool::{self, Policy, Pool};
 //! use pfrag::Order;
-//! use vfio_nic::igb::{Igb, IgbConfig};
-//! use vfio_nic::txq::{TxConfig, TxQueue};
-//! use vfio_nic::vfio::{VfioMapper, VfioPci};
+//! use vfio_nic::hw::igb::{Igb, IgbConfig};
+//! use vfio_nic::tx::{self};
+//! use vfio_nic::hw::vfio::{VfioMapper, VfioPci};
 //!
 //! let pci = VfioPci::open("0000:00:02.0")?;
 //! let domain = Arc::new(Domain::new(VfioMapper::new(&pci)?));
 //! let nic = Igb::new(pci, IgbConfig::default())?;
-//! let pool = Pool::new(domain.clone(), PoolConfig::new(Order::new(4)?, Policy::Persistent))?;
-//! let mut q = TxQueue::new(domain, pool, nic, TxConfig::default())?;
+//! let pool = Pool::new(domain.clone(), pool::Config::new(Order::new(4)?, Policy::Persistent))?;
+//! let mut q = tx::Queue::new(domain, pool, nic, tx::Config::default())?;
 //! let headers = [0u8; 14]; // a raw frame start: no offload asked for
 //! q.send(&headers, &[0u8; 1000], vfio_nic::offload::Offload::None, 1)?;
 //! q.kick()?;
@@ -42,12 +42,12 @@ use pfrag::Iova;
 
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
-use crate::mmio::{Bar, Reg};
-use crate::vfio::VfioPci;
+use crate::hw::mmio::{Bar, Reg};
+use crate::hw::vfio::VfioPci;
 
 /// Register offsets (datasheet section 8).
 pub mod regs {
-    use crate::mmio::Reg;
+    use crate::hw::mmio::Reg;
 
     /// Device Control.
     pub const CTRL: Reg = Reg(0x0_0000);

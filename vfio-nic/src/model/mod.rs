@@ -1,0 +1,15 @@
+//! Device models: software stand-ins for a NIC's TX engine that consume the
+//! same 82576 descriptors from the same ring, and reach memory only through
+//! an IOMMU translation (`pfrag::dma::Translate`). They are simulators: they
+//! measure what the driver and the IOMMU model do per packet, not what a
+//! real NIC does.
+//!
+//! - [`softnic`]: reads, verifies and checksums every payload byte,
+//!   segments TSO packets into frames.
+//! - [`null`]: translates every buffer and completes it, reading no
+//!   payload: the driver's own cost.
+
+pub mod null;
+pub mod softnic;
+
+pub use softnic::NicStats as Stats;
