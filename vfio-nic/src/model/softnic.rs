@@ -15,7 +15,7 @@
 use pfrag::dma::{Fault, Translate};
 use pfrag::Iova;
 
-use crate::csum::Csum;
+use super::segment::{read_range, Outcome, Segmenter};
 use crate::desc::{self, Context, Data, Dcmd, Desc, Popts, Sta};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
@@ -119,205 +119,31 @@ impl NicStats {
 pub const MAX_BUFS: usize = 64;
 
 /// The largest header the model parses.
-const MAX_HDR: usize = 256;
+pub(super) const MAX_HDR: usize = 256;
 
 /// What the model parsed of one packet, once, from its context descriptor,
 /// first data descriptor and header.
 #[derive(Clone, Copy, Debug)]
-struct Packet {
-    maclen: usize,
-    iplen: usize,
-    l4len: usize,
+pub(super) struct Packet {
+    pub(super) maclen: usize,
+    pub(super) iplen: usize,
+    pub(super) l4len: usize,
     /// TCP sequence number of the first payload byte.
-    seq0: u32,
-    flow: u32,
-    paylen: usize,
-    mss: usize,
-    popts: Popts,
+    pub(super) seq0: u32,
+    pub(super) flow: u32,
+    pub(super) paylen: usize,
+    pub(super) mss: usize,
+    pub(super) popts: Popts,
     /// TCP (else UDP), from the context descriptor.
-    tcp: bool,
+    pub(super) tcp: bool,
     /// Check the payload against the flow's pattern.
-    verify: bool,
+    pub(super) verify: bool,
 }
 
 impl Packet {
     /// Stream offset of the first payload byte (where its pattern starts).
-    fn stream0(&self) -> u32 {
+    pub(super) fn stream0(&self) -> u32 {
         self.seq0.wrapping_sub(flow::isn(self.flow))
-    }
-}
-
-/// What one packet produced, committed to the counters only once the whole
-/// packet was read without a fault.
-#[derive(Default)]
-struct Outcome {
-    frames: u64,
-    verified: u64,
-    ok: bool,
-}
-
-/// Reads packet bytes `start..start + len` (offsets over the packet's
-/// buffers `bufs`) through `iommu`, piece by piece.
-fn read_range<T: Translate>(
-    iommu: &T,
-    bufs: &[(Iova, usize)],
-    mut start: usize,
-    mut len: usize,
-    f: &mut dyn FnMut(&[u8]),
-) -> Result<(), Fault> {
-    for &(iova, blen) in bufs {
-        if len == 0 {
-            break;
-        }
-        if start >= blen {
-            start -= blen;
-            continue;
-        }
-        let take = (blen - start).min(len);
-        iommu.read(iova.offset(start as u64), take, f)?;
-        len -= take;
-        start = 0;
-    }
-    Ok(())
-}
-
-/// Cuts a payload stream into MSS-sized frames: verifies every byte against
-/// the flow's pattern, checksums it, and (with capture) keeps the frames.
-struct Segmenter<'a> {
-    pkt: &'a Packet,
-    hdr: &'a [u8],
-    id0: u16,
-    nseg: usize,
-    /// Segment being filled, its length and bytes so far.
-    k: usize,
-    len: usize,
-    fill: usize,
-    sum: Csum,
-    ok: bool,
-    frame: Option<Vec<u8>>,
-    capture: bool,
-    out: Outcome,
-    frames: Vec<Vec<u8>>,
-}
-
-impl<'a> Segmenter<'a> {
-    fn new(pkt: &'a Packet, hdr: &'a [u8], capture: bool) -> Segmenter<'a> {
-        let m = pkt.maclen;
-        let mut s = Segmenter {
-            pkt,
-            hdr,
-            id0: u16::from_be_bytes([hdr[m + 4], hdr[m + 5]]),
-            nseg: pkt.paylen.div_ceil(pkt.mss).max(1),
-            k: 0,
-            len: 0,
-            fill: 0,
-            sum: Csum::new(),
-            ok: true,
-            frame: None,
-            capture,
-            out: Outcome {
-                ok: true,
-                ..Outcome::default()
-            },
-            frames: Vec::new(),
-        };
-        s.start(0);
-        s
-    }
-
-    fn start(&mut self, k: usize) {
-        self.k = k;
-        self.len = self.pkt.mss.min(self.pkt.paylen - k * self.pkt.mss);
-        self.fill = 0;
-        self.sum = Csum::new();
-        self.ok = true;
-        self.frame = self.capture.then(|| {
-            let mut v = Vec::with_capacity(self.hdr.len() + self.len);
-            v.extend_from_slice(self.hdr);
-            v
-        });
-        if self.len == 0 {
-            self.finish();
-        }
-    }
-
-    fn feed(&mut self, mut s: &[u8]) {
-        while !s.is_empty() && self.k < self.nseg {
-            let take = s.len().min(self.len - self.fill);
-            let off = self.k * self.pkt.mss + self.fill;
-            let piece = &s[..take];
-            if self.pkt.verify {
-                let at = self.pkt.stream0().wrapping_add(off as u32);
-                self.ok &= pattern::verify(self.pkt.flow, at, piece);
-            }
-            self.sum.add(piece);
-            if let Some(f) = self.frame.as_mut() {
-                f.extend_from_slice(piece);
-            }
-            self.fill += take;
-            s = &s[take..];
-            if self.fill == self.len {
-                self.finish();
-            }
-        }
-    }
-
-    /// Completes segment `k`: its headers, checksums and counters.
-    fn finish(&mut self) {
-        let p = self.pkt;
-        let (maclen, iplen, l4len, hlen) = (p.maclen, p.iplen, p.l4len, self.hdr.len());
-        let tcp = maclen + iplen;
-        let mut h = [0u8; MAX_HDR];
-        h[..hlen].copy_from_slice(self.hdr);
-        let ip = &mut h[maclen..maclen + iplen];
-        ip[2..4].copy_from_slice(&((iplen + l4len + self.len) as u16).to_be_bytes());
-        ip[4..6].copy_from_slice(&self.id0.wrapping_add(self.k as u16).to_be_bytes());
-        if p.popts.contains(Popts::IXSM) {
-            ip[10..12].fill(0);
-            let mut c = Csum::new();
-            c.add(ip);
-            ip[10..12].copy_from_slice(&c.finish().to_be_bytes());
-        }
-        let off = self.k * p.mss;
-        let t = &mut h[tcp..tcp + l4len];
-        // Where the L4 checksum goes, and the protocol for its pseudo-header.
-        let (at, proto) = if p.tcp {
-            t[4..8].copy_from_slice(&p.seq0.wrapping_add(off as u32).to_be_bytes());
-            if self.k + 1 < self.nseg {
-                t[13] &= !0x09; // FIN and PSH only on the last segment
-            }
-            (16, 6)
-        } else {
-            (6, 17)
-        };
-        if p.popts.contains(Popts::TXSM) {
-            t[at..at + 2].fill(0);
-            let mut c = Csum::new();
-            c.add(&h[maclen + 12..maclen + 20]); // source and destination
-            c.add_u16(proto);
-            c.add_u16((l4len + self.len) as u16);
-            c.add(&h[tcp..tcp + l4len]);
-            c.add_u16(self.sum.sum());
-            let mut sum = c.finish();
-            if !p.tcp && sum == 0 {
-                sum = 0xffff; // UDP sends a computed zero as all ones
-            }
-            h[tcp + at..tcp + at + 2].copy_from_slice(&sum.to_be_bytes());
-        }
-        if let Some(mut fr) = self.frame.take() {
-            fr[..hlen].copy_from_slice(&h[..hlen]);
-            self.frames.push(fr);
-        }
-        self.out.frames += 1;
-        if self.ok && p.verify {
-            self.out.verified += self.len as u64;
-        }
-        self.out.ok &= self.ok;
-        if self.k + 1 < self.nseg {
-            self.start(self.k + 1);
-        } else {
-            self.k = self.nseg;
-        }
     }
 }
 

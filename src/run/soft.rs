@@ -1,0 +1,292 @@
+//! Runs on the software device models: one thread per queue, sharing one
+//! pool and one mapper, barriers around the measured part.
+
+use super::*;
+
+/// Runs `cfg` on the software NIC, one thread per queue. Returns the total
+/// row first, then (with more than one queue) one row per queue. `tick` is
+/// called with packet counts as they are sent (for progress).
+pub fn run(cfg: &RunConfig, tick: &mut dyn FnMut(u64)) -> Result<Vec<Row>, RunError> {
+    check(cfg)?;
+    if cfg.queues == 0 || (cfg.packets as usize) < cfg.queues {
+        return Err(RunError::Setting(format!(
+            "queues {} must be >= 1 and <= packets {}",
+            cfg.queues, cfg.packets
+        )));
+    }
+    if let Workload::Small { min, max } = cfg.workload {
+        if min == 0 || min > max {
+            return Err(RunError::Setting(format!(
+                "send sizes {min}..={max} are not a range of positive sizes"
+            )));
+        }
+    }
+    match cfg.iommu {
+        IommuMode::Off => measure(cfg, Arc::new(Identity::new()), tick),
+        mode => {
+            let m = SoftIommu::new(SoftIommuConfig {
+                iotlb_entries: cfg.iotlb_entries,
+                invalidation: if mode == IommuMode::Lazy {
+                    Invalidation::Lazy
+                } else {
+                    Invalidation::Strict
+                },
+                superpages: cfg.hugepages,
+                cost: Some(cfg.cost),
+                ..SoftIommuConfig::default()
+            })?;
+            measure(cfg, Arc::new(m), tick)
+        }
+    }
+}
+
+/// Packets queue `i` of `n` sends out of `total`.
+fn share(total: u64, n: usize, i: usize, skew: Option<f64>) -> u64 {
+    let n64 = n as u64;
+    match skew {
+        Some(f) if n > 1 => {
+            let first = ((total as f64) * f.clamp(0.0, 1.0)).round() as u64;
+            let rest = total - first.min(total);
+            if i == 0 {
+                first.min(total)
+            } else {
+                rest / (n64 - 1) + u64::from(((i - 1) as u64) < rest % (n64 - 1))
+            }
+        }
+        _ => total / n64 + u64::from((i as u64) < total % n64),
+    }
+}
+
+/// One queue's figures over the measured part.
+struct QueueRun {
+    packets: u64,
+    bytes: u64,
+    descs: u64,
+    waste: u64,
+    nic: vfio_nic::model::softnic::NicStats,
+    faults: u64,
+    start: Instant,
+    end: Instant,
+}
+
+impl QueueRun {
+    /// Wall time of its measured part.
+    fn ns(&self) -> f64 {
+        (self.end - self.start).as_nanos() as f64
+    }
+}
+
+/// Runs `cfg` on the device model it names.
+fn measure<M: DmaMapper + Translate + 'static>(
+    cfg: &RunConfig,
+    mapper: Arc<M>,
+    tick: &mut dyn FnMut(u64),
+) -> Result<Vec<Row>, RunError> {
+    match cfg.model {
+        DeviceModel::Soft => {
+            let nic = |m: Arc<M>| {
+                SoftNic::new(
+                    m,
+                    softnic::Config {
+                        touch: cfg.touch,
+                        capture: false,
+                        verify: true,
+                    },
+                )
+            };
+            measure_on(cfg, mapper, &nic, tick)
+        }
+        DeviceModel::Null => measure_on(cfg, mapper, &NullNic::new, tick),
+    }
+}
+
+fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
+    cfg: &RunConfig,
+    mapper: Arc<M>,
+    make_nic: &(dyn Fn(Arc<M>) -> D + Sync),
+    tick: &mut dyn FnMut(u64),
+) -> Result<Vec<Row>, RunError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Barrier;
+
+    let queues = cfg.queues.max(1);
+    let domain = Arc::new(Domain::new(mapper.clone()));
+    let mut pcfg = pool::Config::new(Order::new(cfg.order)?, cfg.policy);
+    pcfg.hugepages = cfg.hugepages;
+    pcfg.queues = queues;
+    pcfg.reclaim = cfg.reclaim;
+    let account = MemAccount::new(cfg.limits, CountHooks::default())?;
+    let pool = Pool::with_account(domain.clone(), pcfg, account.clone())?;
+    let progress = AtomicU64::new(0);
+    // Phases: all warmed up (main snapshots the counters), go, all done
+    // (main snapshots again before any queue is dropped, since dropping
+    // unmaps its ring), release.
+    let warmed = Barrier::new(queues + 1);
+    let go = Barrier::new(queues + 1);
+    let done = Barrier::new(queues + 1);
+    let release = Barrier::new(queues + 1);
+    let finished = std::sync::atomic::AtomicUsize::new(0);
+
+    let one = |i: usize| -> Result<QueueRun, RunError> {
+        let nic = make_nic(mapper.clone());
+        let tx = tx::Config {
+            ring: cfg.ring,
+            header: cfg.header,
+            fit_whole: cfg.fit_whole,
+            queue: i,
+            ..tx::Config::default()
+        };
+        let mut tick = |n| {
+            progress.fetch_add(n, Ordering::Relaxed);
+        };
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
+        let setup = tx::Queue::new(domain.clone(), pool.clone(), nic, tx)
+            .and_then(|q| Ok((q, Traffic::new(cfg.flows, MSS)?)))
+            .map_err(RunError::from)
+            .and_then(|(mut q, mut g)| {
+                pump(&mut q, &mut g, cfg, cfg.warmup, &mut rng, &mut tick).map(|_| (q, g))
+            });
+        // Every thread passes every barrier, even after an error, so that
+        // none waits forever.
+        warmed.wait();
+        go.wait();
+        let t0 = Instant::now();
+        let measured = setup.and_then(|(mut q, mut g)| {
+            let snap = (q.device().counters(), q.stats(), q.cache().stats());
+            let packets = share(cfg.packets, queues, i, cfg.skew);
+            let bytes = pump(&mut q, &mut g, cfg, packets, &mut rng, &mut tick)?;
+            Ok((q, snap, packets, bytes, Instant::now()))
+        });
+        finished.fetch_add(1, Ordering::Release);
+        done.wait();
+        release.wait();
+        let (q, (n0, q0, c0), packets, bytes, end) = measured?;
+        let (n, qs, cs) = (q.device().counters(), q.stats(), q.cache().stats());
+        Ok(QueueRun {
+            packets,
+            bytes,
+            descs: qs.descs - q0.descs,
+            waste: cs.waste_bytes - c0.waste_bytes,
+            faults: (n.faults + n.bad_payload + n.bad_desc)
+                - (n0.faults + n0.bad_payload + n0.bad_desc),
+            nic: n.since(&n0),
+            start: t0,
+            end,
+        })
+    };
+
+    let (runs, m, pool0, pool1, qdelta) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..queues).map(|i| s.spawn(move || one(i))).collect();
+        let mut seen = 0;
+        let mut poll = |seen: &mut u64| {
+            let now = progress.load(Ordering::Relaxed);
+            tick(now - *seen);
+            *seen = now;
+        };
+        let qstats = || -> Vec<pfrag::pool::QueueStats> {
+            (0..queues)
+                .map(|i| pool.queue_stats(i).unwrap_or_default())
+                .collect()
+        };
+        warmed.wait();
+        let (m0, pool0, q0) = (mapper.stats(), pool.stats(), qstats());
+        go.wait();
+        while finished.load(Ordering::Acquire) < queues {
+            std::thread::sleep(Duration::from_millis(20));
+            poll(&mut seen);
+        }
+        done.wait();
+        let (m, pool1, q1) = (mapper.stats().since(&m0), pool.stats(), qstats());
+        release.wait();
+        poll(&mut seen);
+        let runs: Vec<Result<QueueRun, RunError>> = handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(RunError::Setting("a queue thread panicked".into())))
+            })
+            .collect();
+        let qdelta: Vec<pfrag::pool::QueueStats> =
+            q0.iter().zip(&q1).map(|(a, b)| b.since(a)).collect();
+        (runs, m, pool0, pool1, qdelta)
+    });
+    let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
+    // The total's measured part: first start to last end.
+    let now = Instant::now();
+    let start = runs.iter().map(|r| r.start).min().unwrap_or(now);
+    let end = runs.iter().map(|r| r.end).max().unwrap_or(now);
+
+    let total = QueueRun {
+        packets: runs.iter().map(|r| r.packets).sum(),
+        bytes: runs.iter().map(|r| r.bytes).sum(),
+        descs: runs.iter().map(|r| r.descs).sum(),
+        waste: runs.iter().map(|r| r.waste).sum(),
+        faults: runs.iter().map(|r| r.faults).sum(),
+        nic: runs
+            .iter()
+            .fold(vfio_nic::model::softnic::NicStats::default(), |a, r| {
+                a.plus(&r.nic)
+            }),
+        start,
+        end,
+    };
+    let row = |r: &QueueRun, queue: Option<usize>| -> Row {
+        let p = r.packets.max(1) as f64;
+        let (map, pool_delta) = match queue {
+            None => (m, pool1.since(&pool0)),
+            Some(_) => (
+                pfrag::dma::MapStats::default(),
+                pfrag::pool::Stats::default(),
+            ),
+        };
+        let common = Measured {
+            map,
+            packets: r.packets,
+            bytes: r.bytes,
+            delivered: r.nic.delivered_bytes,
+            descs: r.descs,
+            waste: r.waste,
+            ns: r.ns(),
+            pool: pool1,
+            delta: pool_delta,
+        };
+        let mut row = Row {
+            iotlb_misses_per_pkt: Some(map.iotlb_misses as f64 / p),
+            pages_per_pkt: Some(r.nic.pages as f64 / r.nic.packets.max(1) as f64),
+            model_iommu_ns_per_pkt: Some(map.model_ns / p),
+            faults: r.faults,
+            bytes_verified: r.nic.bytes_verified,
+            touch: touch_name(cfg.touch).into(),
+            ..common.row("soft", cfg)
+        };
+        if let Some(i) = queue {
+            // The mapper is shared by all queues: its counters belong to
+            // the total row only.
+            row.maps_per_pkt = None;
+            row.unmaps_per_pkt = None;
+            row.map_pages_per_pkt = None;
+            row.invalidations_per_pkt = None;
+            row.iotlb_misses_per_pkt = None;
+            row.model_iommu_ns_per_pkt = None;
+            let qs = qdelta[i];
+            row.queue = i.to_string();
+            row.borrows_per_pkt = qs.borrows as f64 / p;
+            row.skipped_pressured_per_pkt = qs.skipped_pressured as f64 / p;
+            row.reclaim_calls_per_pkt = qs.reclaim_calls as f64 / p;
+            row.shared_pool_ops_per_pkt = qs.shared_ops as f64 / p;
+        }
+        row
+    };
+    let acct = account.stats();
+    let mut top = row(&total, None);
+    top.pressure_hook_calls = account.hooks().calls();
+    top.pressure_transitions = acct.entered + acct.left;
+    top.peak_bytes = acct.peak;
+    let mut rows = vec![top];
+    if queues > 1 {
+        for (i, r) in runs.iter().enumerate() {
+            rows.push(row(r, Some(i)));
+        }
+    }
+    Ok(rows)
+}
