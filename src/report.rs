@@ -197,19 +197,41 @@ pub fn print_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Why a report could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// Drawing the SVG failed (what plotters said).
+    #[error("drawing the chart: {0}")]
+    Draw(String),
+    /// Writing the CSV failed.
+    #[error(transparent)]
+    Csv(#[from] csv::Error),
+}
+
+/// Turns a plotting error into [`ReportError::Draw`].
+trait OrDraw<T> {
+    fn or_draw(self) -> Result<T, ReportError>;
+}
+
+impl<T, E: std::fmt::Display> OrDraw<T> for Result<T, E> {
+    fn or_draw(self) -> Result<T, ReportError> {
+        self.map_err(|e| ReportError::Draw(e.to_string()))
+    }
+}
+
 /// One plotted point: order, Gbit/s, maps per packet.
 type Point = (u32, f64, f64);
 
 /// Draws Gbit/s and maps per packet against chunk order, one line per
 /// (policy, iommu, header) series, with the limit as a dashed level.
-pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Error>> {
+pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), ReportError> {
     let mut series: Vec<(String, Vec<Point>)> = Vec::new();
     for r in rows
         .iter()
         .filter(|r| !r.order.is_empty() && r.queue == "all")
     {
         let name = format!("{} {} {}", r.policy, r.iommu, r.header);
-        let o: u32 = r.order.parse()?;
+        let o: u32 = r.order.parse().or_draw()?;
         match series.iter_mut().find(|s| s.0 == name) {
             Some(s) => s.1.push((o, r.gbit_s, r.maps_per_pkt.unwrap_or(0.0))),
             None => series.push((name, vec![(o, r.gbit_s, r.maps_per_pkt.unwrap_or(0.0))])),
@@ -239,7 +261,7 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Er
         * 1.1;
 
     let root = SVGBackend::new(path, (1200, 520)).into_drawing_area();
-    root.fill(&WHITE)?;
+    root.fill(&WHITE).or_draw()?;
     let (left, right) = root.split_horizontally(600);
     let xs = min_order..max_order.max(min_order + 1);
     let mut g = ChartBuilder::on(&left)
@@ -247,43 +269,43 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Er
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(56)
-        .build_cartesian_2d(xs.clone(), 0.0..gmax)?;
+        .build_cartesian_2d(xs.clone(), 0.0..gmax).or_draw()?;
     g.configure_mesh()
         .x_desc("chunk order")
         .y_desc("Gbit/s")
         .x_labels(8)
-        .draw()?;
+        .draw().or_draw()?;
     let mut m = ChartBuilder::on(&right)
         .caption("DMA map calls per packet", ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(56)
-        .build_cartesian_2d(xs, 0.0..mmax)?;
+        .build_cartesian_2d(xs, 0.0..mmax).or_draw()?;
     m.configure_mesh()
         .x_desc("chunk order")
         .y_desc("maps / packet")
         .x_labels(8)
-        .draw()?;
+        .draw().or_draw()?;
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         g.draw_series(LineSeries::new(
             pts.iter().map(|p| (p.0, p.1)),
             color.stroke_width(2),
-        ))?
+        )).or_draw()?
         .label(name.clone())
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
         g.draw_series(
             pts.iter()
                 .map(|p| Circle::new((p.0, p.1), 3, color.filled())),
-        )?;
+        ).or_draw()?;
         m.draw_series(LineSeries::new(
             pts.iter().map(|p| (p.0, p.2)),
             color.stroke_width(2),
-        ))?;
+        )).or_draw()?;
         m.draw_series(
             pts.iter()
                 .map(|p| Circle::new((p.0, p.2), 3, color.filled())),
-        )?;
+        ).or_draw()?;
     }
     if let Some(l) = limit {
         g.draw_series(DashedLineSeries::new(
@@ -291,7 +313,7 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Er
             6,
             4,
             BLACK.stroke_width(1),
-        ))?
+        )).or_draw()?
         .label("limit (NIC work only)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
     }
@@ -299,7 +321,7 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), Box<dyn std::error::Er
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .position(SeriesLabelPosition::UpperLeft)
-        .draw()?;
-    root.present()?;
+        .draw().or_draw()?;
+    root.present().or_draw()?;
     Ok(())
 }

@@ -40,6 +40,19 @@ pub struct CacheStats {
     pub waste_bytes: u64,
 }
 
+impl CacheStats {
+    /// `self - earlier`, field by field: the work done in between.
+    pub fn since(&self, earlier: &CacheStats) -> CacheStats {
+        CacheStats {
+            frags: self.frags - earlier.frags,
+            bytes: self.bytes - earlier.bytes,
+            chunks_taken: self.chunks_taken - earlier.chunks_taken,
+            reused_in_place: self.reused_in_place - earlier.reused_in_place,
+            waste_bytes: self.waste_bytes - earlier.waste_bytes,
+        }
+    }
+}
+
 /// A piece of a chunk, ready for DMA: move-only; completing (dropping) it
 /// releases its reference on the chunk and, under `PerFrag`, its mapping.
 pub struct Frag<M: DmaMapper> {

@@ -50,8 +50,10 @@ pub mod error;
 pub mod frag;
 pub mod iova;
 pub mod mem;
+pub mod order;
 pub mod pool;
 mod sync;
 
-pub use addr::{Iova, Order, VirtAddr, PAGE_SIZE};
+pub use addr::{Iova, VirtAddr, PAGE_SIZE};
+pub use order::Order;
 pub use error::{Error, OsAdvice, Result};

@@ -115,10 +115,6 @@ impl Region {
     pub fn backing(&self) -> Backing {
         self.backing
     }
-    /// Whether `addr..addr+len` lies inside the usable part.
-    pub fn contains(&self, addr: VirtAddr, len: usize) -> bool {
-        addr.0 >= self.base && addr.0.saturating_add(len) <= self.base + self.len
-    }
 
     /// Gives the pages of `off..off+len` (page-aligned, inside the region)
     /// back to the kernel; they read as zeroes afterwards.

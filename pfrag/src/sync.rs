@@ -17,9 +17,21 @@ pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 
-/// Locks `m`. Pool state is updated before any call that can fail or panic,
-/// so a poisoned lock still guards consistent data.
+/// Locks `m`. Every lock holder of pfrag updates its state completely (or
+/// rolls it back) before anything that can fail or panic, so a poisoned
+/// lock still guards consistent data: the one poison-tolerant lock helper.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// [`lock`] for the std mutexes of state that loom does not model (the
+/// IOMMU models); the same function when loom is off.
+#[cfg(not(loom))]
+pub(crate) use lock as lock_std;
+
+/// [`lock`] for the std mutexes of state that loom does not model.
+#[cfg(loom)]
+pub(crate) fn lock_std<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

@@ -256,6 +256,12 @@ pub enum RunError {
     /// A setting is out of range.
     #[error("invalid setting: {0}")]
     Setting(String),
+    /// A queue's thread panicked (a bug, not a setting).
+    #[error("the thread of queue {queue} panicked")]
+    Panicked {
+        /// The queue.
+        queue: usize,
+    },
 }
 
 fn header_name(h: HeaderMode) -> &'static str {

@@ -165,8 +165,8 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
         Ok(QueueRun {
             packets,
             bytes,
-            descs: qs.descs - q0.descs,
-            waste: cs.waste_bytes - c0.waste_bytes,
+            descs: qs.since(&q0).descs,
+            waste: cs.since(&c0).waste_bytes,
             faults: (n.faults + n.bad_payload + n.bad_desc)
                 - (n0.faults + n0.bad_payload + n0.bad_desc),
             nic: n.since(&n0),
@@ -201,9 +201,10 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
         poll(&mut seen);
         let runs: Vec<Result<QueueRun, RunError>> = handles
             .into_iter()
-            .map(|h| {
+            .enumerate()
+            .map(|(i, h)| {
                 h.join()
-                    .unwrap_or_else(|_| Err(RunError::Setting("a queue thread panicked".into())))
+                    .unwrap_or_else(|_| Err(RunError::Panicked { queue: i }))
             })
             .collect();
         let qdelta: Vec<pfrag::pool::QueueStats> =

@@ -25,11 +25,12 @@ pub fn run_vfio(
             cfg.iommu.name()
         )));
     }
-    if cfg.payload == 0 || cfg.packets == 0 || cfg.burst == 0 {
-        return Err(RunError::Setting(format!(
-            "payload {}, packets {} and burst {} must be > 0",
-            cfg.payload, cfg.packets, cfg.burst
-        )));
+    if cfg.limits != Limits::UNLIMITED || cfg.queues > 1 || cfg.model != DeviceModel::Soft {
+        return Err(RunError::Setting(
+            "VFIO runs drive one queue of the real NIC without memory limits: \
+             --mem-limits, --queues and --model do not apply"
+                .into(),
+        ));
     }
     let pci = VfioPci::open(bdf)?;
     let mapper = Arc::new(VfioMapper::new(&pci)?);
@@ -71,8 +72,8 @@ pub fn run_vfio(
         packets: cfg.packets,
         bytes,
         delivered,
-        descs: qs.descs - q0.descs,
-        waste: cs.waste_bytes - c0.waste_bytes,
+        descs: qs.since(&q0).descs,
+        waste: cs.since(&c0).waste_bytes,
         ns,
         pool: pool1,
         delta: pool1.since(&pool0),

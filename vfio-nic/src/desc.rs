@@ -30,21 +30,8 @@ pub struct Context {
     pub mss_l4len_idx: u32,
 }
 
-/// Write-back format: the device sets `status.DD` on descriptors with RS.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WriteBack {
-    /// Reserved.
-    pub rsvd: u64,
-    /// Reserved on the 82576.
-    pub nxtseq_seed: u32,
-    /// STA bits ([`Sta`]).
-    pub status: u32,
-}
-
 const _: () = assert!(std::mem::size_of::<Data>() == 16);
 const _: () = assert!(std::mem::size_of::<Context>() == 16);
-const _: () = assert!(std::mem::size_of::<WriteBack>() == 16);
 
 /// Bytes per descriptor.
 pub const SIZE: usize = 16;

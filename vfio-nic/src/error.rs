@@ -47,6 +47,12 @@ pub enum Error {
         /// What is wrong with the headers.
         why: crate::offload::HeaderFault,
     },
+    /// The PHY reported an error for an MDIC access (MDIC.E set).
+    #[error("PHY access failed: MDIC = {mdic:#010x} has its error bit set")]
+    Mdic {
+        /// The MDIC register as read back.
+        mdic: u32,
+    },
     /// A setting outside the range the device or driver accepts.
     #[error("{what} = {value} is out of range ({min}..={max})")]
     OutOfRange {

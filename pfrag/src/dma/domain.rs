@@ -278,7 +278,7 @@ impl<M: DmaMapper> Domain<M> {
 fn lock(a: &Mutex<IovaAllocator>) -> MutexGuard<'_, IovaAllocator> {
     // Allocator updates complete before unlocking; a poisoned lock still
     // guards consistent state.
-    a.lock().unwrap_or_else(|p| p.into_inner())
+    crate::sync::lock_std(a)
 }
 
 /// A coherent DMA region: memory mapped once at creation and unmapped when
@@ -339,9 +339,11 @@ impl<M: DmaMapper> Coherent<M> {
         let size = self.region.len();
         match off.checked_add(len) {
             Some(end) if end <= size && off % align == 0 => Ok(self.region.addr().offset(off)),
-            _ => Err(Error::BadConfig {
-                what: "coherent region offset",
+            _ => Err(Error::OutOfRange {
+                what: "coherent region offset (aligned, access inside the region)",
                 value: off as u64,
+                min: 0,
+                max: size.saturating_sub(len) as u64,
             }),
         }
     }

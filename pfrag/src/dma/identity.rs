@@ -41,7 +41,7 @@ impl Identity {
 
     fn lock(&self) -> MutexGuard<'_, HashMap<u64, Dir, BuildHasherDefault<PageHasher>>> {
         // Every update completes before unlocking.
-        self.pages.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock_std(&self.pages)
     }
 
     /// 4 KiB pages mapped now.

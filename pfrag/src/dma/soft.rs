@@ -261,7 +261,7 @@ impl SoftIommu {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock leaves the tables consistent
         // (every mutation is completed or rolled back before unlocking).
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock_std(&self.state)
     }
 
     fn check(&self, iova: Iova, addr: u64, len: u64) -> Result<()> {

@@ -149,14 +149,6 @@ impl VfioPci {
     pub fn container(&self) -> &Arc<VfioContainer> {
         &self.container
     }
-
-    /// Reads 16 bits of PCI config space at `off`.
-    pub fn config_read16(&self, off: u64) -> u16 {
-        let mut b = [0u8; 2];
-        self.device
-            .region_read(VFIO_PCI_CONFIG_REGION_INDEX, &mut b, off);
-        u16::from_le_bytes(b)
-    }
 }
 
 fn iommu_group(sys: &Path, bdf: &str) -> Result<u32> {
@@ -386,9 +378,11 @@ fn errno(e: &VfioError) -> i32 {
 
 impl DmaMapper for VfioMapper {
     unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
-        let len = usize::try_from(m.len).map_err(|_| pfrag::Error::TooLarge {
-            len: m.len as usize,
-            max: usize::MAX,
+        let len = usize::try_from(m.len).map_err(|_| pfrag::Error::OutOfRange {
+            what: "mapping length",
+            value: m.len,
+            min: 1,
+            max: usize::MAX as u64,
         })?;
         // SAFETY: vfio_dma_map lets the device reach `m.addr..+len` until
         // the unmap. Our caller promised (`DmaMapper::map`'s contract) that
@@ -423,9 +417,11 @@ impl DmaMapper for VfioMapper {
     }
 
     fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
-        let n = usize::try_from(len).map_err(|_| pfrag::Error::TooLarge {
-            len: len as usize,
-            max: usize::MAX,
+        let n = usize::try_from(len).map_err(|_| pfrag::Error::OutOfRange {
+            what: "unmap length",
+            value: len,
+            min: 1,
+            max: usize::MAX as u64,
         })?;
         self.c.unmap_calls.fetch_add(1, Ordering::Relaxed);
         match self.container.vfio_dma_unmap(iova.raw(), n) {

@@ -151,6 +151,23 @@ pub struct Stats {
     pub mem_backoffs: u64,
 }
 
+impl Stats {
+    /// `self - earlier`, field by field: the work done in between.
+    pub fn since(&self, earlier: &Stats) -> Stats {
+        Stats {
+            packets: self.packets - earlier.packets,
+            bytes: self.bytes - earlier.bytes,
+            descs: self.descs - earlier.descs,
+            completed: self.completed - earlier.completed,
+            header_fallbacks: self.header_fallbacks - earlier.header_fallbacks,
+            mapped_headers: self.mapped_headers - earlier.mapped_headers,
+            ring_full: self.ring_full - earlier.ring_full,
+            unmap_errors: self.unmap_errors - earlier.unmap_errors,
+            mem_backoffs: self.mem_backoffs - earlier.mem_backoffs,
+        }
+    }
+}
+
 enum Hdr<M: DmaMapper> {
     Slot(usize),
     Frag(Frag<M>),

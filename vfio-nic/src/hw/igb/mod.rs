@@ -299,10 +299,7 @@ impl Igb {
             Ok(out & Mdic::READY.bits() != 0)
         })?;
         if out & Mdic::ERROR.bits() != 0 {
-            return Err(Error::DeviceTimeout {
-                what: "PHY access (MDIC error)",
-                waited_ms: 0,
-            });
+            return Err(Error::Mdic { mdic: out });
         }
         Ok(out)
     }
