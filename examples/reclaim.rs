@@ -19,7 +19,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use pfrag::account::Limits;
 use pfrag::bounce::SlotSize;
@@ -30,12 +30,6 @@ use pfrag_lab::run::{run, DeviceModel, IommuMode, Row, RunConfig, Workload};
 use vfio_nic::model::softnic::Touch;
 use vfio_nic::tx::HeaderMode;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum ReclaimArg {
-    Eager,
-    Hysteresis,
-}
-
 /// Reclaim calls and shared-pool traffic per packet under Eager and
 /// Hysteresis reclaim, on a many-small-sends workload.
 #[derive(Parser, Debug)]
@@ -43,7 +37,7 @@ enum ReclaimArg {
 struct Args {
     /// Reclaim policies to compare.
     #[arg(long, value_delimiter = ',', default_value = "eager,hysteresis")]
-    policies: Vec<ReclaimArg>,
+    policies: Vec<Reclaim>,
     /// Flow counts, one run each.
     #[arg(long, value_delimiter = ',', default_value = "1,64,1024")]
     flows: Vec<usize>,
@@ -139,8 +133,8 @@ fn main() -> ExitCode {
                 queues: a.queues,
                 skew: None,
                 reclaim: match p {
-                    ReclaimArg::Eager => Reclaim::Eager,
-                    ReclaimArg::Hysteresis => Reclaim::HYSTERESIS,
+                    Reclaim::Eager => Reclaim::Eager,
+                    Reclaim::Hysteresis { .. } => Reclaim::HYSTERESIS,
                 },
                 workload: Workload::Small {
                     min: a.min,

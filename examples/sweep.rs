@@ -26,64 +26,12 @@ use vfio_nic::model::softnic::Touch;
 use vfio_nic::tx::HeaderMode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum PolicyArg {
-    PerFrag,
-    PerChunk,
-    Persistent,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum IommuArg {
-    Off,
-    Strict,
-    Lazy,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum HeaderArg {
-    Bounce,
-    Mapped,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum TouchArg {
-    Checksum,
-    Pages,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Backend {
     /// The software NIC model (a simulator).
     Soft,
     /// An Intel 82576 bound to vfio-pci (see --device), through the
     /// kernel's IOMMU.
     Vfio,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum ModelArg {
-    /// The software NIC: reads, verifies and checksums every byte.
-    Soft,
-    /// The null device: translates every buffer, reads no payload.
-    Null,
-}
-
-impl From<ModelArg> for DeviceModel {
-    fn from(m: ModelArg) -> DeviceModel {
-        match m {
-            ModelArg::Soft => DeviceModel::Soft,
-            ModelArg::Null => DeviceModel::Null,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum ReclaimArg {
-    /// Every freed chunk straight back to the shared pool.
-    Eager,
-    /// Per-queue reserves, trimmed half the threshold at a time past
-    /// --threshold-mib (default 2 MiB).
-    Hysteresis,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -105,15 +53,15 @@ struct Args {
     /// Chunk orders: a list (0,2,4) or a range (0-4).
     #[arg(long, default_value = "0-4", value_parser = cli::orders)]
     orders: std::vec::Vec<u32>,
-    /// Mapping policies.
+    /// Mapping policies: per-frag, per-chunk, persistent.
     #[arg(long, value_delimiter = ',')]
-    policies: Vec<PolicyArg>,
-    /// IOMMU modes.
+    policies: Vec<Policy>,
+    /// IOMMU modes: off, strict, lazy.
     #[arg(long, value_delimiter = ',')]
-    iommu: Vec<IommuArg>,
+    iommu: Vec<IommuMode>,
     /// Header placement (default: mapped for per-frag, bounce otherwise).
     #[arg(long)]
-    header: Option<HeaderArg>,
+    header: Option<HeaderMode>,
     /// Fit payloads whole in one chunk (default: off for per-frag, as the
     /// stock kernel; on otherwise).
     #[arg(long)]
@@ -147,11 +95,12 @@ struct Args {
     /// The device model behind the ring: the software NIC, or the null
     /// device (translates and completes, reads no payload: the driver's own
     /// cost).
-    #[arg(long, value_enum, default_value = "soft")]
-    model: ModelArg,
-    /// How much payload the NIC reads: every byte, or a line per page.
-    #[arg(long, value_enum, default_value = "checksum")]
-    touch: TouchArg,
+    #[arg(long, default_value = "soft")]
+    model: DeviceModel,
+    /// How much payload the NIC reads: every byte (checksum), or a line per
+    /// page (pages).
+    #[arg(long, default_value = "checksum")]
+    touch: Touch,
     /// The NIC backend.
     #[arg(long, value_enum, default_value = "soft")]
     backend: Backend,
@@ -170,8 +119,8 @@ struct Args {
     #[arg(long)]
     skew: Option<f64>,
     /// How freed chunks return to the shared pool.
-    #[arg(long, value_enum, default_value = "eager")]
-    reclaim: ReclaimArg,
+    #[arg(long, default_value = "eager")]
+    reclaim: Reclaim,
     /// Hysteresis threshold in MiB (half of it goes back at once).
     #[arg(long, default_value_t = 2)]
     threshold_mib: u64,
@@ -198,33 +147,17 @@ struct Args {
     cost_miss_ns: f64,
 }
 
-fn policy(p: PolicyArg) -> Policy {
-    match p {
-        PolicyArg::PerFrag => Policy::PerFrag,
-        PolicyArg::PerChunk => Policy::PerChunk,
-        PolicyArg::Persistent => Policy::Persistent,
-    }
-}
-
-fn iommu(i: IommuArg) -> IommuMode {
-    match i {
-        IommuArg::Off => IommuMode::Off,
-        IommuArg::Strict => IommuMode::Strict,
-        IommuArg::Lazy => IommuMode::Lazy,
-    }
-}
-
 fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
     let default_matrix = a.policies.is_empty() && a.iommu.is_empty();
     let policies: Vec<Policy> = if a.policies.is_empty() {
         Policy::ALL.to_vec()
     } else {
-        a.policies.iter().map(|&p| policy(p)).collect()
+        a.policies.clone()
     };
     let modes: Vec<IommuMode> = if a.iommu.is_empty() {
         vec![IommuMode::Strict]
     } else {
-        a.iommu.iter().map(|&i| iommu(i)).collect()
+        a.iommu.clone()
     };
     let mut combos: Vec<(Policy, IommuMode)> = Vec::new();
     for &m in &modes {
@@ -239,8 +172,7 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
     for &order in &a.orders {
         for &(p, m) in &combos {
             let header = match a.header {
-                Some(HeaderArg::Mapped) => HeaderMode::Mapped,
-                Some(HeaderArg::Bounce) => HeaderMode::Bounce(SlotSize::B128),
+                Some(h) => h,
                 None if p == Policy::PerFrag => HeaderMode::Mapped,
                 None => HeaderMode::Bounce(SlotSize::B128),
             };
@@ -262,10 +194,7 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
                 burst: a.burst,
                 iotlb_entries: a.iotlb_entries,
                 hugepages: a.hugepages,
-                touch: match a.touch {
-                    TouchArg::Checksum => Touch::Checksum,
-                    TouchArg::Pages => Touch::Pages,
-                },
+                touch: a.touch,
                 cost: CostModel {
                     call_ns: a.cost_call_ns,
                     pte_ns: a.cost_pte_ns,
@@ -275,8 +204,8 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
                 queues: a.queues,
                 skew: a.skew,
                 reclaim: match a.reclaim {
-                    ReclaimArg::Eager => Reclaim::Eager,
-                    ReclaimArg::Hysteresis => Reclaim::Hysteresis {
+                    Reclaim::Eager => Reclaim::Eager,
+                    Reclaim::Hysteresis { .. } => Reclaim::Hysteresis {
                         threshold: a.threshold_mib << 20,
                         chunk: (a.threshold_mib << 20) / 2,
                     },
@@ -284,7 +213,7 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
                 // (threshold_mib is checked by `cli::mib` before this runs)
                 workload: Workload::Fixed,
                 limits: Limits::UNLIMITED,
-                model: a.model.into(),
+                model: a.model,
             });
         }
     }
@@ -432,8 +361,8 @@ fn main() -> ExitCode {
         .filter(|r| {
             r.faults > 0
                 || (a.backend == Backend::Soft
-                    && a.model == ModelArg::Soft
-                    && a.touch == TouchArg::Checksum
+                    && a.model == DeviceModel::Soft
+                    && a.touch == Touch::Checksum
                     && r.bytes_verified != r.packets * r.payload_bytes as u64)
         })
         .collect();

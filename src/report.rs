@@ -269,43 +269,51 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), ReportError> {
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(56)
-        .build_cartesian_2d(xs.clone(), 0.0..gmax).or_draw()?;
+        .build_cartesian_2d(xs.clone(), 0.0..gmax)
+        .or_draw()?;
     g.configure_mesh()
         .x_desc("chunk order")
         .y_desc("Gbit/s")
         .x_labels(8)
-        .draw().or_draw()?;
+        .draw()
+        .or_draw()?;
     let mut m = ChartBuilder::on(&right)
         .caption("DMA map calls per packet", ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(56)
-        .build_cartesian_2d(xs, 0.0..mmax).or_draw()?;
+        .build_cartesian_2d(xs, 0.0..mmax)
+        .or_draw()?;
     m.configure_mesh()
         .x_desc("chunk order")
         .y_desc("maps / packet")
         .x_labels(8)
-        .draw().or_draw()?;
+        .draw()
+        .or_draw()?;
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         g.draw_series(LineSeries::new(
             pts.iter().map(|p| (p.0, p.1)),
             color.stroke_width(2),
-        )).or_draw()?
+        ))
+        .or_draw()?
         .label(name.clone())
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
         g.draw_series(
             pts.iter()
                 .map(|p| Circle::new((p.0, p.1), 3, color.filled())),
-        ).or_draw()?;
+        )
+        .or_draw()?;
         m.draw_series(LineSeries::new(
             pts.iter().map(|p| (p.0, p.2)),
             color.stroke_width(2),
-        )).or_draw()?;
+        ))
+        .or_draw()?;
         m.draw_series(
             pts.iter()
                 .map(|p| Circle::new((p.0, p.2), 3, color.filled())),
-        ).or_draw()?;
+        )
+        .or_draw()?;
     }
     if let Some(l) = limit {
         g.draw_series(DashedLineSeries::new(
@@ -313,7 +321,8 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), ReportError> {
             6,
             4,
             BLACK.stroke_width(1),
-        )).or_draw()?
+        ))
+        .or_draw()?
         .label("limit (NIC work only)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
     }
@@ -321,7 +330,8 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), ReportError> {
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .position(SeriesLabelPosition::UpperLeft)
-        .draw().or_draw()?;
+        .draw()
+        .or_draw()?;
     root.present().or_draw()?;
     Ok(())
 }

@@ -55,5 +55,5 @@ pub mod pool;
 mod sync;
 
 pub use addr::{Iova, VirtAddr, PAGE_SIZE};
-pub use order::Order;
 pub use error::{Error, OsAdvice, Result};
+pub use order::Order;

@@ -44,6 +44,41 @@ impl IommuMode {
     }
 }
 
+impl std::fmt::Display for IommuMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for IommuMode {
+    type Err = String;
+    /// `off`, `strict` or `lazy`.
+    fn from_str(s: &str) -> Result<IommuMode, String> {
+        [IommuMode::Off, IommuMode::Strict, IommuMode::Lazy]
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("'{s}' is not an IOMMU mode (off, strict, lazy)"))
+    }
+}
+
+impl std::fmt::Display for DeviceModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DeviceModel {
+    type Err = String;
+    /// `soft` or `null`.
+    fn from_str(s: &str) -> Result<DeviceModel, String> {
+        match s {
+            "soft" => Ok(DeviceModel::Soft),
+            "null" => Ok(DeviceModel::Null),
+            _ => Err(format!("'{s}' is not a device model (soft, null)")),
+        }
+    }
+}
+
 /// Everything that defines one measured configuration.
 #[derive(Clone, Debug)]
 pub struct RunConfig {

@@ -202,10 +202,7 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
         let runs: Vec<Result<QueueRun, RunError>> = handles
             .into_iter()
             .enumerate()
-            .map(|(i, h)| {
-                h.join()
-                    .unwrap_or_else(|_| Err(RunError::Panicked { queue: i }))
-            })
+            .map(|(i, h)| h.join().unwrap_or(Err(RunError::Panicked { queue: i })))
             .collect();
         let qdelta: Vec<pfrag::pool::QueueStats> =
             q0.iter().zip(&q1).map(|(a, b)| b.since(a)).collect();

@@ -2,9 +2,9 @@
 //! sizes and limits, checked once when the pool is built.
 
 use crate::addr::HUGE_PAGE_SIZE;
-use crate::order::Order;
 use crate::dma::Dir;
 use crate::error::{Error, Result};
+use crate::order::Order;
 
 /// When chunk memory is mapped for DMA.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,6 +60,41 @@ impl Policy {
             Policy::PerFrag => "per-frag",
             Policy::PerChunk => "per-chunk",
             Policy::Persistent => "persistent",
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    /// `per-frag`, `per-chunk` or `persistent`.
+    fn from_str(s: &str) -> std::result::Result<Policy, String> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("'{s}' is not a policy (per-frag, per-chunk, persistent)"))
+    }
+}
+
+impl std::fmt::Display for Reclaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Reclaim {
+    type Err = String;
+    /// `eager`, or `hysteresis` with [`Reclaim::HYSTERESIS`]'s sizes.
+    fn from_str(s: &str) -> std::result::Result<Reclaim, String> {
+        match s {
+            "eager" => Ok(Reclaim::Eager),
+            "hysteresis" => Ok(Reclaim::HYSTERESIS),
+            _ => Err(format!("'{s}' is not a reclaim policy (eager, hysteresis)")),
         }
     }
 }

@@ -32,6 +32,34 @@ pub enum Touch {
     Pages,
 }
 
+impl Touch {
+    /// The lab's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Touch::Checksum => "checksum",
+            Touch::Pages => "pages",
+        }
+    }
+}
+
+impl std::fmt::Display for Touch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Touch {
+    type Err = String;
+    /// `checksum` or `pages`.
+    fn from_str(s: &str) -> Result<Touch, String> {
+        match s {
+            "checksum" => Ok(Touch::Checksum),
+            "pages" => Ok(Touch::Pages),
+            _ => Err(format!("'{s}' is not a touch mode (checksum, pages)")),
+        }
+    }
+}
+
 /// Settings of the model.
 #[derive(Clone, Copy, Debug)]
 pub struct Config {

@@ -94,6 +94,34 @@ pub enum HeaderMode {
     Mapped,
 }
 
+impl HeaderMode {
+    /// The lab's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeaderMode::Bounce(_) => "bounce",
+            HeaderMode::Mapped => "mapped",
+        }
+    }
+}
+
+impl std::fmt::Display for HeaderMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for HeaderMode {
+    type Err = String;
+    /// `bounce` (128-byte slots) or `mapped`.
+    fn from_str(s: &str) -> std::result::Result<HeaderMode, String> {
+        match s {
+            "bounce" => Ok(HeaderMode::Bounce(SlotSize::B128)),
+            "mapped" => Ok(HeaderMode::Mapped),
+            _ => Err(format!("'{s}' is not a header mode (bounce, mapped)")),
+        }
+    }
+}
+
 /// Settings of a [`Queue`].
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
