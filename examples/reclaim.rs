@@ -25,8 +25,8 @@ use pfrag::account::Limits;
 use pfrag::bounce::SlotSize;
 use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
-use pfrag_lab::cli;
-use pfrag_lab::run::{run, DeviceModel, IommuMode, Row, RunConfig, Workload};
+use pfrag_lab::run::{run, DeviceModel, IommuMode, RunConfig, Workload};
+use pfrag_lab::{cli, report};
 use vfio_nic::model::softnic::Touch;
 use vfio_nic::tx::HeaderMode;
 
@@ -70,35 +70,20 @@ struct Args {
     csv: Option<PathBuf>,
 }
 
-const COLUMNS: [&str; 11] = [
-    "policy",
-    "queues",
-    "flows",
-    "packets",
-    "reclaim_calls_per_pkt",
-    "shared_pool_ops_per_pkt",
-    "pressure_hook_calls",
-    "gbit_s",
-    "peak_bytes",
-    "pressure_transitions",
-    "bytes_verified",
+/// The table's and the CSV's columns: (header, field of the lab's `Row`).
+const COLUMNS: [(&str, &str); 11] = [
+    ("policy", "reclaim"),
+    ("queues", "queues"),
+    ("flows", "flows"),
+    ("packets", "packets"),
+    ("reclaim_calls_per_pkt", "reclaim_calls_per_pkt"),
+    ("shared_pool_ops_per_pkt", "shared_pool_ops_per_pkt"),
+    ("pressure_hook_calls", "pressure_hook_calls"),
+    ("gbit_s", "gbit_s"),
+    ("peak_bytes", "peak_bytes"),
+    ("pressure_transitions", "pressure_transitions"),
+    ("bytes_verified", "bytes_verified"),
 ];
-
-fn record(r: &Row) -> Vec<String> {
-    vec![
-        r.reclaim.clone(),
-        r.queues.to_string(),
-        r.flows.to_string(),
-        r.packets.to_string(),
-        format!("{:.4}", r.reclaim_calls_per_pkt),
-        format!("{:.4}", r.shared_pool_ops_per_pkt),
-        r.pressure_hook_calls.to_string(),
-        format!("{:.2}", r.gbit_s),
-        r.peak_bytes.to_string(),
-        r.pressure_transitions.to_string(),
-        r.bytes_verified.to_string(),
-    ]
-}
 
 fn main() -> ExitCode {
     let a = Args::parse();
@@ -175,32 +160,7 @@ fn main() -> ExitCode {
     bar.finish_and_clear();
 
     let mut out = std::io::stdout().lock();
-    let cells: Vec<Vec<String>> = rows.iter().map(record).collect();
-    let width: Vec<usize> = (0..COLUMNS.len())
-        .map(|i| {
-            cells
-                .iter()
-                .map(|c| c[i].len())
-                .max()
-                .unwrap_or(0)
-                .max(COLUMNS[i].len())
-        })
-        .collect();
-    let line = |v: Vec<String>| {
-        v.iter()
-            .zip(&width)
-            .map(|(s, w)| format!("{s:>w$}"))
-            .collect::<Vec<_>>()
-            .join("  ")
-    };
-    let _ = writeln!(
-        out,
-        "{}",
-        line(COLUMNS.iter().map(|s| s.to_string()).collect())
-    );
-    for c in &cells {
-        let _ = writeln!(out, "{}", line(c.clone()));
-    }
+    let _ = report::print_columns(&mut out, &rows, &COLUMNS);
     let _ = writeln!(out);
     for &flows in &a.flows {
         let find = |name: &str| rows.iter().find(|r| r.reclaim == name && r.flows == flows);
@@ -218,14 +178,7 @@ fn main() -> ExitCode {
         }
     }
     if let Some(path) = &a.csv {
-        let w = csv::Writer::from_path(path).and_then(|mut w| {
-            w.write_record(COLUMNS)?;
-            for c in &cells {
-                w.write_record(c)?;
-            }
-            w.flush()?;
-            Ok(())
-        });
+        let w = report::write_csv_columns(path, &rows, &COLUMNS);
         if let Err(e) = w {
             eprintln!("error: writing {}: {e}", path.display());
             return ExitCode::FAILURE;

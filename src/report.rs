@@ -8,52 +8,48 @@ use plotters::prelude::*;
 
 use crate::run::Row;
 
-/// CSV columns, in order. The first 21 are the design's contract (never
-/// renamed); the rest are additions.
-pub const COLUMNS: [&str; 38] = [
-    "backend",
-    "order",
-    "policy",
-    "iommu",
-    "header",
-    "flows",
-    "packets",
-    "payload_bytes",
-    "maps_per_pkt",
-    "unmaps_per_pkt",
-    "map_pages_per_pkt",
-    "invalidations_per_pkt",
-    "iotlb_misses_per_pkt",
-    "pages_per_pkt",
-    "descs_per_pkt",
-    "waste_bytes_per_pkt",
-    "ns_per_pkt",
-    "gbit_s",
-    "model_iommu_ns_per_pkt",
-    "faults",
-    "bytes_verified",
-    "fit_whole",
-    "pool_bytes",
-    "warmup",
-    "touch",
-    "backing",
-    "queues",
-    "queue",
-    "reclaim",
-    "borrows_per_pkt",
-    "skipped_pressured_per_pkt",
-    "reclaim_calls_per_pkt",
-    "shared_pool_ops_per_pkt",
-    "pressure_hook_calls",
-    "pressure_transitions",
-    "peak_bytes",
-    "iotlb_entries",
-    "device_model",
-];
+/// The CSV columns, in order: the names of [`Row`]'s fields, which are the
+/// one definition of the schema (the first 21 are the design's contract,
+/// never renamed; the rest are additions).
+pub fn columns() -> Vec<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    // Serializing into memory cannot fail for a plain struct of numbers
+    // and strings; an error leaves the list empty, which every test sees.
+    if w.serialize(Row::default()).is_err() {
+        return Vec::new();
+    }
+    first_record(w.into_inner().unwrap_or_default())
+}
 
-/// An optional figure: empty where it was not measured.
-fn fo(v: Option<f64>) -> String {
-    v.map(f).unwrap_or_default()
+/// A row's values, in [`columns`] order, as the CSV writes them (an
+/// unmeasured figure is an empty cell).
+pub fn record(r: &Row) -> Vec<String> {
+    let mut w = csv::WriterBuilder::new()
+        .has_headers(false)
+        .from_writer(Vec::new());
+    if w.serialize(r).is_err() {
+        return Vec::new();
+    }
+    first_record(w.into_inner().unwrap_or_default())
+}
+
+fn first_record(data: Vec<u8>) -> Vec<String> {
+    csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(&data[..])
+        .records()
+        .next()
+        .and_then(|r| r.ok())
+        .map(|r| r.iter().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// A cell for people: fractional numbers rounded.
+fn human(cell: &str) -> String {
+    match cell.parse::<f64>() {
+        Ok(v) if cell.contains('.') => f(v),
+        _ => cell.to_string(),
+    }
 }
 
 fn f(v: f64) -> String {
@@ -66,58 +62,81 @@ fn f(v: f64) -> String {
     }
 }
 
-/// A row's values, in [`COLUMNS`] order.
-pub fn record(r: &Row) -> Vec<String> {
-    vec![
-        r.backend.clone(),
-        r.order.clone(),
-        r.policy.clone(),
-        r.iommu.clone(),
-        r.header.clone(),
-        r.flows.to_string(),
-        r.packets.to_string(),
-        r.payload_bytes.to_string(),
-        fo(r.maps_per_pkt),
-        fo(r.unmaps_per_pkt),
-        fo(r.map_pages_per_pkt),
-        fo(r.invalidations_per_pkt),
-        fo(r.iotlb_misses_per_pkt),
-        fo(r.pages_per_pkt),
-        f(r.descs_per_pkt),
-        f(r.waste_bytes_per_pkt),
-        f(r.ns_per_pkt),
-        format!("{:.2}", r.gbit_s),
-        fo(r.model_iommu_ns_per_pkt),
-        r.faults.to_string(),
-        r.bytes_verified.to_string(),
-        r.fit_whole.to_string(),
-        r.pool_bytes.to_string(),
-        r.warmup.to_string(),
-        r.touch.clone(),
-        r.backing.clone(),
-        r.queues.to_string(),
-        r.queue.clone(),
-        r.reclaim.clone(),
-        f(r.borrows_per_pkt),
-        f(r.skipped_pressured_per_pkt),
-        f(r.reclaim_calls_per_pkt),
-        f(r.shared_pool_ops_per_pkt),
-        r.pressure_hook_calls.to_string(),
-        r.pressure_transitions.to_string(),
-        r.peak_bytes.to_string(),
-        r.iotlb_entries.map(|n| n.to_string()).unwrap_or_default(),
-        r.device_model.clone(),
-    ]
-}
-
 /// Writes the rows as CSV with a header line.
 pub fn write_csv(path: &Path, rows: &[Row]) -> Result<(), csv::Error> {
     let mut w = csv::Writer::from_path(path)?;
-    w.write_record(COLUMNS)?;
     for r in rows {
-        w.write_record(record(r))?;
+        w.serialize(r)?;
     }
     w.flush()?;
+    Ok(())
+}
+
+/// Writes the columns `cols` (header, [`Row`] field) of the rows as CSV.
+pub fn write_csv_columns(
+    path: &Path,
+    rows: &[Row],
+    cols: &[(&str, &str)],
+) -> Result<(), csv::Error> {
+    let mut w = csv::Writer::from_path(path)?;
+    w.write_record(cols.iter().map(|c| c.0))?;
+    for r in rows {
+        w.write_record(select(&record(r), cols))?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// The cells of `cols` (header, field) from a full record.
+fn select(rec: &[String], cols: &[(&str, &str)]) -> Vec<String> {
+    let names = columns();
+    cols.iter()
+        .map(|(_, field)| {
+            names
+                .iter()
+                .position(|n| n == field)
+                .and_then(|i| rec.get(i).cloned())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Prints the columns `cols` (header, [`Row`] field) of the rows as an
+/// aligned table, numbers rounded.
+pub fn print_columns(
+    out: &mut impl Write,
+    rows: &[Row],
+    cols: &[(&str, &str)],
+) -> std::io::Result<()> {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| select(&record(r), cols).iter().map(|c| human(c)).collect())
+        .collect();
+    let width: Vec<usize> = (0..cols.len())
+        .map(|i| {
+            cells
+                .iter()
+                .map(|c| c[i].len())
+                .max()
+                .unwrap_or(0)
+                .max(cols[i].0.len())
+        })
+        .collect();
+    let line = |vals: Vec<String>| -> String {
+        vals.iter()
+            .zip(&width)
+            .map(|(v, w)| format!("{v:>w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    writeln!(
+        out,
+        "{}",
+        line(cols.iter().map(|c| c.0.to_string()).collect())
+    )?;
+    for c in cells {
+        writeln!(out, "{}", line(c))?;
+    }
     Ok(())
 }
 
@@ -151,50 +170,15 @@ const MULTI: [&str; 4] = [
 pub fn print_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     let multi = rows.iter().any(|r| r.queues > 1);
     let extra: &[&str] = if multi { &MULTI } else { &[] };
-    let idx: Vec<usize> = TABLE
-        .iter()
-        .chain(extra)
-        .map(|n| {
-            COLUMNS
-                .iter()
-                .position(|c| c == n)
-                .expect("table column is a CSV column")
-        })
-        .collect();
-    let cells: Vec<Vec<String>> = rows.iter().map(record).collect();
     let short = |n: &str| {
         n.trim_end_matches("_per_pkt")
             .replace("invalidations", "invals")
             .replace("model_iommu_ns", "model_ns")
             .replace("skipped_pressured", "skipped")
     };
-    let width: Vec<usize> = idx
-        .iter()
-        .map(|&i| {
-            cells
-                .iter()
-                .map(|c| c[i].len())
-                .max()
-                .unwrap_or(0)
-                .max(short(COLUMNS[i]).len())
-        })
-        .collect();
-    let line = |vals: Vec<String>| -> String {
-        vals.iter()
-            .zip(&width)
-            .map(|(v, w)| format!("{v:>w$}"))
-            .collect::<Vec<_>>()
-            .join("  ")
-    };
-    writeln!(
-        out,
-        "{}",
-        line(idx.iter().map(|&i| short(COLUMNS[i])).collect())
-    )?;
-    for c in &cells {
-        writeln!(out, "{}", line(idx.iter().map(|&i| c[i].clone()).collect()))?;
-    }
-    Ok(())
+    let names: Vec<(String, &str)> = TABLE.iter().chain(extra).map(|&n| (short(n), n)).collect();
+    let cols: Vec<(&str, &str)> = names.iter().map(|(s, n)| (s.as_str(), *n)).collect();
+    print_columns(out, rows, &cols)
 }
 
 /// Why a report could not be written.

@@ -56,7 +56,7 @@ fn two_skewed_queues_share_one_pool_and_verify_every_byte() {
     assert_eq!(total.pressure_hook_calls, total.pressure_transitions);
     // Defect 11: the mapper is shared, so per-queue rows cannot measure its
     // counters: those cells are empty, not 0. The total row has them.
-    let cols = pfrag_lab::report::COLUMNS;
+    let cols = pfrag_lab::report::columns();
     let cell = |r: &pfrag_lab::Row, name: &str| {
         let i = cols.iter().position(|c| *c == name).unwrap();
         pfrag_lab::report::record(r)[i].clone()

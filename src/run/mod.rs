@@ -193,8 +193,9 @@ impl Workload {
     }
 }
 
-/// One result row. Field names are the CSV column names.
-#[derive(Clone, Debug, Default)]
+/// One result row: the one definition of the CSV schema (field names are
+/// the column names, in order; see [`crate::report::columns`]).
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Row {
     /// `soft` (software NIC) or `vfio`.
     pub backend: String,
