@@ -23,6 +23,7 @@ pub mod desc;
 pub mod device;
 pub mod error;
 pub mod gen;
+#[cfg(feature = "vfio")]
 pub mod hw;
 pub mod model;
 pub mod offload;
