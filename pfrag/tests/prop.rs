@@ -55,7 +55,7 @@ proptest! {
         order in 0u32..=4,
         policy in policy(),
         lazy in any::<bool>(),
-        ops in proptest::collection::vec(op(), 1..120),
+        ops in proptest::collection::vec(op(), 1..if cfg!(miri) { 16 } else { 120 }),
     ) {
         let inv = if lazy { Invalidation::Lazy } else { Invalidation::Strict };
         let domain = Arc::new(Domain::new(SoftIommu::new(SoftIommuConfig {

@@ -119,7 +119,7 @@ fn check_frames(frames: &[Vec<u8>]) -> WireCheck {
 /// orders of magnitude slower); the properties checked stay the same.
 fn n(full: usize) -> usize {
     if cfg!(miri) {
-        (full / 40).max(4)
+        (full / 100).max(2)
     } else {
         full
     }
