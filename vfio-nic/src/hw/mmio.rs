@@ -82,6 +82,15 @@ impl Bar {
 
     /// Reads register `r`.
     pub fn read(&self, r: Reg) -> Result<u32> {
+        self.load(r)
+    }
+
+    /// Writes `v` to register `r`.
+    pub fn write(&self, r: Reg, v: u32) -> Result<()> {
+        self.store(r, v)
+    }
+
+    fn load(&self, r: Reg) -> Result<u32> {
         let off = self.check(r)?;
         // SAFETY: `off + 4 <= len` and `off` is 4-aligned (checked above);
         // the mapping lives as long as `self`; device registers need a
@@ -90,8 +99,7 @@ impl Bar {
         Ok(u32::from_le(v))
     }
 
-    /// Writes `v` to register `r`.
-    pub fn write(&self, r: Reg, v: u32) -> Result<()> {
+    fn store(&self, r: Reg, v: u32) -> Result<()> {
         let off = self.check(r)?;
         // SAFETY: as in `read`: in bounds, aligned, mapping alive; writes to
         // device registers must be volatile so none is merged or dropped.
@@ -99,5 +107,24 @@ impl Bar {
             std::ptr::write_volatile(self.map.as_mut_ptr().add(off).cast::<u32>(), v.to_le())
         };
         Ok(())
+    }
+}
+
+/// Register access: what a driver needs of a device's registers. The BAR
+/// implements it with volatile MMIO; a test can implement it with an
+/// in-memory model of the device, so bring-up logic is tested on any host.
+pub trait Regs {
+    /// Reads register `r`.
+    fn read(&self, r: Reg) -> Result<u32>;
+    /// Writes `v` to register `r`.
+    fn write(&self, r: Reg, v: u32) -> Result<()>;
+}
+
+impl Regs for Bar {
+    fn read(&self, r: Reg) -> Result<u32> {
+        self.load(r)
+    }
+    fn write(&self, r: Reg, v: u32) -> Result<()> {
+        self.store(r, v)
     }
 }

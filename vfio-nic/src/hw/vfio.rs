@@ -34,7 +34,7 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError};
 
 use crate::error::{Error, Result};
-use crate::hw::mmio::Bar;
+use crate::hw::mmio::{Bar, Reg, Regs};
 
 /// `VFIO_IOMMU_GET_INFO`: `_IO(VFIO_TYPE, VFIO_BASE + 12)`.
 const VFIO_IOMMU_GET_INFO: u64 = ((VFIO_TYPE as u64) << 8) | (VFIO_BASE as u64 + 12);
@@ -148,6 +148,15 @@ impl VfioPci {
     /// The container (the IOMMU domain of the device).
     pub fn container(&self) -> &Arc<VfioContainer> {
         &self.container
+    }
+}
+
+impl Regs for VfioPci {
+    fn read(&self, r: Reg) -> Result<u32> {
+        self.bar0().read(r)
+    }
+    fn write(&self, r: Reg, v: u32) -> Result<()> {
+        self.bar0().write(r, v)
     }
 }
 

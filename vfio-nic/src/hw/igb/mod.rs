@@ -42,7 +42,7 @@ use pfrag::Iova;
 
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
-use crate::hw::mmio::{Bar, Reg};
+use crate::hw::mmio::{Reg, Regs};
 use crate::hw::vfio::VfioPci;
 
 pub mod regs;
@@ -200,10 +200,11 @@ pub struct IgbStats {
     pub total_packets: u64,
 }
 
-/// An 82576 opened through VFIO, running TX queue 0.
+/// An 82576 running TX queue 0, through its registers `R`: the BAR of a
+/// device opened with VFIO, or an in-memory model in tests.
 #[derive(Debug)]
-pub struct Igb {
-    pci: VfioPci,
+pub struct Igb<R: Regs = VfioPci> {
+    dev: R,
     cfg: IgbConfig,
     ring_len: Option<u16>,
     stats: IgbStats,
@@ -230,11 +231,11 @@ fn wait_for(
     }
 }
 
-impl Igb {
+impl<R: Regs> Igb<R> {
     /// Takes the device, resets it and waits for link.
-    pub fn new(pci: VfioPci, cfg: IgbConfig) -> Result<Igb> {
+    pub fn new(dev: R, cfg: IgbConfig) -> Result<Igb<R>> {
         let mut nic = Igb {
-            pci,
+            dev,
             cfg,
             ring_len: None,
             stats: IgbStats::default(),
@@ -244,18 +245,14 @@ impl Igb {
         Ok(nic)
     }
 
-    fn bar(&self) -> &Bar {
-        self.pci.bar0()
-    }
-
     /// Reads a register.
     pub fn read(&self, r: Reg) -> Result<u32> {
-        self.bar().read(r)
+        self.dev.read(r)
     }
 
     /// Writes a register.
     pub fn write(&self, r: Reg, v: u32) -> Result<()> {
-        self.bar().write(r, v)
+        self.dev.write(r, v)
     }
 
     /// Masks interrupts, stops RX and TX, resets the MAC, clears the
@@ -359,8 +356,8 @@ impl Igb {
     }
 
     /// The VFIO device.
-    pub fn pci(&self) -> &VfioPci {
-        &self.pci
+    pub fn regs(&self) -> &R {
+        &self.dev
     }
 }
 
@@ -454,7 +451,7 @@ impl<M: DmaMapper> RxRing<M> {
     }
 }
 
-impl Igb {
+impl<R: Regs> Igb<R> {
     /// Points receive queue 0 at `rx`, hands the device all but one of its
     /// descriptors and enables the receiver, promiscuous, CRC stripped, and
     /// with `loopback` in MAC loopback: transmitted frames come back to this
@@ -498,7 +495,7 @@ impl Igb {
     }
 }
 
-impl TxDevice for Igb {
+impl<R: Regs> TxDevice for Igb<R> {
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         let bytes = u32::from(len) * crate::desc::SIZE as u32;
         if len < 8 || len % 8 != 0 {
@@ -557,7 +554,7 @@ impl TxDevice for Igb {
     }
 }
 
-impl Drop for Igb {
+impl<R: Regs> Drop for Igb<R> {
     fn drop(&mut self) {
         // Stop DMA before the rings and buffers the device may still use
         // are unmapped and freed.
@@ -570,6 +567,130 @@ impl Drop for Igb {
 #[cfg(test)]
 mod tests {
     use super::regs::*;
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    /// An in-memory 82576: registers in a map, with the few behaviours
+    /// bring-up waits for (reset self-clears, link follows SLU, MDIC
+    /// completes, a queue enable reads back).
+    #[derive(Debug, Default)]
+    struct Fake {
+        regs: RefCell<HashMap<u32, u32>>,
+        writes: RefCell<Vec<(u32, u32)>>,
+        no_link: bool,
+        mdic_error: bool,
+    }
+
+    impl Fake {
+        fn get(&self, r: Reg) -> u32 {
+            self.regs.borrow().get(&r.offset()).copied().unwrap_or(0)
+        }
+    }
+
+    impl Regs for Fake {
+        fn read(&self, r: Reg) -> Result<u32> {
+            Ok(self.get(r))
+        }
+        fn write(&self, r: Reg, v: u32) -> Result<()> {
+            self.writes.borrow_mut().push((r.offset(), v));
+            let stored = match r {
+                CTRL => {
+                    if v & Ctrl::SLU.bits() != 0 && !self.no_link {
+                        let st = self.get(STATUS) | Status::LU.bits();
+                        self.regs.borrow_mut().insert(STATUS.offset(), st);
+                    }
+                    v & !Ctrl::RST.bits()
+                }
+                MDIC if self.mdic_error => v | Mdic::READY.bits() | Mdic::ERROR.bits(),
+                MDIC => v | Mdic::READY.bits(),
+                _ => v,
+            };
+            self.regs.borrow_mut().insert(r.offset(), stored);
+            Ok(())
+        }
+    }
+
+    fn quick() -> IgbConfig {
+        IgbConfig {
+            reset_timeout: Duration::from_millis(20),
+            link_timeout: Duration::from_millis(20),
+            enable_timeout: Duration::from_millis(20),
+        }
+    }
+
+    #[test]
+    fn bring_up_resets_links_and_programs_the_tx_queue() {
+        let mut nic = Igb::new(Fake::default(), quick()).unwrap();
+        let w = nic.regs().writes.borrow().clone();
+        let pos =
+            |o: u32, pred: &dyn Fn(u32) -> bool| w.iter().position(|&(r, v)| r == o && pred(v));
+        let rst = pos(CTRL.offset(), &|v| v & Ctrl::RST.bits() != 0).unwrap();
+        let slu = pos(CTRL.offset(), &|v| v & Ctrl::SLU.bits() != 0).unwrap();
+        assert!(rst < slu, "reset before link");
+        assert_eq!(pos(TCTL.offset(), &|v| v == 0), Some(3), "TX off first");
+        nic.attach(Iova(0x1_2345_6780), 64).unwrap();
+        let r = nic.regs();
+        assert_eq!(r.get(tdbal(0)), 0x2345_6780);
+        assert_eq!(r.get(tdbah(0)), 0x1);
+        assert_eq!(r.get(tdlen(0)), 64 * 16);
+        assert_ne!(r.get(txdctl(0)) & Txdctl::ENABLE.bits(), 0);
+        assert_ne!(r.get(TCTL) & Tctl::EN.bits(), 0);
+        nic.kick(5).unwrap();
+        assert_eq!(nic.regs().get(tdt(0)), 5);
+        assert!(matches!(
+            nic.attach(Iova(0x1000_0040), 64),
+            Err(Error::BadConfig { .. })
+        ));
+        nic.detach().unwrap();
+    }
+
+    #[test]
+    fn no_link_is_a_timeout_naming_the_step() {
+        let fake = Fake {
+            no_link: true,
+            ..Fake::default()
+        };
+        match Igb::new(fake, quick()) {
+            Err(Error::DeviceTimeout { what, waited_ms }) => {
+                assert_eq!(what, "link up");
+                assert!(waited_ms >= 20);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn phy_error_is_reported_with_the_mdic_value() {
+        let fake = Fake {
+            mdic_error: true,
+            ..Fake::default()
+        };
+        match Igb::new(fake, quick()) {
+            Err(Error::Mdic { mdic }) => assert_ne!(mdic & Mdic::ERROR.bits(), 0),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rx_queue_is_programmed_at_the_rx_stride() {
+        use pfrag::dma::{SoftIommu, SoftIommuConfig};
+        let mut nic = Igb::new(Fake::default(), quick()).unwrap();
+        let d = Arc::new(Domain::new(
+            SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+        ));
+        let rx = RxRing::new(d, 32).unwrap();
+        nic.start_rx(&rx, true).unwrap();
+        let r = nic.regs();
+        assert_eq!(
+            u64::from(r.get(rdbal(0))),
+            rx.ring.iova().raw() & 0xffff_ffff
+        );
+        assert_eq!(r.get(rdlen(0)), 32 * 16);
+        assert_ne!(r.get(RCTL), 0);
+        assert_eq!(rdbal(1).offset() - rdbal(0).offset(), 0x40);
+        nic.stop_rx().unwrap();
+    }
 
     #[test]
     fn queue_registers_follow_the_datasheet_layout() {

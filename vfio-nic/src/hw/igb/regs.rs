@@ -40,34 +40,35 @@ pub const TPT: Reg = Reg(0x0_40D4);
 const TX_BASE: u32 = 0x0_E000;
 const TX_STRIDE: u32 = 0x40;
 const RX_BASE: u32 = 0x0_C000;
+const RX_STRIDE: u32 = 0x40;
 
 /// Receive Descriptor Base Address Low, queue `n`.
 pub const fn rdbal(n: u32) -> Reg {
-    Reg(RX_BASE + TX_STRIDE * n)
+    Reg(RX_BASE + RX_STRIDE * n)
 }
 /// Receive Descriptor Base Address High, queue `n`.
 pub const fn rdbah(n: u32) -> Reg {
-    Reg(RX_BASE + 0x04 + TX_STRIDE * n)
+    Reg(RX_BASE + 0x04 + RX_STRIDE * n)
 }
 /// Receive Descriptor Ring Length (bytes), queue `n`.
 pub const fn rdlen(n: u32) -> Reg {
-    Reg(RX_BASE + 0x08 + TX_STRIDE * n)
+    Reg(RX_BASE + 0x08 + RX_STRIDE * n)
 }
 /// Split and Replication Receive Control, queue `n`.
 pub const fn srrctl(n: u32) -> Reg {
-    Reg(RX_BASE + 0x0C + TX_STRIDE * n)
+    Reg(RX_BASE + 0x0C + RX_STRIDE * n)
 }
 /// Receive Descriptor Head, queue `n`.
 pub const fn rdh(n: u32) -> Reg {
-    Reg(RX_BASE + 0x10 + TX_STRIDE * n)
+    Reg(RX_BASE + 0x10 + RX_STRIDE * n)
 }
 /// Receive Descriptor Tail, queue `n`.
 pub const fn rdt(n: u32) -> Reg {
-    Reg(RX_BASE + 0x18 + TX_STRIDE * n)
+    Reg(RX_BASE + 0x18 + RX_STRIDE * n)
 }
 /// Receive Descriptor Control, queue `n`.
 pub const fn rxdctl(n: u32) -> Reg {
-    Reg(RX_BASE + 0x28 + TX_STRIDE * n)
+    Reg(RX_BASE + 0x28 + RX_STRIDE * n)
 }
 
 /// Transmit Descriptor Base Address Low, queue `n`.
