@@ -53,7 +53,7 @@ pub fn ring(s: &str) -> Result<u16, String> {
         .trim()
         .parse()
         .map_err(|_| format!("'{s}' is not a whole number"))?;
-    if (8..=4096).contains(&v) && v % 8 == 0 {
+    if (8..=4096).contains(&v) && v.is_multiple_of(8) {
         Ok(v as u16)
     } else {
         Err(format!("{v} is out of range (a multiple of 8 in 8..=4096)"))

@@ -255,7 +255,7 @@ pub fn run_phase(p: &Phase, index: u64, tick: &(dyn Fn(u64) + Sync)) -> Result<T
     let mut cfg = pool::Config::new(order, p.policy);
     cfg.queues = p.queues;
     let size = order.size() as u64;
-    cfg.reclaim = if p.seed % 2 == 0 {
+    cfg.reclaim = if p.seed.is_multiple_of(2) {
         Reclaim::Eager
     } else {
         Reclaim::Hysteresis {
@@ -382,7 +382,7 @@ fn drive(
         let flow = (rng.next_u64() % p.flows as u64) as usize;
         let len = payload_size(&mut rng, max);
         // Half the packets zero-copy, half through the copying send.
-        let copy = rng.next_u64() % 2 == 0;
+        let copy = rng.next_u64().is_multiple_of(2);
         if send(&mut txq, &mut gen, copy, &mut t, flow, len)? {
             t.sent[flow] += len as u64;
             t.packets += 1;
@@ -504,7 +504,7 @@ pub fn soak(
     let mut rng = Rng::new(seed);
     let mut total = Tally::default();
     let mut i = 0;
-    while total.packets < packets && deadline.map_or(true, |d| std::time::Instant::now() < d) {
+    while total.packets < packets && deadline.is_none_or(|d| std::time::Instant::now() < d) {
         let p = Phase::draw(&mut rng, phase_packets.min(packets - total.packets).max(1));
         match run_phase(&p, i, tick) {
             Ok(t) => {
