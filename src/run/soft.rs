@@ -1,7 +1,11 @@
 //! Runs on the software device models: one thread per queue, sharing one
 //! pool and one mapper, barriers around the measured part.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Barrier;
+
 use super::*;
+use vfio_nic::model;
 
 /// Runs `cfg` on the software NIC, one thread per queue. Returns the total
 /// row first, then (with more than one queue) one row per queue. `tick` is
@@ -63,7 +67,7 @@ struct QueueRun {
     bytes: u64,
     descs: u64,
     waste: u64,
-    nic: vfio_nic::model::softnic::NicStats,
+    nic: model::Stats,
     faults: u64,
     start: Instant,
     end: Instant,
@@ -100,35 +104,30 @@ fn measure<M: DmaMapper + Translate + 'static>(
     }
 }
 
-fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
-    cfg: &RunConfig,
+/// What the queue threads of one run share.
+struct Bench<'a, M: DmaMapper, D> {
+    cfg: &'a RunConfig,
     mapper: Arc<M>,
-    make_nic: &(dyn Fn(Arc<M>) -> D + Sync),
-    tick: &mut dyn FnMut(u64),
-) -> Result<Vec<Row>, RunError> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Barrier;
+    domain: Arc<Domain<Arc<M>>>,
+    pool: Pool<Arc<M>>,
+    make_nic: &'a (dyn Fn(Arc<M>) -> D + Sync),
+    progress: AtomicU64,
+    /// Phases: all warmed up (main snapshots the counters), go, all done
+    /// (main snapshots again before any queue is dropped, since dropping
+    /// unmaps its ring), release.
+    warmed: Barrier,
+    go: Barrier,
+    done: Barrier,
+    release: Barrier,
+    finished: AtomicUsize,
+}
 
-    let queues = cfg.queues.max(1);
-    let domain = Arc::new(Domain::new(mapper.clone()));
-    let mut pcfg = pool::Config::new(Order::new(cfg.order)?, cfg.policy);
-    pcfg.hugepages = cfg.hugepages;
-    pcfg.queues = queues;
-    pcfg.reclaim = cfg.reclaim;
-    let account = MemAccount::new(cfg.limits, CountHooks::default())?;
-    let pool = Pool::with_account(domain.clone(), pcfg, account.clone())?;
-    let progress = AtomicU64::new(0);
-    // Phases: all warmed up (main snapshots the counters), go, all done
-    // (main snapshots again before any queue is dropped, since dropping
-    // unmaps its ring), release.
-    let warmed = Barrier::new(queues + 1);
-    let go = Barrier::new(queues + 1);
-    let done = Barrier::new(queues + 1);
-    let release = Barrier::new(queues + 1);
-    let finished = std::sync::atomic::AtomicUsize::new(0);
-
-    let one = |i: usize| -> Result<QueueRun, RunError> {
-        let nic = make_nic(mapper.clone());
+impl<M: DmaMapper + Translate + 'static, D: Model> Bench<'_, M, D> {
+    /// Queue `i`'s thread: set up and warm up, then the measured part
+    /// between the barriers. Every thread passes every barrier, even after
+    /// an error, so that none waits forever.
+    fn queue(&self, i: usize) -> Result<QueueRun, RunError> {
+        let cfg = self.cfg;
         let tx = tx::Config {
             ring: cfg.ring,
             header: cfg.header,
@@ -137,29 +136,28 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
             ..tx::Config::default()
         };
         let mut tick = |n| {
-            progress.fetch_add(n, Ordering::Relaxed);
+            self.progress.fetch_add(n, Ordering::Relaxed);
         };
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
-        let setup = tx::Queue::new(domain.clone(), pool.clone(), nic, tx)
+        let nic = (self.make_nic)(self.mapper.clone());
+        let setup = tx::Queue::new(self.domain.clone(), self.pool.clone(), nic, tx)
             .and_then(|q| Ok((q, Traffic::new(cfg.flows, MSS)?)))
             .map_err(RunError::from)
             .and_then(|(mut q, mut g)| {
                 pump(&mut q, &mut g, cfg, cfg.warmup, &mut rng, &mut tick).map(|_| (q, g))
             });
-        // Every thread passes every barrier, even after an error, so that
-        // none waits forever.
-        warmed.wait();
-        go.wait();
+        self.warmed.wait();
+        self.go.wait();
         let t0 = Instant::now();
         let measured = setup.and_then(|(mut q, mut g)| {
             let snap = (q.device().counters(), q.stats(), q.cache().stats());
-            let packets = share(cfg.packets, queues, i, cfg.skew);
+            let packets = share(cfg.packets, cfg.queues.max(1), i, cfg.skew);
             let bytes = pump(&mut q, &mut g, cfg, packets, &mut rng, &mut tick)?;
             Ok((q, snap, packets, bytes, Instant::now()))
         });
-        finished.fetch_add(1, Ordering::Release);
-        done.wait();
-        release.wait();
+        self.finished.fetch_add(1, Ordering::Release);
+        self.done.wait();
+        self.release.wait();
         let (q, (n0, q0, c0), packets, bytes, end) = measured?;
         let (n, qs, cs) = (q.device().counters(), q.stats(), q.cache().stats());
         Ok(QueueRun {
@@ -173,48 +171,115 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
             start: t0,
             end,
         })
-    };
+    }
 
-    let (runs, m, pool0, pool1, qdelta) = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..queues).map(|i| s.spawn(move || one(i))).collect();
+    fn queue_stats(&self) -> Vec<pool::QueueStats> {
+        (0..self.cfg.queues.max(1))
+            .map(|i| self.pool.queue_stats(i).unwrap_or_default())
+            .collect()
+    }
+}
+
+/// Counters of the shared mapper and pool over the measured part.
+struct Shared {
+    map: pfrag::dma::MapStats,
+    pool0: pool::Stats,
+    pool1: pool::Stats,
+    queues: Vec<pool::QueueStats>,
+}
+
+fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
+    cfg: &RunConfig,
+    mapper: Arc<M>,
+    make_nic: &(dyn Fn(Arc<M>) -> D + Sync),
+    tick: &mut dyn FnMut(u64),
+) -> Result<Vec<Row>, RunError> {
+    let queues = cfg.queues.max(1);
+    let domain = Arc::new(Domain::new(mapper.clone()));
+    let mut pcfg = pool::Config::new(Order::new(cfg.order)?, cfg.policy);
+    pcfg.hugepages = cfg.hugepages;
+    pcfg.queues = queues;
+    pcfg.reclaim = cfg.reclaim;
+    let account = MemAccount::new(cfg.limits, CountHooks::default())?;
+    let pool = Pool::with_account(domain.clone(), pcfg, account.clone())?;
+    let b = Bench {
+        cfg,
+        mapper,
+        domain,
+        pool,
+        make_nic,
+        progress: AtomicU64::new(0),
+        warmed: Barrier::new(queues + 1),
+        go: Barrier::new(queues + 1),
+        done: Barrier::new(queues + 1),
+        release: Barrier::new(queues + 1),
+        finished: AtomicUsize::new(0),
+    };
+    let (runs, shared) = drive(&b, tick);
+    let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mut top = row(cfg, &total(&runs), None, &shared);
+    let acct = account.stats();
+    top.pressure_hook_calls = account.hooks().calls();
+    top.pressure_transitions = acct.entered + acct.left;
+    top.peak_bytes = acct.peak;
+    let mut rows = vec![top];
+    if queues > 1 {
+        for (i, r) in runs.iter().enumerate() {
+            rows.push(row(cfg, r, Some(i), &shared));
+        }
+    }
+    Ok(rows)
+}
+
+/// Runs the queue threads, snapshotting the shared counters between the
+/// barriers, and reports progress while they run.
+fn drive<M: DmaMapper + Translate + 'static, D: Model>(
+    b: &Bench<'_, M, D>,
+    tick: &mut dyn FnMut(u64),
+) -> (Vec<Result<QueueRun, RunError>>, Shared) {
+    let queues = b.cfg.queues.max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..queues).map(|i| s.spawn(move || b.queue(i))).collect();
         let mut seen = 0;
         let mut poll = |seen: &mut u64| {
-            let now = progress.load(Ordering::Relaxed);
+            let now = b.progress.load(Ordering::Relaxed);
             tick(now - *seen);
             *seen = now;
         };
-        let qstats = || -> Vec<pfrag::pool::QueueStats> {
-            (0..queues)
-                .map(|i| pool.queue_stats(i).unwrap_or_default())
-                .collect()
-        };
-        warmed.wait();
-        let (m0, pool0, q0) = (mapper.stats(), pool.stats(), qstats());
-        go.wait();
-        while finished.load(Ordering::Acquire) < queues {
+        b.warmed.wait();
+        let (m0, pool0, q0) = (b.mapper.stats(), b.pool.stats(), b.queue_stats());
+        b.go.wait();
+        while b.finished.load(Ordering::Acquire) < queues {
             std::thread::sleep(Duration::from_millis(20));
             poll(&mut seen);
         }
-        done.wait();
-        let (m, pool1, q1) = (mapper.stats().since(&m0), pool.stats(), qstats());
-        release.wait();
+        b.done.wait();
+        let (map, pool1, q1) = (b.mapper.stats().since(&m0), b.pool.stats(), b.queue_stats());
+        b.release.wait();
         poll(&mut seen);
-        let runs: Vec<Result<QueueRun, RunError>> = handles
+        let runs = handles
             .into_iter()
             .enumerate()
             .map(|(i, h)| h.join().unwrap_or(Err(RunError::Panicked { queue: i })))
             .collect();
-        let qdelta: Vec<pfrag::pool::QueueStats> =
-            q0.iter().zip(&q1).map(|(a, b)| b.since(a)).collect();
-        (runs, m, pool0, pool1, qdelta)
-    });
-    let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
-    // The total's measured part: first start to last end.
-    let now = Instant::now();
-    let start = runs.iter().map(|r| r.start).min().unwrap_or(now);
-    let end = runs.iter().map(|r| r.end).max().unwrap_or(now);
+        let queues = q0.iter().zip(&q1).map(|(a, b)| b.since(a)).collect();
+        (
+            runs,
+            Shared {
+                map,
+                pool0,
+                pool1,
+                queues,
+            },
+        )
+    })
+}
 
-    let total = QueueRun {
+/// All queues together: the measured part runs from the first start to the
+/// last end.
+fn total(runs: &[QueueRun]) -> QueueRun {
+    let now = Instant::now();
+    QueueRun {
         packets: runs.iter().map(|r| r.packets).sum(),
         bytes: runs.iter().map(|r| r.bytes).sum(),
         descs: runs.iter().map(|r| r.descs).sum(),
@@ -222,69 +287,54 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
         faults: runs.iter().map(|r| r.faults).sum(),
         nic: runs
             .iter()
-            .fold(vfio_nic::model::softnic::NicStats::default(), |a, r| {
-                a.plus(&r.nic)
-            }),
-        start,
-        end,
-    };
-    let row = |r: &QueueRun, queue: Option<usize>| -> Row {
-        let p = r.packets.max(1) as f64;
-        let (map, pool_delta) = match queue {
-            None => (m, pool1.since(&pool0)),
-            Some(_) => (
-                pfrag::dma::MapStats::default(),
-                pfrag::pool::Stats::default(),
-            ),
-        };
-        let common = Measured {
-            map,
-            packets: r.packets,
-            bytes: r.bytes,
-            delivered: r.nic.delivered_bytes,
-            descs: r.descs,
-            waste: r.waste,
-            ns: r.ns(),
-            pool: pool1,
-            delta: pool_delta,
-        };
-        let mut row = Row {
-            iotlb_misses_per_pkt: Some(map.iotlb_misses as f64 / p),
-            pages_per_pkt: Some(r.nic.pages as f64 / r.nic.packets.max(1) as f64),
-            model_iommu_ns_per_pkt: Some(map.model_ns / p),
-            faults: r.faults,
-            bytes_verified: r.nic.bytes_verified,
-            touch: touch_name(cfg.touch).into(),
-            ..common.row("soft", cfg)
-        };
-        if let Some(i) = queue {
-            // The mapper is shared by all queues: its counters belong to
-            // the total row only.
-            row.maps_per_pkt = None;
-            row.unmaps_per_pkt = None;
-            row.map_pages_per_pkt = None;
-            row.invalidations_per_pkt = None;
-            row.iotlb_misses_per_pkt = None;
-            row.model_iommu_ns_per_pkt = None;
-            let qs = qdelta[i];
-            row.queue = i.to_string();
-            row.borrows_per_pkt = qs.borrows as f64 / p;
-            row.skipped_pressured_per_pkt = qs.skipped_pressured as f64 / p;
-            row.reclaim_calls_per_pkt = qs.reclaim_calls as f64 / p;
-            row.shared_pool_ops_per_pkt = qs.shared_ops as f64 / p;
-        }
-        row
-    };
-    let acct = account.stats();
-    let mut top = row(&total, None);
-    top.pressure_hook_calls = account.hooks().calls();
-    top.pressure_transitions = acct.entered + acct.left;
-    top.peak_bytes = acct.peak;
-    let mut rows = vec![top];
-    if queues > 1 {
-        for (i, r) in runs.iter().enumerate() {
-            rows.push(row(r, Some(i)));
-        }
+            .fold(model::Stats::default(), |a, r| a.plus(&r.nic)),
+        start: runs.iter().map(|r| r.start).min().unwrap_or(now),
+        end: runs.iter().map(|r| r.end).max().unwrap_or(now),
     }
-    Ok(rows)
+}
+
+/// The row of the total (`queue` = `None`) or of one queue.
+fn row(cfg: &RunConfig, r: &QueueRun, queue: Option<usize>, sh: &Shared) -> Row {
+    let p = r.packets.max(1) as f64;
+    let (map, delta) = match queue {
+        None => (sh.map, sh.pool1.since(&sh.pool0)),
+        Some(_) => (pfrag::dma::MapStats::default(), pool::Stats::default()),
+    };
+    let common = Measured {
+        map,
+        packets: r.packets,
+        bytes: r.bytes,
+        delivered: r.nic.delivered_bytes,
+        descs: r.descs,
+        waste: r.waste,
+        ns: r.ns(),
+        pool: sh.pool1,
+        delta,
+    };
+    let mut row = Row {
+        iotlb_misses_per_pkt: Some(map.iotlb_misses as f64 / p),
+        pages_per_pkt: Some(r.nic.pages as f64 / r.nic.packets.max(1) as f64),
+        model_iommu_ns_per_pkt: Some(map.model_ns / p),
+        faults: r.faults,
+        bytes_verified: r.nic.bytes_verified,
+        touch: touch_name(cfg.touch).into(),
+        ..common.row("soft", cfg)
+    };
+    if let Some(i) = queue {
+        // The mapper is shared by all queues: its counters belong to the
+        // total row only.
+        row.maps_per_pkt = None;
+        row.unmaps_per_pkt = None;
+        row.map_pages_per_pkt = None;
+        row.invalidations_per_pkt = None;
+        row.iotlb_misses_per_pkt = None;
+        row.model_iommu_ns_per_pkt = None;
+        let qs = sh.queues[i];
+        row.queue = i.to_string();
+        row.borrows_per_pkt = qs.borrows as f64 / p;
+        row.skipped_pressured_per_pkt = qs.skipped_pressured as f64 / p;
+        row.reclaim_calls_per_pkt = qs.reclaim_calls as f64 / p;
+        row.shared_pool_ops_per_pkt = qs.shared_ops as f64 / p;
+    }
+    row
 }
