@@ -265,14 +265,14 @@ fn lazy_unmapped_iova_is_not_reused_before_the_flush() {
     let old = first.iova();
     drop(first);
     assert_eq!(d.mapper().flushed_seq(), 0);
-    for _ in 0..100 {
+    for _ in 0..n(100) {
         let f = c.refill(4096, true).unwrap();
         assert_ne!(f.iova(), old, "IOVA reused before its flush");
         std::mem::forget(f.complete());
     }
     d.mapper().flush().unwrap();
     let mut seen = false;
-    for _ in 0..300 {
+    for _ in 0..n(300) {
         let f = c.refill(4096, true).unwrap();
         seen |= f.iova() == old;
     }
