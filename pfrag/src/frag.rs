@@ -11,11 +11,11 @@
 use crate::sync::Ordering;
 use std::mem::ManuallyDrop;
 
-use crate::addr::{align_down, align_up, Iova, VirtAddr, PAGE_SIZE};
+use crate::addr::{Iova, VirtAddr};
 use crate::dma::DmaMapper;
 use crate::error::{Error, Result};
 use crate::mem;
-use crate::pool::{ChunkPtr, Policy, Pool, Shared};
+use crate::pool::{ChunkPtr, Pool, Shared};
 
 /// Frag starts are aligned to a cache line.
 pub const FRAG_ALIGN: usize = 64;
@@ -280,26 +280,7 @@ impl<M: DmaMapper> FragCache<M> {
         let start = self.offset;
         let addr = c.get().addr.offset(start);
         let sh = &self.pool.shared;
-        let (iova, own) = match sh.cfg.policy {
-            Policy::PerFrag => {
-                let lo = align_down(addr.raw() as u64, PAGE_SIZE);
-                let hi = align_up((addr.raw() + flen) as u64, PAGE_SIZE);
-                // SAFETY: the pages lie in the chunk's arena, which lives
-                // until the pool's shared state retires every mapping (the
-                // frag's own is removed at its completion, before the chunk
-                // can be reused).
-                let base = unsafe {
-                    sh.domain
-                        .map(VirtAddr(lo as usize), hi - lo, PAGE_SIZE, sh.cfg.dir)
-                }?;
-                sh.note_mapped(hi - lo, true);
-                (base.offset(addr.raw() as u64 - lo), Some((base, hi - lo)))
-            }
-            Policy::PerChunk | Policy::Persistent => {
-                let base = c.get().iova.load(Ordering::Relaxed);
-                (Iova(base).offset(start as u64), None)
-            }
-        };
+        let (iova, own) = sh.frag_iova(c, addr, start, flen)?;
         let end = (start + flen)
             .next_multiple_of(FRAG_ALIGN)
             .min(self.chunk_size);

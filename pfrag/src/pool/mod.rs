@@ -32,7 +32,7 @@
 
 mod arena;
 mod config;
-mod recycle;
+mod policy;
 mod stats;
 
 pub use config::{Config, Policy, Reclaim};
@@ -436,22 +436,10 @@ impl<M: DmaMapper> Pool<M> {
             }
         };
         c.get().owner.store(q as u32, Ordering::Relaxed);
-        if sh.cfg.policy == Policy::PerChunk {
-            let size = sh.cfg.order.size() as u64;
-            // SAFETY: the chunk's arena lives until the pool's shared state
-            // drops, which retires every mapping first (or pins the arena);
-            // the mapping is removed in `recycle` before the chunk is reused.
-            match unsafe { sh.domain.map(c.get().addr, size, size, sh.cfg.dir) } {
-                Ok(iova) => {
-                    c.get().iova.store(iova.raw(), Ordering::Relaxed);
-                    sh.counters.mapped_bytes.fetch_add(size, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    sh.free.push(c);
-                    r.shared_op(1);
-                    return Err(e);
-                }
-            }
+        if let Err(e) = sh.map_taken(c) {
+            sh.free.push(c);
+            r.shared_op(1);
+            return Err(e);
         }
         if r.out.fetch_add(1, Ordering::AcqRel) == 0 {
             // The queue's first chunk out: it now keeps the pool alive.

@@ -1,7 +1,9 @@
-//! Where a chunk goes when its last reference is gone, and the mapping
-//! decisions made on the way: the per-chunk unmap, the per-frag unmap, and
-//! the rule that a chunk is reused only once every unmap of it has
-//! completed its invalidation.
+//! The mapping policy in one place ("map on take, unmap on recycle, map per
+//! frag"), and where a chunk goes when its last reference is gone: the
+//! per-chunk map and unmap, the per-frag map and unmap, and the rule that a
+//! chunk is reused only once every unmap of it has completed its
+//! invalidation. (`Persistent` maps on grow, in `arena.rs`.) The frag
+//! cache never calls the domain itself.
 //!
 //! A chunk whose last unmap waits for a lazy flush is *parked*; it goes
 //! back to the free list when the flush has happened (checked before the
@@ -12,12 +14,55 @@
 use std::sync::Arc;
 
 use super::{ChunkPtr, Policy, Reclaim, Shared, NO_IOVA};
-use crate::addr::Iova;
+use crate::addr::{align_down, align_up, Iova, VirtAddr, PAGE_SIZE};
 use crate::dma::{DmaMapper, Unmapped};
 use crate::error::Result;
 use crate::sync::{lock, Ordering};
 
 impl<M: DmaMapper> Shared<M> {
+    /// Maps a chunk a cache just took, under `PerChunk`.
+    pub(super) fn map_taken(&self, c: ChunkPtr<M>) -> Result<()> {
+        if self.cfg.policy != Policy::PerChunk {
+            return Ok(());
+        }
+        let size = self.cfg.order.size() as u64;
+        // SAFETY: the chunk's arena lives until the pool's shared state
+        // drops, which retires every mapping first (or pins the arena); the
+        // mapping is removed in `give_back` before the chunk is reused.
+        let iova = unsafe { self.domain.map(c.get().addr, size, size, self.cfg.dir) }?;
+        c.get().iova.store(iova.raw(), Ordering::Relaxed);
+        self.note_mapped(size, true);
+        Ok(())
+    }
+
+    /// The IOVA of a frag of `len` bytes at `addr` (offset `start` in chunk
+    /// `c`), and, under `PerFrag`, the frag's own mapping (made here, one
+    /// map call for its pages), which its completion removes.
+    #[inline]
+    pub(crate) fn frag_iova(
+        &self,
+        c: ChunkPtr<M>,
+        addr: VirtAddr,
+        start: usize,
+        len: usize,
+    ) -> Result<(Iova, Option<(Iova, u64)>)> {
+        if self.cfg.policy != Policy::PerFrag {
+            let base = c.get().iova.load(Ordering::Relaxed);
+            return Ok((Iova(base).offset(start as u64), None));
+        }
+        let lo = align_down(addr.raw() as u64, PAGE_SIZE);
+        let hi = align_up((addr.raw() + len) as u64, PAGE_SIZE);
+        // SAFETY: the pages lie in the chunk's arena, which lives until the
+        // pool's shared state retires every mapping (the frag's own is
+        // removed at its completion, before the chunk can be reused).
+        let base = unsafe {
+            self.domain
+                .map(VirtAddr(lo as usize), hi - lo, PAGE_SIZE, self.cfg.dir)
+        }?;
+        self.note_mapped(hi - lo, true);
+        Ok((base.offset(addr.raw() as u64 - lo), Some((base, hi - lo))))
+    }
+
     /// Returns a chunk whose last reference is gone: to its queue's reserve
     /// or the free list, or parked, or pinned.
     ///
