@@ -6,8 +6,10 @@
 //! own. Memory a device may access is only ever touched through the raw
 //! functions below (never through a Rust reference that outlives the call),
 //! so that a device (or the software NIC model) reading or writing it does
-//! not alias a live `&`/`&mut`. The one exception is [`slice_mut()`] /
-//! [`slice()`], whose callers promise the device is not using the range.
+//! not alias a live `&`/`&mut`. The one exception is the crate's
+//! `slice_mut` / `slice`, whose callers promise the device is not using the
+//! range. The raw accessors are private to pfrag; outside it, memory is
+//! reached through [`Region::write`], `Coherent` and frags.
 
 use std::io;
 use std::ptr;
@@ -116,6 +118,28 @@ impl Region {
         self.backing
     }
 
+    /// Copies `src` into the region at `off`; out of bounds is an error.
+    ///
+    /// Like [`Coherent::write`](crate::dma::Coherent::write): memory a
+    /// device may read is written through a raw copy, never a reference.
+    pub fn write(&self, off: usize, src: &[u8]) -> Result<()> {
+        match off.checked_add(src.len()) {
+            Some(end) if end <= self.len => {
+                // SAFETY: in bounds of the live mapping (checked above); no
+                // Rust reference to region memory exists outside this
+                // module's short-lived slices.
+                unsafe { write(self.addr().offset(off), src) };
+                Ok(())
+            }
+            _ => Err(Error::OutOfRange {
+                what: "region offset",
+                value: off as u64,
+                min: 0,
+                max: self.len.saturating_sub(src.len()) as u64,
+            }),
+        }
+    }
+
     /// Gives the pages of `off..off+len` (page-aligned, inside the region)
     /// back to the kernel; they read as zeroes afterwards.
     ///
@@ -146,7 +170,7 @@ impl Region {
 /// # Safety
 /// `addr..addr+src.len()` lies in a live [`Region`] that no device writes
 /// while this runs, and no Rust reference to that range is live.
-pub unsafe fn write(addr: VirtAddr, src: &[u8]) {
+pub(crate) unsafe fn write(addr: VirtAddr, src: &[u8]) {
     // SAFETY: per the contract above the destination is valid for writes
     // and does not overlap `src` (which is a Rust reference).
     unsafe { ptr::copy_nonoverlapping(src.as_ptr(), addr.0 as *mut u8, src.len()) }
@@ -157,7 +181,7 @@ pub unsafe fn write(addr: VirtAddr, src: &[u8]) {
 /// # Safety
 /// `addr..addr+dst.len()` lies in a live [`Region`] that nobody writes while
 /// this runs.
-pub unsafe fn read(addr: VirtAddr, dst: &mut [u8]) {
+pub(crate) unsafe fn read(addr: VirtAddr, dst: &mut [u8]) {
     // SAFETY: per the contract above the source is valid for reads.
     unsafe { ptr::copy_nonoverlapping(addr.0 as *const u8, dst.as_mut_ptr(), dst.len()) }
 }
@@ -166,7 +190,7 @@ pub unsafe fn read(addr: VirtAddr, dst: &mut [u8]) {
 ///
 /// # Safety
 /// The range lies in a live [`Region`] and nobody writes it for `'a`.
-pub unsafe fn slice<'a>(addr: VirtAddr, len: usize) -> &'a [u8] {
+pub(crate) unsafe fn slice<'a>(addr: VirtAddr, len: usize) -> &'a [u8] {
     // SAFETY: per the contract above.
     unsafe { std::slice::from_raw_parts(addr.0 as *const u8, len) }
 }
@@ -176,7 +200,7 @@ pub unsafe fn slice<'a>(addr: VirtAddr, len: usize) -> &'a [u8] {
 /// # Safety
 /// The range lies in a live [`Region`], and for `'a` nobody else (device or
 /// CPU) reads or writes it.
-pub unsafe fn slice_mut<'a>(addr: VirtAddr, len: usize) -> &'a mut [u8] {
+pub(crate) unsafe fn slice_mut<'a>(addr: VirtAddr, len: usize) -> &'a mut [u8] {
     // SAFETY: per the contract above.
     unsafe { std::slice::from_raw_parts_mut(addr.0 as *mut u8, len) }
 }
@@ -185,7 +209,7 @@ pub unsafe fn slice_mut<'a>(addr: VirtAddr, len: usize) -> &'a mut [u8] {
 ///
 /// # Safety
 /// `addr` is 4-byte aligned and lies in a live [`Region`].
-pub unsafe fn read_u32(addr: VirtAddr) -> u32 {
+pub(crate) unsafe fn read_u32(addr: VirtAddr) -> u32 {
     // SAFETY: per the contract above.
     unsafe { ptr::read_volatile(addr.0 as *const u32) }
 }
@@ -194,7 +218,7 @@ pub unsafe fn read_u32(addr: VirtAddr) -> u32 {
 ///
 /// # Safety
 /// `addr` is 4-byte aligned and lies in a live [`Region`].
-pub unsafe fn write_u32(addr: VirtAddr, v: u32) {
+pub(crate) unsafe fn write_u32(addr: VirtAddr, v: u32) {
     // SAFETY: per the contract above.
     unsafe { ptr::write_volatile(addr.0 as *mut u32, v) }
 }
@@ -203,7 +227,7 @@ pub unsafe fn write_u32(addr: VirtAddr, v: u32) {
 ///
 /// # Safety
 /// `addr` is 8-byte aligned and lies in a live [`Region`].
-pub unsafe fn read_u64(addr: VirtAddr) -> u64 {
+pub(crate) unsafe fn read_u64(addr: VirtAddr) -> u64 {
     // SAFETY: per the contract above.
     unsafe { ptr::read_volatile(addr.0 as *const u64) }
 }
@@ -212,7 +236,7 @@ pub unsafe fn read_u64(addr: VirtAddr) -> u64 {
 ///
 /// # Safety
 /// `addr` is 8-byte aligned and lies in a live [`Region`].
-pub unsafe fn write_u64(addr: VirtAddr, v: u64) {
+pub(crate) unsafe fn write_u64(addr: VirtAddr, v: u64) {
     // SAFETY: per the contract above.
     unsafe { ptr::write_volatile(addr.0 as *mut u64, v) }
 }

@@ -128,6 +128,31 @@ pub struct RunConfig {
     pub model: DeviceModel,
 }
 
+impl RunConfig {
+    /// The pool's settings: one pool for all the run's queues. The one
+    /// place a run's pool is configured.
+    fn pool_config(&self) -> Result<pool::Config, RunError> {
+        let mut p = pool::Config::new(Order::new(self.order)?, self.policy);
+        p.hugepages = self.hugepages;
+        p.queues = self.queues.max(1);
+        p.reclaim = self.reclaim;
+        Ok(p)
+    }
+
+    /// The settings of TX queue `queue`, with data descriptors split at
+    /// `boundary` if given. The one place a run's queues are configured.
+    fn tx_config(&self, queue: usize, boundary: Option<usize>) -> tx::Config {
+        tx::Config {
+            ring: self.ring,
+            header: self.header,
+            fit_whole: self.fit_whole,
+            queue,
+            boundary,
+            ..tx::Config::default()
+        }
+    }
+}
+
 /// Which device model consumes the ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceModel {

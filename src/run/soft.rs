@@ -128,13 +128,7 @@ impl<M: DmaMapper + Translate + 'static, D: Model> Bench<'_, M, D> {
     /// an error, so that none waits forever.
     fn queue(&self, i: usize) -> Result<QueueRun, RunError> {
         let cfg = self.cfg;
-        let tx = tx::Config {
-            ring: cfg.ring,
-            header: cfg.header,
-            fit_whole: cfg.fit_whole,
-            queue: i,
-            ..tx::Config::default()
-        };
+        let tx = cfg.tx_config(i, None);
         let mut tick = |n| {
             self.progress.fetch_add(n, Ordering::Relaxed);
         };
@@ -196,12 +190,8 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
 ) -> Result<Vec<Row>, RunError> {
     let queues = cfg.queues.max(1);
     let domain = Arc::new(Domain::new(mapper.clone()));
-    let mut pcfg = pool::Config::new(Order::new(cfg.order)?, cfg.policy);
-    pcfg.hugepages = cfg.hugepages;
-    pcfg.queues = queues;
-    pcfg.reclaim = cfg.reclaim;
     let account = MemAccount::new(cfg.limits, CountHooks::default())?;
-    let pool = Pool::with_account(domain.clone(), pcfg, account.clone())?;
+    let pool = Pool::with_account(domain.clone(), cfg.pool_config()?, account.clone())?;
     let b = Bench {
         cfg,
         mapper,

@@ -36,17 +36,10 @@ pub fn run_vfio(
     let mapper = Arc::new(VfioMapper::new(&pci)?);
     let nic = Igb::new(pci, IgbConfig::default())?;
     let domain = Arc::new(Domain::new(mapper.clone()));
-    let mut pcfg = pool::Config::new(Order::new(cfg.order)?, cfg.policy);
-    pcfg.hugepages = cfg.hugepages;
-    pcfg.reclaim = cfg.reclaim;
-    let pool = Pool::new(domain.clone(), pcfg)?;
-    let tx = tx::Config {
-        ring: cfg.ring,
-        header: cfg.header,
-        fit_whole: cfg.fit_whole,
-        boundary: Some(pfrag::PAGE_SIZE as usize),
-        ..tx::Config::default()
-    };
+    let pool = Pool::new(domain.clone(), cfg.pool_config()?)?;
+    // No buffer may cross a 4 KiB page: QEMU's emulated 82576 drops them
+    // behind an emulated IOMMU.
+    let tx = cfg.tx_config(0, Some(pfrag::PAGE_SIZE as usize));
     let mut q = tx::Queue::new(domain, pool.clone(), nic, tx)?;
     let mut gen = Traffic::new(cfg.flows, MSS)?;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);

@@ -11,37 +11,15 @@ use pfrag::Order;
 use vfio_nic::check::wire::WireCheck;
 use vfio_nic::desc::{self, Context, Data, Dcmd, Desc, Popts};
 use vfio_nic::device::TxDevice;
-use vfio_nic::gen::Traffic;
 use vfio_nic::model::softnic::{self, SoftNic};
 use vfio_nic::tx::{self, HeaderMode};
 use vfio_nic::Error;
 
 type Mapper = Arc<Faulty<SoftIommu>>;
 
-/// The queue with the traffic generator in front: `send(flow, len)`.
-struct Queue {
-    q: tx::Queue<Mapper, SoftNic<Mapper>>,
-    g: Traffic<Mapper>,
-}
+mod common;
 
-impl std::ops::Deref for Queue {
-    type Target = tx::Queue<Mapper, SoftNic<Mapper>>;
-    fn deref(&self) -> &Self::Target {
-        &self.q
-    }
-}
-
-impl std::ops::DerefMut for Queue {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.q
-    }
-}
-
-impl Queue {
-    fn send(&mut self, flow: usize, len: usize) -> Result<(), Error> {
-        self.g.send(&mut self.q, flow, len)
-    }
-}
+type Queue = common::Gen<tx::Queue<Mapper, SoftNic<Mapper>>, Mapper>;
 
 /// A queue on a software NIC whose IOMMU fails as `faults` says, capturing
 /// every frame.
@@ -67,8 +45,7 @@ fn queue(
         },
     );
     let q = tx::Queue::new(domain, pool, nic, cfg).unwrap();
-    let g = Traffic::new(flows, 1448).unwrap();
-    (m, Queue { q, g })
+    (m, common::Gen::new(q, flows))
 }
 
 /// Sends `n` packets of `len` bytes round robin over the queue's flows,

@@ -17,39 +17,11 @@ use vfio_nic::model::softnic::{self, SoftNic, Touch};
 use vfio_nic::tx::{self, HeaderMode};
 use vfio_nic::Error;
 
+mod common;
+
+use common::Gen;
+
 type Queue = Gen<tx::Queue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>, Arc<SoftIommu>>;
-
-/// The queue with the traffic generator in front of it: `send(flow, len)`
-/// posts a generated packet; everything else is the queue's own API.
-struct Gen<Q, M: pfrag::dma::DmaMapper> {
-    q: Q,
-    g: vfio_nic::gen::Traffic<M>,
-}
-
-impl<Q, M: pfrag::dma::DmaMapper> std::ops::Deref for Gen<Q, M> {
-    type Target = Q;
-    fn deref(&self) -> &Q {
-        &self.q
-    }
-}
-
-impl<Q, M: pfrag::dma::DmaMapper> std::ops::DerefMut for Gen<Q, M> {
-    fn deref_mut(&mut self) -> &mut Q {
-        &mut self.q
-    }
-}
-
-impl<M: pfrag::dma::DmaMapper, D: TxDevice> Gen<tx::Queue<M, D>, M> {
-    fn new(q: tx::Queue<M, D>, flows: usize) -> Self {
-        Gen {
-            q,
-            g: vfio_nic::gen::Traffic::new(flows, 1448).unwrap(),
-        }
-    }
-    fn send(&mut self, flow: usize, len: usize) -> Result<(), Error> {
-        self.g.send(&mut self.q, flow, len)
-    }
-}
 
 fn queue(
     order: u32,
@@ -84,23 +56,6 @@ fn queue_flows(
     .unwrap();
     let q = tx::Queue::new(domain, pool, SoftNic::new(iommu.clone(), nic), cfg).unwrap();
     (iommu, Gen::new(q, flows))
-}
-
-fn send_all(q: &mut Queue, plan: &[(usize, usize)]) {
-    for &(flow, len) in plan {
-        loop {
-            match q.send(flow, len) {
-                Ok(()) => break,
-                Err(Error::RingFull { .. }) => {
-                    q.kick().unwrap();
-                    q.reap().unwrap();
-                }
-                Err(e) => panic!("send: {e}"),
-            }
-        }
-    }
-    q.kick().unwrap();
-    q.reap().unwrap();
 }
 
 /// Checks every frame (checksums, per-flow sequence continuity, payload
@@ -148,7 +103,7 @@ fn tso_frames_are_correct_for_every_order_and_policy() {
             let plan: Vec<(usize, usize)> = (0..n(40))
                 .map(|i| (i % 3, [65160, 100, 3000, 1448, 20000][i % 5]))
                 .collect();
-            send_all(&mut q, &plan);
+            q.send_all(&plan);
             let st = q.device().stats();
             let total: usize = plan.iter().map(|p| p.1).sum();
             assert_eq!(st.bytes_verified, total as u64, "order {order} {policy:?}");
@@ -176,7 +131,7 @@ fn lazy_and_identity_deliver_every_byte() {
         tx::Config::default(),
         softnic::Config::default(),
     );
-    send_all(&mut q, &vec![(0, 65160); n(300)]);
+    q.send_all(&vec![(0, 65160); n(300)]);
     assert_eq!(q.device().stats().bytes_verified, n(300) as u64 * 65160);
 
     // Without an IOMMU the device still reaches only what the driver
@@ -213,10 +168,10 @@ fn persistent_bounce_order4_makes_no_mappings_and_uses_three_descriptors() {
         tx::Config::default(),
         softnic::Config::default(),
     );
-    send_all(&mut q, &vec![(0, 65160); n(600)]);
+    q.send_all(&vec![(0, 65160); n(600)]);
     let before = iommu.stats();
     let descs = q.stats().descs;
-    send_all(&mut q, &vec![(0, 65160); n(1000)]);
+    q.send_all(&vec![(0, 65160); n(1000)]);
     let s = iommu.stats().since(&before);
     assert_eq!((s.map_calls, s.unmap_calls, s.invalidations), (0, 0, 0));
     assert_eq!(q.stats().descs - descs, 3 * n(1000) as u64);
@@ -236,7 +191,7 @@ fn touch_pages_reads_a_line_per_page() {
         tx::Config::default(),
         nic,
     );
-    send_all(&mut q, &[(0, 65160)]);
+    q.send_all(&[(0, 65160)]);
     let st = q.device().stats();
     assert_eq!(st.bad_payload, 0);
     // 16 payload pages plus the header page; one line from each payload piece.

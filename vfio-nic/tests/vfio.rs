@@ -64,15 +64,7 @@ fn traffic(flows: usize) -> Traffic<VfioMapper> {
 /// Posts one generated packet, kicking and waiting for completions while
 /// the ring is full.
 fn send(q: &mut Queue, g: &mut Traffic<VfioMapper>, flow: usize, len: usize) -> Result<(), Error> {
-    loop {
-        match g.send(q, flow, len) {
-            Err(Error::RingFull { .. }) => {
-                q.kick()?;
-                q.wait(WAIT)?;
-            }
-            other => return other,
-        }
-    }
+    g.send_waiting(q, flow, len, WAIT)
 }
 
 /// Tells the host how many frames this test put on the wire.
@@ -287,9 +279,7 @@ fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
     let secret = pfrag::mem::Region::new(4096, 4096, false).unwrap();
     let mut want = vec![0u8; 1000];
     vfio_nic::gen::pattern::fill(BLOCKED_FLOW as u32, 0, &mut want);
-    // SAFETY: the region is 4096 bytes, private to this test, and no
-    // device can reach it yet.
-    unsafe { pfrag::mem::write(secret.addr(), &want) };
+    secret.write(0, &want).unwrap();
     // SAFETY: `secret` outlives the mapping: it is unmapped (strictly, by
     // VFIO) on the next line and the region dropped at the end of the test.
     let bad = unsafe { domain.map(secret.addr(), 4096, 4096, Dir::TO_DEVICE) }.unwrap();

@@ -108,6 +108,33 @@ impl<M: DmaMapper> Traffic<M> {
         Ok(())
     }
 
+    /// [`send`](Self::send), kicking and reaping (or waiting up to
+    /// `timeout` for a device that completes later) while the ring or the
+    /// memory is full; any other error, or a back-off with nothing in
+    /// flight, is returned.
+    pub fn send_waiting<D: TxDevice>(
+        &mut self,
+        q: &mut tx::Queue<M, D>,
+        flow: usize,
+        len: usize,
+        timeout: std::time::Duration,
+    ) -> Result<()> {
+        loop {
+            match self.send(q, flow, len) {
+                Err(e) if e.is_backoff() => {
+                    q.kick()?;
+                    if q.reap()? == 0 {
+                        if q.in_flight() == 0 {
+                            return Err(e);
+                        }
+                        q.wait(timeout)?;
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Posts one packet of `len` payload bytes on `flow` to `q`: TSO for a
     /// payload longer than the MSS, checksum offload otherwise. All or
     /// nothing: on error the flow does not advance and the frags go back.

@@ -1,0 +1,62 @@
+//! Set-up shared by the integration tests: a TX queue with the traffic
+//! generator in front of it.
+
+#![allow(dead_code)] // each test binary uses what it needs
+
+use std::time::Duration;
+
+use vfio_nic::device::TxDevice;
+use vfio_nic::tx;
+use vfio_nic::Error;
+
+/// How long a helper waits for a device to complete before failing.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// The queue with the traffic generator in front of it: `send(flow, len)`
+/// posts a generated packet; everything else is the queue's own API.
+pub struct Gen<Q, M: pfrag::dma::DmaMapper> {
+    pub q: Q,
+    pub g: vfio_nic::gen::Traffic<M>,
+}
+
+impl<Q, M: pfrag::dma::DmaMapper> std::ops::Deref for Gen<Q, M> {
+    type Target = Q;
+    fn deref(&self) -> &Q {
+        &self.q
+    }
+}
+
+impl<Q, M: pfrag::dma::DmaMapper> std::ops::DerefMut for Gen<Q, M> {
+    fn deref_mut(&mut self) -> &mut Q {
+        &mut self.q
+    }
+}
+
+impl<M: pfrag::dma::DmaMapper, D: TxDevice> Gen<tx::Queue<M, D>, M> {
+    pub fn new(q: tx::Queue<M, D>, flows: usize) -> Self {
+        Gen {
+            q,
+            g: vfio_nic::gen::Traffic::new(flows, 1448).unwrap(),
+        }
+    }
+    /// Posts one generated packet.
+    pub fn send(&mut self, flow: usize, len: usize) -> Result<(), Error> {
+        self.g.send(&mut self.q, flow, len)
+    }
+
+    /// Posts one generated packet, reaping while the ring is full.
+    pub fn send_waiting(&mut self, flow: usize, len: usize) -> Result<(), Error> {
+        self.g.send_waiting(&mut self.q, flow, len, WAIT)
+    }
+
+    /// Sends every (flow, len) of `plan`, then rings and reaps.
+    pub fn send_all(&mut self, plan: &[(usize, usize)]) {
+        for &(flow, len) in plan {
+            if let Err(e) = self.send_waiting(flow, len) {
+                panic!("send of {len} bytes on flow {flow}: {e}");
+            }
+        }
+        self.q.kick().unwrap();
+        self.q.reap().unwrap();
+    }
+}
