@@ -78,6 +78,11 @@ impl<M: DmaMapper> Traffic<M> {
         self.posted
     }
 
+    fn flow(&self, flow: usize) -> Result<&Flow> {
+        let flows = self.flows.len();
+        self.flows.get(flow).ok_or(Error::BadFlow { flow, flows })
+    }
+
     fn offload(&self, len: usize) -> Offload {
         if len > usize::from(self.mss) {
             Offload::Tso { mss: self.mss }

@@ -10,6 +10,7 @@
 //!   payload: the driver's own cost.
 
 pub mod null;
+mod ring;
 mod segment;
 pub mod softnic;
 

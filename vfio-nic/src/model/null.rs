@@ -8,16 +8,16 @@
 use pfrag::dma::{Dir, Fault, Translate};
 use pfrag::{Iova, PAGE_SIZE};
 
-use crate::desc::{self, Dcmd, Desc, Sta};
+use super::ring::{read_desc, write_back, Ring};
+use crate::desc::{self, Dcmd, Desc};
 use crate::device::{Model, TxDevice};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::softnic::{NicStats, MAX_BUFS};
 
 /// The null device; see the module docs.
 pub struct NullNic<T: Translate> {
     iommu: T,
-    ring: Option<(Iova, u16)>,
-    head: u16,
+    ring: Ring,
     /// Bytes and pages of the packet being gathered, and whether it faulted.
     cur: (u64, u64, bool),
     bufs: usize,
@@ -32,7 +32,7 @@ pub struct NullNic<T: Translate> {
 impl<T: Translate> std::fmt::Debug for NullNic<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NullNic")
-            .field("head", &self.head)
+            .field("ring", &self.ring)
             .field("stats", &self.stats)
             .finish()
     }
@@ -43,25 +43,13 @@ impl<T: Translate> NullNic<T> {
     pub fn new(iommu: T) -> NullNic<T> {
         NullNic {
             iommu,
-            ring: None,
-            head: 0,
+            ring: Ring::default(),
             cur: (0, 0, false),
             bufs: 0,
             hlen: 0,
             offloaded: None,
             stats: NicStats::default(),
         }
-    }
-
-    fn read_desc(&self, at: Iova) -> Result<[u64; 2], Fault> {
-        let mut b = [0u8; desc::SIZE];
-        let mut n = 0;
-        self.iommu.read(at, desc::SIZE, &mut |s| {
-            b[n..n + s.len()].copy_from_slice(s);
-            n += s.len();
-        })?;
-        let w = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        Ok([w(0), w(8)])
     }
 
     /// Translates every page of a buffer for reading, touching nothing.
@@ -119,30 +107,14 @@ impl<T: Translate> NullNic<T> {
 
 impl<T: Translate> TxDevice for NullNic<T> {
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
-        if len == 0 || len % 8 != 0 {
-            return Err(Error::BadConfig {
-                what: "ring length (multiple of 8)",
-                value: u64::from(len),
-            });
-        }
-        self.ring = Some((ring, len));
-        self.head = 0;
-        Ok(())
+        self.ring.attach(ring, len)
     }
 
     fn kick(&mut self, tail: u16) -> Result<()> {
-        let (base, n) = self.ring.ok_or(Error::NotAttached)?;
-        if tail >= n {
-            return Err(Error::BadConfig {
-                what: "tail",
-                value: u64::from(tail),
-            });
-        }
-        while self.head != tail {
-            let at = base.offset(u64::from(self.head) * desc::SIZE as u64);
-            self.head = (self.head + 1) % n;
+        self.ring.check(tail)?;
+        while let Some(at) = self.ring.next(tail) {
             self.stats.descs += 1;
-            let Ok(words) = self.read_desc(at) else {
+            let Ok(words) = read_desc(&self.iommu, at) else {
                 self.stats.faults += 1;
                 continue;
             };
@@ -150,9 +122,7 @@ impl<T: Translate> TxDevice for NullNic<T> {
                 Desc::Context(c) => self.hlen = (c.maclen() + c.iplen() + c.l4len()) as u64,
                 Desc::Data(d) => {
                     self.data(d);
-                    let status = at.offset(desc::STATUS_OFFSET as u64);
-                    let wb = Sta::DD.bits().to_le_bytes();
-                    if d.cmd().contains(Dcmd::RS) && self.iommu.write(status, &wb).is_err() {
+                    if d.cmd().contains(Dcmd::RS) && write_back(&self.iommu, at).is_err() {
                         self.stats.faults += 1;
                     }
                 }

@@ -15,10 +15,11 @@
 use pfrag::dma::{Fault, Translate};
 use pfrag::Iova;
 
+use super::ring::{read_desc, write_back, Ring};
 use super::segment::{read_range, Outcome, Segmenter};
-use crate::desc::{self, Context, Data, Dcmd, Desc, Popts, Sta};
+use crate::desc::{Context, Data, Dcmd, Desc, Popts};
 use crate::device::TxDevice;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gen::flow;
 use crate::gen::pattern;
 
@@ -179,8 +180,7 @@ impl Packet {
 pub struct SoftNic<T: Translate> {
     iommu: T,
     cfg: Config,
-    ring: Option<(Iova, u16)>,
-    head: u16,
+    ring: Ring,
     ctx: Context,
     first: Option<Data>,
     /// The current packet's buffers: IOVA, length.
@@ -194,7 +194,7 @@ impl<T: Translate> std::fmt::Debug for SoftNic<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SoftNic")
             .field("cfg", &self.cfg)
-            .field("head", &self.head)
+            .field("ring", &self.ring)
             .field("stats", &self.stats)
             .finish()
     }
@@ -206,8 +206,7 @@ impl<T: Translate> SoftNic<T> {
         SoftNic {
             iommu,
             cfg,
-            ring: None,
-            head: 0,
+            ring: Ring::default(),
             ctx: Context::default(),
             first: None,
             bufs: Vec::with_capacity(64),
@@ -230,22 +229,6 @@ impl<T: Translate> SoftNic<T> {
     /// The translation the model uses.
     pub fn iommu(&self) -> &T {
         &self.iommu
-    }
-
-    fn read_desc(&self, at: Iova) -> Result<[u64; 2], Fault> {
-        let mut b = [0u8; desc::SIZE];
-        let mut n = 0;
-        self.iommu.read(at, desc::SIZE, &mut |s| {
-            b[n..n + s.len()].copy_from_slice(s);
-            n += s.len();
-        })?;
-        let w = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        Ok([w(0), w(8)])
-    }
-
-    fn write_back(&self, at: Iova) -> Result<(), Fault> {
-        let at = at.offset(desc::STATUS_OFFSET as u64);
-        self.iommu.write(at, &Sta::DD.bits().to_le_bytes())
     }
 
     /// Distinct 4 KiB IOVA pages the current packet's buffers cover.
@@ -440,30 +423,14 @@ impl<T: Translate> crate::device::Model for SoftNic<T> {
 
 impl<T: Translate> TxDevice for SoftNic<T> {
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
-        if len == 0 || len % 8 != 0 {
-            return Err(Error::BadConfig {
-                what: "ring length (multiple of 8)",
-                value: u64::from(len),
-            });
-        }
-        self.ring = Some((ring, len));
-        self.head = 0;
-        Ok(())
+        self.ring.attach(ring, len)
     }
 
     fn kick(&mut self, tail: u16) -> Result<()> {
-        let (base, n) = self.ring.ok_or(Error::NotAttached)?;
-        if tail >= n {
-            return Err(Error::BadConfig {
-                what: "tail",
-                value: u64::from(tail),
-            });
-        }
-        while self.head != tail {
-            let at = base.offset(u64::from(self.head) * desc::SIZE as u64);
-            self.head = (self.head + 1) % n;
+        self.ring.check(tail)?;
+        while let Some(at) = self.ring.next(tail) {
             self.stats.descs += 1;
-            let words = match self.read_desc(at) {
+            let words = match read_desc(&self.iommu, at) {
                 Ok(w) => w,
                 Err(_) => {
                     self.stats.faults += 1;
@@ -493,7 +460,7 @@ impl<T: Translate> TxDevice for SoftNic<T> {
                         self.process();
                         self.bufs.clear();
                     }
-                    if d.cmd().contains(Dcmd::RS) && self.write_back(at).is_err() {
+                    if d.cmd().contains(Dcmd::RS) && write_back(&self.iommu, at).is_err() {
                         self.stats.faults += 1;
                     }
                 }
