@@ -101,8 +101,7 @@ impl<M: DmaMapper> Traffic<M> {
         flow: usize,
         len: usize,
     ) -> Result<()> {
-        let flows = self.flows.len();
-        let fl = self.flows.get(flow).ok_or(Error::BadFlow { flow, flows })?;
+        let fl = self.flow(flow)?;
         let mut hdr = [0u8; HDR_LEN];
         let off = fl.header(len, &mut hdr);
         self.buf.resize(len, 0);
@@ -150,8 +149,7 @@ impl<M: DmaMapper> Traffic<M> {
         flow: usize,
         len: usize,
     ) -> Result<()> {
-        let flows = self.flows.len();
-        let fl = self.flows.get(flow).ok_or(Error::BadFlow { flow, flows })?;
+        let fl = self.flow(flow)?;
         if len == 0 {
             return Err(pfrag::Error::ZeroLength.into());
         }
