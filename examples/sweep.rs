@@ -282,10 +282,28 @@ fn main() -> ExitCode {
         warmup,
         a.flows
     );
+    let Some(rows) = run_all(&a, &cfgs, packets + warmup) else {
+        return ExitCode::FAILURE;
+    };
+    let mut out = std::io::stdout().lock();
+    if report::print_table(&mut out, &rows).is_err() {
+        return ExitCode::FAILURE;
+    }
+    let _ = writeln!(out);
+    print_ratios(&mut out, &rows, &a.orders);
+    if !write_outputs(&a, &rows) || !all_delivered(&a, &rows) {
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// Runs every configuration with a progress bar; `None` after reporting
+/// an error.
+fn run_all(a: &Args, cfgs: &[RunConfig], per_cfg: u64) -> Option<Vec<Row>> {
     let bar = if a.no_progress {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new(cfgs.len() as u64 * (packets + warmup))
+        ProgressBar::new(cfgs.len() as u64 * per_cfg)
     };
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} packets  {msg}  [{elapsed_precise}]")
@@ -323,7 +341,7 @@ fn main() -> ExitCode {
                     c.policy.name(),
                     c.iommu.name()
                 );
-                return ExitCode::FAILURE;
+                return None;
             }
         }
     }
@@ -331,18 +349,17 @@ fn main() -> ExitCode {
         rows.push(limit(c));
     }
     bar.finish_and_clear();
+    Some(rows)
+}
 
-    let mut out = std::io::stdout().lock();
-    if report::print_table(&mut out, &rows).is_err() {
-        return ExitCode::FAILURE;
-    }
-    let _ = writeln!(out);
-    for o in &a.orders {
+/// The ratios of the same run, per order.
+fn print_ratios(out: &mut impl Write, rows: &[Row], orders: &[u32]) {
+    for o in orders {
         let o = o.to_string();
         let persistent = (o.as_str(), "persistent", "strict");
-        let pf = ratio(&rows, persistent, (&o, "per-frag", "strict"));
-        let off = ratio(&rows, persistent, (&o, "persistent", "off"));
-        let lim = ratio(&rows, persistent, ("", "limit", "none"));
+        let pf = ratio(rows, persistent, (&o, "per-frag", "strict"));
+        let off = ratio(rows, persistent, (&o, "persistent", "off"));
+        let lim = ratio(rows, persistent, ("", "limit", "none"));
         match (pf, off, lim) {
             (Some(pf), Some(off), Some(lim)) => {
                 let _ = writeln!(
@@ -356,6 +373,30 @@ fn main() -> ExitCode {
             _ => {}
         }
     }
+}
+
+/// Writes the CSV and SVG asked for; false after reporting an error.
+fn write_outputs(a: &Args, rows: &[Row]) -> bool {
+    if let Some(path) = &a.csv {
+        if let Err(e) = report::write_csv(path, rows) {
+            eprintln!("error: writing {}: {e}", path.display());
+            return false;
+        }
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &a.svg {
+        if let Err(e) = report::write_svg(path, rows) {
+            eprintln!("error: drawing {}: {e}", path.display());
+            return false;
+        }
+        eprintln!("wrote {}", path.display());
+    }
+    true
+}
+
+/// Whether every row delivered every byte intact (faults are failures; on
+/// the software NIC with checksums, every payload byte must be verified).
+fn all_delivered(a: &Args, rows: &[Row]) -> bool {
     let bad: Vec<&Row> = rows
         .iter()
         .filter(|r| {
@@ -366,20 +407,6 @@ fn main() -> ExitCode {
                     && r.bytes_verified != r.packets * r.payload_bytes as u64)
         })
         .collect();
-    if let Some(path) = &a.csv {
-        if let Err(e) = report::write_csv(path, &rows) {
-            eprintln!("error: writing {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
-        eprintln!("wrote {}", path.display());
-    }
-    if let Some(path) = &a.svg {
-        if let Err(e) = report::write_svg(path, &rows) {
-            eprintln!("error: drawing {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
-        eprintln!("wrote {}", path.display());
-    }
     if !bad.is_empty() {
         for r in bad {
             eprintln!(
@@ -392,7 +419,7 @@ fn main() -> ExitCode {
                 r.packets * r.payload_bytes as u64
             );
         }
-        return ExitCode::FAILURE;
+        return false;
     }
-    ExitCode::SUCCESS
+    true
 }
