@@ -157,16 +157,18 @@ mod tests {
         let nic = NullNic::new(iommu.clone());
         let mut q = tx::Queue::new(domain, pool, nic, tx::Config::default()).unwrap();
         let mut g = Traffic::new(2, 1448).unwrap();
-        for i in 0..20 {
+        let n = if cfg!(miri) { 2 } else { 20 };
+        for i in 0..n {
             g.send(&mut q, i % 2, 65_160).unwrap();
         }
         q.kick().unwrap();
-        assert_eq!(q.reap().unwrap(), 20);
+        assert_eq!(q.reap().unwrap(), n);
         let st = q.device().counters();
-        assert_eq!((st.packets, st.faults, st.bytes_verified), (20, 0, 0));
-        assert_eq!(st.delivered_bytes, 20 * 65_160);
+        let n = n as u64;
+        assert_eq!((st.packets, st.faults, st.bytes_verified), (n, 0, 0));
+        assert_eq!(st.delivered_bytes, n * 65_160);
         // 16 payload pages and the header's page per packet.
-        assert_eq!(st.pages, 20 * 17);
+        assert_eq!(st.pages, n * 17);
         assert!(iommu.stats().iotlb_misses > 0);
     }
 }
