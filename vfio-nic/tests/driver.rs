@@ -126,10 +126,7 @@ fn own_bytes_go_out_exactly_with_tso_and_checksums() {
     .unwrap();
     assert_eq!(drain(&mut q), [11, 12]);
     let frames = q.device_mut().take_frames();
-    assert_eq!(
-        frames.len(),
-        big.div_ceil(1448) + 5_000usize.div_ceil(1448)
-    );
+    assert_eq!(frames.len(), big.div_ceil(1448) + 5_000usize.div_ceil(1448));
     let mut want = payload.clone();
     want.extend_from_slice(&more);
     assert_eq!(tcp_stream(&frames), want);
