@@ -96,7 +96,14 @@ fn n(full: usize) -> usize {
 /// the queue once counted one and wrote past the free part of the ring.
 #[test]
 fn order4_payloads_never_overrun_a_small_ring() {
-    for (len, fit) in [(196_608, true), (100_000, false), (65_536, true)] {
+    // Under Miri (every byte interpreted) the one case that needs two
+    // descriptors for one whole chunk; natively all three.
+    let cases: &[(usize, bool)] = if cfg!(miri) {
+        &[(65_536, true)]
+    } else {
+        &[(196_608, true), (100_000, false), (65_536, true)]
+    };
+    for &(len, fit) in cases {
         let cfg = tx::Config {
             ring: 16,
             header: HeaderMode::Mapped,
@@ -130,10 +137,13 @@ fn payload_past_paylen_is_refused_and_the_largest_is_delivered() {
     }
     assert_eq!(q.stats().packets, 0);
     assert_eq!(q.cache().stats().frags, 0, "nothing allocated");
-    pump(&mut q, n(3), desc::MAX_PAYLEN);
+    // The largest payload goes out whole (natively; under Miri the refusal
+    // above is the property checked, the 262 KB delivery is too slow there).
+    let largest = if cfg!(miri) { 0 } else { 3 };
+    pump(&mut q, largest, desc::MAX_PAYLEN);
     let st = q.device().stats();
     assert_eq!(st.faults + st.bad_desc, 0);
-    assert_eq!(st.bytes_verified, (n(3) * desc::MAX_PAYLEN) as u64);
+    assert_eq!(st.bytes_verified, (largest * desc::MAX_PAYLEN) as u64);
 }
 
 /// Defect 6: unmaps failing while the pool shrinks once put chunks with a
@@ -143,7 +153,8 @@ fn payload_past_paylen_is_refused_and_the_largest_is_delivered() {
 fn failing_unmaps_during_shrink_lose_no_packet() {
     let faults = FaultyConfig {
         seed: 3,
-        unmap_rate: 0.2,
+        // Fewer rounds run under Miri: fail more unmaps there.
+        unmap_rate: if cfg!(miri) { 0.5 } else { 0.2 },
         ..FaultyConfig::default()
     };
     let cfg = tx::Config {
@@ -152,11 +163,13 @@ fn failing_unmaps_during_shrink_lose_no_packet() {
     };
     let (m, mut q) = queue(0, Policy::Persistent, faults, cfg, 4);
     let rounds = n(20).max(2);
+    // Each round frees per_round / 2 chunks, far past the watermark of 4.
+    let per_round = if cfg!(miri) { 48 } else { 160 };
     for _ in 0..rounds {
         // Bursts of 160 in flight (80 chunks), then all completed: the pool
         // grows past its watermark and shrinks back, with a fifth of the
         // unmaps failing.
-        for i in 0..160 {
+        for i in 0..per_round {
             q.send(i % 4, 1500).unwrap();
         }
         q.kick().unwrap();
@@ -164,10 +177,13 @@ fn failing_unmaps_during_shrink_lose_no_packet() {
     }
     let st = q.device().stats();
     assert_eq!((st.faults, st.bad_payload), (0, 0));
-    assert_eq!(st.delivered_bytes, (rounds * 160 * 1500) as u64);
+    assert_eq!(st.delivered_bytes, (rounds * per_round * 1500) as u64);
     let w = check(&mut q);
     for f in 0..4 {
-        assert_eq!(w.next_offset(f), Some((rounds * 40 * 1500) as u32));
+        assert_eq!(
+            w.next_offset(f),
+            Some((rounds * per_round / 4 * 1500) as u32)
+        );
     }
     let pool = q.cache().pool().clone();
     assert!(m.stats_injected().unmaps > 0);
@@ -192,15 +208,12 @@ fn failed_header_map_leaves_the_stream_continuous() {
     let (m, mut q) = queue(2, Policy::PerFrag, faults, cfg, 3);
     // A multiple of the flows, so that each gets the same bytes.
     let sends = n(3000).div_ceil(3) * 3;
-    let failed = pump(&mut q, sends, 3000);
+    let len = if cfg!(miri) { 600 } else { 3000 };
+    let failed = pump(&mut q, sends, len);
     assert!(failed > 0 && m.stats_injected().maps == failed);
     let w = check(&mut q);
     for f in 0..3 {
-        assert_eq!(
-            w.next_offset(f),
-            Some((sends / 3 * 3000) as u32),
-            "flow {f}"
-        );
+        assert_eq!(w.next_offset(f), Some((sends / 3 * len) as u32), "flow {f}");
     }
     assert_eq!(q.device().stats().faults, 0);
     assert_eq!(q.stats().packets, sends as u64);
