@@ -408,8 +408,16 @@ fn wire_check_catches_corruption_loss_and_strangers() {
 /// boundary large chunks do produce crossing buffers.
 #[test]
 fn boundary_keeps_every_buffer_inside_one_page() {
-    for order in [0, 2, 4] {
-        for policy in Policy::ALL {
+    // Under Miri (every byte interpreted) the order and policy where
+    // buffers do cross pages; natively every combination.
+    let orders: &[u32] = if cfg!(miri) { &[4] } else { &[0, 2, 4] };
+    let policies: &[Policy] = if cfg!(miri) {
+        &[Policy::Persistent]
+    } else {
+        &Policy::ALL
+    };
+    for &order in orders {
+        for &policy in policies {
             for boundary in [None, Some(4096)] {
                 let (_iommu, mut q) = queue_flows(
                     order,
