@@ -153,6 +153,17 @@ mod tests {
     use super::*;
     use crate::mem::Region;
 
+    /// The first page of `r`, for the device to read, at its own address.
+    fn page_to_device(r: &Region) -> Mapping {
+        Mapping {
+            iova: Iova(r.addr().raw() as u64),
+            addr: r.addr(),
+            len: 4096,
+            dir: Dir::TO_DEVICE,
+            huge: false,
+        }
+    }
+
     #[test]
     fn device_reaches_only_mapped_pages() {
         let id = Identity::new();
@@ -161,13 +172,7 @@ mod tests {
         // An address nobody mapped: a fault, never a dereference.
         assert!(id.read(Iova(0x1000), 8, &mut |_| {}).is_err());
         assert!(id.read(at, 8, &mut |_| {}).is_err());
-        let m = Mapping {
-            iova: at,
-            addr: r.addr(),
-            len: 4096,
-            dir: Dir::TO_DEVICE,
-            huge: false,
-        };
+        let m = page_to_device(&r);
         // SAFETY: `r` outlives the mapping (unmapped below, before drop).
         unsafe { id.map(&m) }.unwrap();
         let mut seen = 0;
@@ -187,13 +192,7 @@ mod tests {
         let id = Identity::new();
         let r = Region::new(4096, 4096, false).unwrap();
         let at = Iova(r.addr().raw() as u64);
-        let m = Mapping {
-            iova: at,
-            addr: r.addr(),
-            len: 4096,
-            dir: Dir::TO_DEVICE,
-            huge: false,
-        };
+        let m = page_to_device(&r);
         // SAFETY: `r` outlives the mapping.
         unsafe { id.map(&m) }.unwrap();
         assert_eq!(id.unmap(at, 8192).unwrap_err().errno(), Some(libc::ENOENT));
