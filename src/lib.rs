@@ -8,6 +8,7 @@
 
 pub mod cli;
 pub mod harness;
+pub mod peers;
 pub mod report;
 pub mod run;
 pub mod soak;

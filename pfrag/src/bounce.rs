@@ -80,25 +80,44 @@ impl<M: DmaMapper> Ring<M> {
     }
 
     /// Copies `hdr` into slot `i`; returns the IOVA the device reads it at.
+    /// Errors: `i` out of range, `hdr` empty or larger than a slot, slot
+    /// busy; on error the slot is unchanged.
     pub fn fill(&mut self, i: usize, hdr: &[u8]) -> Result<Iova> {
+        self.fill_parts(i, std::iter::once(hdr))
+    }
+
+    /// Copies `parts` one after another into slot `i` (a small packet's
+    /// headers and payload, so that the whole frame goes out as one
+    /// buffer); returns the IOVA the device reads it at. Errors as for
+    /// [`fill`](Self::fill), with the parts' total as the length.
+    pub fn fill_parts<'a>(
+        &mut self,
+        i: usize,
+        parts: impl Iterator<Item = &'a [u8]> + Clone,
+    ) -> Result<Iova> {
         let slots = self.busy.len();
         let busy = self
             .busy
             .get_mut(i)
             .ok_or(Error::SlotOutOfRange { slot: i, slots })?;
-        if hdr.len() > self.slot {
+        let len: usize = parts.clone().map(<[u8]>::len).sum();
+        if len > self.slot {
             return Err(Error::HeaderTooLarge {
-                len: hdr.len(),
+                len,
                 slot: self.slot,
             });
         }
-        if hdr.is_empty() {
+        if len == 0 {
             return Err(Error::ZeroLength);
         }
         if *busy {
             return Err(Error::SlotBusy { slot: i });
         }
-        self.mem.write(i * self.slot, hdr)?;
+        let mut at = i * self.slot;
+        for p in parts {
+            self.mem.write(at, p)?;
+            at += p.len();
+        }
         *busy = true;
         self.in_use += 1;
         Ok(self.mem.iova().offset((i * self.slot) as u64))

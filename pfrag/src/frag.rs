@@ -4,14 +4,25 @@
 //! like Linux's `skb_page_frag_refill`. When it takes a chunk it charges the
 //! chunk's refcount with a large bias up front and keeps the unused part of
 //! the bias locally (Linux's `pagecnt_bias`), so handing out a frag costs no
-//! atomic operation. Completing a frag is one atomic decrement; completing a
-//! burst of frags of one chunk ([`complete_burst`]) is one atomic for the
-//! burst. Whoever drops the refcount to zero recycles the chunk.
+//! atomic operation, and [`FragCache::refill_bulk`] hands out many at the
+//! cost of one.
+//!
+//! Completion has two paths:
+//! - **On the owning thread** ([`FragCache::complete`],
+//!   [`FragCache::complete_burst`]): a frag of the chunk the cache is carving
+//!   gives its reference back to the bias, a plain integer, with no atomic
+//!   operation. The chunk's refcount is reconciled once, when the cache
+//!   moves on from it. This is the run-to-completion case: a queue reaps
+//!   what it sent, on its own thread.
+//! - **Anywhere** (dropping the frag, [`Frag::complete`], the free function
+//!   [`complete_burst`]): one atomic decrement per frag, or one per run of
+//!   frags of one chunk. Whoever drops the refcount to zero recycles the
+//!   chunk.
 
 use crate::sync::Ordering;
 use std::mem::ManuallyDrop;
 
-use crate::addr::{Iova, VirtAddr};
+use crate::addr::{align_down, align_up, Iova, VirtAddr, PAGE_SIZE};
 use crate::dma::DmaMapper;
 use crate::error::{Error, Result};
 use crate::mem;
@@ -55,13 +66,21 @@ impl CacheStats {
 
 /// A piece of a chunk, ready for DMA: move-only; completing (dropping) it
 /// releases its reference on the chunk and, under `PerFrag`, its mapping.
+///
+/// Four words (32 bytes on 64-bit targets), half a cache line:
+///
+/// ```
+/// # use pfrag::{dma::SoftIommu, frag::Frag};
+/// assert_eq!(std::mem::size_of::<Frag<SoftIommu>>(), 4 * std::mem::size_of::<usize>());
+/// ```
 pub struct Frag<M: DmaMapper> {
     chunk: ChunkPtr<M>,
     addr: VirtAddr,
     iova: Iova,
     len: u32,
-    /// The frag's own mapping (`PerFrag` policy): IOVA and length.
-    own: Option<(Iova, u64)>,
+    /// The frag has a mapping of its own (`PerFrag`): the pages it touches,
+    /// mapped at `iova` minus its offset in its first page.
+    own: bool,
 }
 
 // SAFETY: a Frag owns its byte range exclusively and its chunk reference is
@@ -109,19 +128,41 @@ impl<M: DmaMapper> Frag<M> {
     }
 
     /// Completes the frag, reporting an unmap failure (dropping does the
-    /// same and counts the failure in the pool's stats).
+    /// same and counts the failure in the pool's stats). On the thread that
+    /// owns the frag's cache, [`FragCache::complete`] is cheaper.
     pub fn complete(self) -> Result<()> {
         let f = ManuallyDrop::new(self);
-        let r = unmap_own(f.chunk, f.own);
+        let r = f.unmap_own();
         put(f.chunk, 1);
         r
+    }
+
+    /// The frag's own mapping (`PerFrag`), IOVA and length: the whole pages
+    /// its bytes touch, as `Shared::frag_iova` mapped them.
+    fn own_mapping(&self) -> Option<(Iova, u64)> {
+        if !self.own {
+            return None;
+        }
+        let addr = self.addr.raw() as u64;
+        let lo = align_down(addr, PAGE_SIZE);
+        let hi = align_up(addr + u64::from(self.len), PAGE_SIZE);
+        Some((Iova(self.iova.raw() - (addr - lo)), hi - lo))
+    }
+
+    /// Removes a `PerFrag` frag's own mapping. A failure leaves it mapped
+    /// and poisons the chunk, which is then pinned instead of reused.
+    fn unmap_own(&self) -> Result<()> {
+        match self.own_mapping() {
+            Some((iova, len)) => shared(&self.chunk).unmap_part(self.chunk, iova, len),
+            None => Ok(()),
+        }
     }
 }
 
 impl<M: DmaMapper> Drop for Frag<M> {
     fn drop(&mut self) {
         // A failure is counted and poisons the chunk (see `unmap_own`).
-        let _ = unmap_own(self.chunk, self.own);
+        let _ = self.unmap_own();
         put(self.chunk, 1);
     }
 }
@@ -131,15 +172,6 @@ fn shared<M: DmaMapper>(c: &ChunkPtr<M>) -> &Shared<M> {
     // its pool, and callers hold a reference on the chunk while the borrow
     // lasts.
     unsafe { &*c.get().pool }
-}
-
-/// Removes a `PerFrag` frag's own mapping. A failure leaves it mapped and
-/// poisons the chunk, which is then pinned instead of reused.
-fn unmap_own<M: DmaMapper>(c: ChunkPtr<M>, own: Option<(Iova, u64)>) -> Result<()> {
-    match own {
-        Some((iova, len)) => shared(&c).unmap_part(c, iova, len),
-        None => Ok(()),
-    }
 }
 
 /// Drops `n` references on `c`; the last one recycles the chunk.
@@ -159,7 +191,7 @@ pub fn complete_burst<M: DmaMapper>(frags: impl IntoIterator<Item = Frag<M>>) ->
     let mut run: Option<(ChunkPtr<M>, u32)> = None;
     for f in frags {
         let f = ManuallyDrop::new(f);
-        if let Err(e) = unmap_own(f.chunk, f.own) {
+        if let Err(e) = f.unmap_own() {
             if first_err.is_ok() {
                 first_err = Err(e);
             }
@@ -298,6 +330,166 @@ impl<M: DmaMapper> FragCache<M> {
         })
     }
 
+    /// `n` frags of exactly `len` bytes each, carved one after another from
+    /// one chunk and appended to `out`: the bulk form of [`refill`], which
+    /// charges the chunk's bias and the counters once for all of them.
+    ///
+    /// `n` frags must fit one chunk (each but the last padded to
+    /// [`FRAG_ALIGN`]); if the current chunk's tail is too short, the cache
+    /// moves to a fresh chunk. On error nothing is appended and nothing is
+    /// charged.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use pfrag::{dma::{Domain, Identity}, frag::FragCache, pool::{self, Policy, Pool}, Order};
+    /// let pool = Pool::new(
+    ///     Arc::new(Domain::new(Identity::new())),
+    ///     pool::Config::new(Order::new(3).unwrap(), Policy::Persistent),
+    /// )?;
+    /// let mut cache = FragCache::new(pool);
+    /// let mut burst = Vec::with_capacity(32);
+    /// cache.refill_bulk(64, 32, &mut burst)?;
+    /// assert_eq!(burst.len(), 32);
+    /// assert_eq!(burst[1].iova().raw() - burst[0].iova().raw(), 64);
+    /// // Completed on the owning thread: no atomic operation.
+    /// cache.complete_burst(burst.drain(..))?;
+    /// # Ok::<(), pfrag::Error>(())
+    /// ```
+    ///
+    /// [`refill`]: FragCache::refill
+    pub fn refill_bulk(&mut self, len: usize, n: usize, out: &mut Vec<Frag<M>>) -> Result<()> {
+        let stride = len.next_multiple_of(FRAG_ALIGN);
+        let need = match n.checked_sub(1) {
+            _ if len == 0 => return Err(Error::ZeroLength),
+            None => return Ok(()),
+            Some(k) => k.saturating_mul(stride).saturating_add(len),
+        };
+        if need > self.chunk_size {
+            return Err(Error::LargerThanChunk {
+                len: need,
+                chunk: self.chunk_size,
+            });
+        }
+        if self.cur.is_none() || self.chunk_size - self.offset < need {
+            self.next_chunk()?;
+        }
+        let c = self.cur.expect("next_chunk set a chunk");
+        if let Some(ciova) = self.pool.shared.chunk_iova(c) {
+            // The frags share the chunk's mapping: nothing can fail.
+            let (first, base) = (self.offset, c.get().addr);
+            out.extend((0..n).map(|i| Frag {
+                chunk: c,
+                addr: base.offset(first + i * stride),
+                iova: ciova.offset((first + i * stride) as u64),
+                len: len as u32,
+                own: false,
+            }));
+        } else {
+            self.bulk_own_mappings(c, len, n, stride, out)?;
+        }
+        self.bias -= n as u32;
+        let end = (self.offset + need)
+            .next_multiple_of(FRAG_ALIGN)
+            .min(self.chunk_size);
+        self.stats.waste_bytes += (end - self.offset - n * len) as u64;
+        self.offset = end;
+        self.stats.frags += n as u64;
+        self.stats.bytes += (n * len) as u64;
+        Ok(())
+    }
+
+    /// `n` frags of `len` bytes from `c` at the cache's offset, each with
+    /// its own mapping (`PerFrag`), appended to `out`. If a map fails, the
+    /// mappings made so far are removed and nothing is appended.
+    #[cold]
+    fn bulk_own_mappings(
+        &mut self,
+        c: ChunkPtr<M>,
+        len: usize,
+        n: usize,
+        stride: usize,
+        out: &mut Vec<Frag<M>>,
+    ) -> Result<()> {
+        let mark = out.len();
+        out.reserve(n);
+        for i in 0..n {
+            let start = self.offset + i * stride;
+            let addr = c.get().addr.offset(start);
+            match self.pool.shared.frag_iova(c, addr, start, len) {
+                Ok((iova, own)) => out.push(Frag {
+                    chunk: c,
+                    addr,
+                    iova,
+                    len: len as u32,
+                    own,
+                }),
+                Err(e) => {
+                    // The frags made so far never took a reference.
+                    for f in out.drain(mark..) {
+                        let f = ManuallyDrop::new(f);
+                        let _ = f.unmap_own();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes `f` on the thread that owns this cache. A frag of the chunk
+    /// being carved gives its reference back to the cache's bias: no atomic
+    /// operation (the chunk's refcount is reconciled once, when the cache
+    /// moves on). Any other frag takes the atomic path of [`Frag::complete`].
+    /// Reports an unmap failure of a `PerFrag` frag, as `Frag::complete`
+    /// does.
+    #[inline]
+    pub fn complete(&mut self, f: Frag<M>) -> Result<()> {
+        let f = ManuallyDrop::new(f);
+        let r = f.unmap_own();
+        self.put_local(f.chunk, 1);
+        r
+    }
+
+    /// Completes many frags on the owning thread: [`complete`] for each,
+    /// with the frags of other chunks batched as the free function
+    /// [`complete_burst`] does. Returns the first unmap error, after
+    /// completing every frag.
+    ///
+    /// [`complete`]: FragCache::complete
+    pub fn complete_burst(&mut self, frags: impl IntoIterator<Item = Frag<M>>) -> Result<()> {
+        let mut first_err = Ok(());
+        let mut run: Option<(ChunkPtr<M>, u32)> = None;
+        for f in frags {
+            let f = ManuallyDrop::new(f);
+            if let Err(e) = f.unmap_own() {
+                first_err = first_err.and(Err(e));
+            }
+            match &mut run {
+                Some((c, n)) if *c == f.chunk => *n += 1,
+                _ => {
+                    if let Some((c, n)) = run.replace((f.chunk, 1)) {
+                        self.put_local(c, n);
+                    }
+                }
+            }
+        }
+        if let Some((c, n)) = run {
+            self.put_local(c, n);
+        }
+        first_err
+    }
+
+    /// Drops `n` references on `c` from the owning thread: back into the
+    /// bias if `c` is the chunk being carved, else atomically.
+    #[inline]
+    fn put_local(&mut self, c: ChunkPtr<M>, n: u32) {
+        if self.cur == Some(c) {
+            self.bias += n;
+        } else {
+            put(c, n);
+        }
+    }
+
     /// Frags for a payload of `len` bytes, appended to `out`. With
     /// `fit_whole`, each piece of up to one chunk sits whole in one chunk (a
     /// payload that fits a chunk is one frag); without it, pieces fill chunk
@@ -325,7 +517,7 @@ impl<M: DmaMapper> FragCache<M> {
                     out.push(f);
                 }
                 Err(e) => {
-                    complete_burst(out.drain(mark..)).ok();
+                    self.complete_burst(out.drain(mark..)).ok();
                     return Err(e);
                 }
             }

@@ -80,6 +80,53 @@ fn in_place_reuse_races_with_the_last_completion() {
     });
 }
 
+/// Owner-local completion beside the atomic path: the owning thread gives
+/// one frag's reference back to its bias (no atomic) while another thread
+/// completes a second frag of the same chunk atomically, and then the owner
+/// moves on. The chunk's refcount, reconciled once when the cache moves on,
+/// must end in exactly one reuse in place or one recycle.
+#[test]
+fn owner_local_completion_races_with_a_remote_completion() {
+    model(|| {
+        let p = pool(1, Reclaim::Eager);
+        let mut c = FragCache::new(p.clone());
+        let local = c.refill(2000, true).unwrap();
+        let remote = c.refill(2000, true).unwrap();
+        let t = loom::thread::spawn(move || remote.complete().unwrap());
+        c.complete(local).unwrap();
+        // Needs a fresh chunk: the current one has 96 bytes left.
+        let next = c.refill(4000, true).unwrap();
+        t.join().unwrap();
+        let reused = c.stats().reused_in_place;
+        let recycled = p.stats().recycles;
+        assert_eq!(reused + recycled, 1, "reused {reused}, recycled {recycled}");
+        c.complete(next).unwrap();
+        drop(c);
+        accounted(&p, 0);
+    });
+}
+
+/// A burst completed on the owning thread whose frags span the current
+/// chunk and an older one that another thread's completion also drops:
+/// the older chunk is recycled exactly once, by whichever side is last.
+#[test]
+fn owner_burst_and_remote_completion_share_an_older_chunk() {
+    model(|| {
+        let p = pool(1, Reclaim::Eager);
+        let mut c = FragCache::new(p.clone());
+        let a = c.refill(2000, true).unwrap();
+        let b = c.refill(2000, true).unwrap();
+        // The cache moves to a second chunk; the first stays with a and b.
+        let d = c.refill(4000, true).unwrap();
+        let t = loom::thread::spawn(move || b.complete().unwrap());
+        c.complete_burst([a, d]).unwrap();
+        t.join().unwrap();
+        assert_eq!(p.stats().recycles, 1);
+        drop(c);
+        accounted(&p, 0);
+    });
+}
+
 /// Queue 1 owns a flagged reserve and frees into it (which clears the flag
 /// once it has room) while queue 0, dry, borrows: queue 0 never waits, and
 /// no chunk is lost or handed out twice.

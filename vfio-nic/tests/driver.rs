@@ -223,3 +223,77 @@ fn headers_the_offload_cannot_use_post_nothing() {
         .is_err());
     assert_eq!(frags.iter().map(|f| f.len()).sum::<usize>(), 3000);
 }
+
+#[test]
+fn small_packets_go_out_inline_in_their_bounce_slot() {
+    let mut q = queue(2);
+    let payload = bytes(60, 4);
+    let hdr = udp_headers(&payload);
+    let raw = bytes(64, 8);
+    let frags = q.cache().stats().frags;
+    let descs = q.stats().descs;
+    // Context + one data descriptor, then one data descriptor each: the
+    // device keeps the checksum context, and headers and payload share the
+    // bounce slot.
+    q.send(&hdr, &payload, Offload::Checksum, 1).unwrap();
+    q.send(&hdr, &payload, Offload::Checksum, 2).unwrap();
+    q.send(&raw[..14], &raw[14..], Offload::None, 3).unwrap();
+    assert_eq!(q.stats().descs - descs, 4);
+    assert_eq!(q.stats().inline_packets, 3);
+    assert_eq!(q.stats().contexts_skipped, 1);
+    assert_eq!(q.cache().stats().frags, frags, "no frag carved");
+    // A frame larger than a slot (128 bytes) takes a frag as before.
+    let big = bytes(200, 9);
+    q.send(&udp_headers(&big), &big, Offload::Checksum, 4)
+        .unwrap();
+    assert_eq!(q.stats().inline_packets, 3);
+    assert_eq!(q.cache().stats().frags, frags + 1);
+    assert_eq!(drain(&mut q), [1, 2, 3, 4]);
+    let frames = q.device_mut().take_frames();
+    for (fr, want) in [
+        (&frames[0], &payload),
+        (&frames[1], &payload),
+        (&frames[3], &big),
+    ] {
+        let p = SlicedPacket::from_ethernet(fr).unwrap();
+        let (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Udp(udp))) = (p.net, p.transport)
+        else {
+            panic!("not UDP/IPv4");
+        };
+        let iph = ip.header().to_header();
+        assert_eq!(iph.header_checksum, iph.calc_header_checksum());
+        let sum = udp.to_header().calc_checksum_ipv4(&iph, udp.payload());
+        assert_eq!(udp.checksum(), sum.unwrap());
+        assert_eq!(udp.payload(), &want[..]);
+    }
+    assert_eq!(frames[2], raw);
+    assert_eq!(q.device().stats().faults, 0);
+}
+
+#[test]
+fn context_is_written_only_when_the_offload_changes() {
+    let mut q = queue(4);
+    let data = bytes(20_000, 2);
+    let mut seq = 0u32;
+    let descs = q.stats().descs;
+    for (i, mss) in [1448u16, 1448, 1000, 1000].into_iter().enumerate() {
+        let part = &data[i * 5000..(i + 1) * 5000];
+        let tso = Offload::Tso { mss };
+        q.send(&tcp_headers(seq, part.len()), part, tso, i as u64)
+            .unwrap();
+        seq += part.len() as u32;
+    }
+    // 3 + 2 + 3 + 2: a context for the first packet and for the MSS change.
+    assert_eq!(q.stats().descs - descs, 10);
+    assert_eq!(q.stats().contexts_skipped, 2);
+    assert_eq!(drain(&mut q), [0, 1, 2, 3]);
+    let frames = q.device_mut().take_frames();
+    // Each packet is segmented with its own MSS.
+    assert_eq!(frames.len(), 4 + 4 + 5 + 5);
+    let payload = |f: &Vec<u8>| f.len() - 54;
+    assert!(frames[..8].iter().all(|f| payload(f) <= 1448));
+    assert_eq!(payload(&frames[0]), 1448);
+    assert!(frames[8..].iter().all(|f| payload(f) <= 1000));
+    assert_eq!(payload(&frames[8]), 1000);
+    assert_eq!(tcp_stream(&frames), data);
+}

@@ -115,7 +115,9 @@ fn tso_frames_are_correct_for_every_order_and_policy() {
             let per_flow = check_frames(&frames);
             for f in 0..3u32 {
                 let sent: usize = plan.iter().filter(|p| p.0 == f as usize).map(|p| p.1).sum();
-                assert_eq!(per_flow.next_offset(f), Some(sent as u32));
+                // A flow with nothing planned (short Miri runs) has no frames.
+                let seen = per_flow.next_offset(f).unwrap_or(0);
+                assert_eq!(seen, sent as u32, "flow {f}");
             }
             assert_eq!(q.in_flight(), 0);
         }
@@ -160,7 +162,7 @@ fn lazy_and_identity_deliver_every_byte() {
 }
 
 #[test]
-fn persistent_bounce_order4_makes_no_mappings_and_uses_three_descriptors() {
+fn persistent_bounce_order4_makes_no_mappings_and_uses_two_descriptors() {
     let (iommu, mut q) = queue(
         4,
         Policy::Persistent,
@@ -176,7 +178,10 @@ fn persistent_bounce_order4_makes_no_mappings_and_uses_three_descriptors() {
     q.send_all(&vec![(0, 65160); n(1000)]);
     let s = iommu.stats().since(&before);
     assert_eq!((s.map_calls, s.unmap_calls, s.invalidations), (0, 0, 0));
-    assert_eq!(q.stats().descs - descs, 3 * n(1000) as u64);
+    // Header and one data descriptor: the device holds the TSO context
+    // from the first packet on, so no context descriptor is written again.
+    assert_eq!(q.stats().descs - descs, 2 * n(1000) as u64);
+    assert_eq!(q.stats().contexts_skipped, q.stats().packets - 1);
 }
 
 #[test]
@@ -231,10 +236,13 @@ fn ring_full_is_a_typed_error_and_nothing_leaks() {
     );
     q.send(0, 1000).unwrap();
     q.send(0, 1000).unwrap();
-    assert!(matches!(
-        q.send(0, 1000),
-        Err(Error::RingFull { needed: 4, free: 1 })
-    ));
+    // 3 + 2 descriptors used (the second packet reuses the context); the
+    // quick check before carving counts a context descriptor for any
+    // offload, as it does not know the headers yet.
+    match q.send(0, 1000) {
+        Err(Error::RingFull { needed: 4, free: 2 }) => {}
+        other => panic!("{other:?}"),
+    }
     assert!(matches!(
         q.send(5, 10),
         Err(Error::BadFlow { flow: 5, flows: 1 })

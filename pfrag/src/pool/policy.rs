@@ -35,9 +35,18 @@ impl<M: DmaMapper> Shared<M> {
         Ok(())
     }
 
+    /// The IOVA of chunk `c` when its frags use the chunk's mapping
+    /// (`Persistent`, `PerChunk`); `None` when each frag maps itself
+    /// (`PerFrag`).
+    #[inline]
+    pub(crate) fn chunk_iova(&self, c: ChunkPtr<M>) -> Option<Iova> {
+        (self.cfg.policy != Policy::PerFrag).then(|| Iova(c.get().iova.load(Ordering::Relaxed)))
+    }
+
     /// The IOVA of a frag of `len` bytes at `addr` (offset `start` in chunk
-    /// `c`), and, under `PerFrag`, the frag's own mapping (made here, one
-    /// map call for its pages), which its completion removes.
+    /// `c`), and whether the frag has a mapping of its own (`PerFrag`: made
+    /// here, one map call for the pages it touches), which its completion
+    /// removes.
     #[inline]
     pub(crate) fn frag_iova(
         &self,
@@ -45,10 +54,9 @@ impl<M: DmaMapper> Shared<M> {
         addr: VirtAddr,
         start: usize,
         len: usize,
-    ) -> Result<(Iova, Option<(Iova, u64)>)> {
-        if self.cfg.policy != Policy::PerFrag {
-            let base = c.get().iova.load(Ordering::Relaxed);
-            return Ok((Iova(base).offset(start as u64), None));
+    ) -> Result<(Iova, bool)> {
+        if let Some(base) = self.chunk_iova(c) {
+            return Ok((base.offset(start as u64), false));
         }
         let lo = align_down(addr.raw() as u64, PAGE_SIZE);
         let hi = align_up((addr.raw() + len) as u64, PAGE_SIZE);
@@ -60,7 +68,7 @@ impl<M: DmaMapper> Shared<M> {
                 .map(VirtAddr(lo as usize), hi - lo, PAGE_SIZE, self.cfg.dir)
         }?;
         self.note_mapped(hi - lo, true);
-        Ok((base.offset(addr.raw() as u64 - lo), Some((base, hi - lo))))
+        Ok((base.offset(addr.raw() as u64 - lo), true))
     }
 
     /// Returns a chunk whose last reference is gone: to its queue's reserve

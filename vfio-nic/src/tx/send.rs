@@ -7,7 +7,7 @@
 use std::io::IoSlice;
 
 use pfrag::dma::DmaMapper;
-use pfrag::frag::{complete_burst, Frag};
+use pfrag::frag::Frag;
 use pfrag::Iova;
 
 use super::{pieces, Hdr, Pending, Queue};
@@ -50,7 +50,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     ) -> Result<()> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let layout = self.check_packet(headers, len, offload)?;
-        self.room_for(len, offload)?;
+        if self.inline_fits(headers.len(), len, offload) {
+            return self.send_inline(headers, parts, layout, offload, token);
+        }
+        // The quick check of `room_for`, knowing whether a context
+        // descriptor is needed.
+        let nctx = self.context(layout, offload).descs();
+        self.check_room(self.descs_needed(len) - 1 + nctx, nctx)?;
         let mut frags = self.spare.pop().unwrap_or_default();
         if let Err(e) = self.frags(len, &mut frags) {
             self.spare.push(frags);
@@ -59,10 +65,128 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         copy_into(&mut frags, parts);
         let r = self.post_frags(headers, layout, offload, &mut frags, token);
         if r.is_err() {
-            complete_burst(frags.drain(..)).ok();
+            self.cache.complete_burst(frags.drain(..)).ok();
         }
         self.spare.push(frags);
         r
+    }
+
+    /// Whether a packet goes out inline: headers and payload together in
+    /// its bounce slot, one data descriptor and no frag. Any packet that
+    /// fits a slot, but TSO ones (whose payload is segmented apart from
+    /// the headers).
+    fn inline_fits(&self, hlen: usize, len: usize, offload: Offload) -> bool {
+        !matches!(offload, Offload::Tso { .. })
+            && self
+                .bounce
+                .as_ref()
+                .is_some_and(|b| hlen + len <= b.slot_size())
+    }
+
+    /// Sends a small packet inline (see [`inline_fits`](Self::inline_fits)):
+    /// copied into the bounce slot of its descriptor, posted as one data
+    /// descriptor (after a context descriptor if the offload changed).
+    fn send_inline(
+        &mut self,
+        headers: &[u8],
+        parts: &[IoSlice<'_>],
+        layout: Option<Layout>,
+        offload: Offload,
+        token: u64,
+    ) -> Result<()> {
+        let ctx = self.context(layout, offload);
+        let nctx = ctx.descs();
+        self.check_room(nctx + 1, nctx)?;
+        let idx = self.next_by(self.tail, nctx);
+        let bytes = std::iter::once(headers).chain(parts.iter().map(|p| &**p));
+        let b = self.bounce.as_mut().expect("inline_fits saw a bounce ring");
+        let iova = b.fill_parts(usize::from(idx), bytes)?;
+        let frame = headers.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+        let popts = match offload {
+            Offload::None => Popts::empty(),
+            _ => Popts::IXSM | Popts::TXSM,
+        };
+        let d = Data::new(
+            iova.raw(),
+            frame as u16,
+            Dcmd::IFCS | Dcmd::EOP | Dcmd::RS,
+            frame as u32,
+            popts,
+        );
+        let written = match ctx {
+            Ctx::Write(c) => self.write_desc(self.tail, Desc::Context(c)),
+            _ => Ok(()),
+        }
+        .and_then(|()| self.write_desc(idx, Desc::Data(d)));
+        if let Err(e) = written {
+            self.drop_header(Hdr::Slot(usize::from(idx)));
+            return Err(e);
+        }
+        self.stats.inline_packets += 1;
+        let len = frame - headers.len();
+        self.advance(
+            idx,
+            nctx + 1,
+            ctx,
+            Hdr::Slot(usize::from(idx)),
+            Vec::new(),
+            len,
+            token,
+        );
+        Ok(())
+    }
+
+    /// The context descriptor a packet needs: none without an offload, and
+    /// none when the device already holds the same context (the 82576
+    /// keeps it per queue; DPDK's igb and ixgbe drivers skip it the same
+    /// way).
+    fn context(&self, layout: Option<Layout>, offload: Offload) -> Ctx {
+        let Some(l) = layout else {
+            return Ctx::NotNeeded;
+        };
+        let mss = match offload {
+            Offload::Tso { mss } => mss,
+            _ => 0,
+        };
+        let c = Context::ipv4(l.maclen, l.iplen, l.l4len, mss, l.l4 == L4::Tcp);
+        if self.ctx == Some(c) {
+            Ctx::Held
+        } else {
+            Ctx::Write(c)
+        }
+    }
+
+    /// Records a written packet: the tail moves past `last`, the counters
+    /// and the device's context follow, and the packet waits for its
+    /// write-back.
+    #[allow(clippy::too_many_arguments)]
+    fn advance(
+        &mut self,
+        last: u16,
+        ndesc: usize,
+        ctx: Ctx,
+        hdr: Hdr<M>,
+        frags: Vec<Frag<M>>,
+        len: usize,
+        token: u64,
+    ) {
+        match ctx {
+            Ctx::Write(c) => self.ctx = Some(c),
+            Ctx::Held => self.stats.contexts_skipped += 1,
+            Ctx::NotNeeded => {}
+        }
+        self.tail = self.next(last);
+        self.used += ndesc;
+        self.stats.packets += 1;
+        self.stats.bytes += len as u64;
+        self.stats.descs += ndesc as u64;
+        self.pending.push_back(Pending {
+            last,
+            ndesc: ndesc as u16,
+            hdr,
+            frags,
+            token,
+        });
     }
 
     /// Posts one packet whose payload the caller already wrote into `frags`
@@ -98,8 +222,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// Whether a packet of `len` payload bytes with `offload` is expected to
     /// fit the ring and the device's buffer limit: the check to make before
     /// carving frags for a [`post`](Self::post), so that a full ring costs
-    /// no allocation ([`Error::RingFull`]: reap and retry). `post` counts
-    /// the exact descriptors and checks again.
+    /// no allocation ([`Error::RingFull`]: reap and retry). It counts a
+    /// context descriptor for any offload (the headers are not known
+    /// here); `post` counts the exact descriptors and checks again.
     pub fn room_for(&mut self, len: usize, offload: Offload) -> Result<()> {
         let ctx = ctx_descs(offload);
         self.check_room(self.descs_needed(len) - 1 + ctx, ctx)
@@ -177,42 +302,33 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             .iter()
             .map(|f| pieces(f.iova(), f.len(), boundary).count())
             .sum();
-        let ndesc = ctx_descs(offload) + 1 + data;
-        self.check_room(ndesc, ctx_descs(offload))?;
+        let ctx = self.context(layout, offload);
+        let nctx = ctx.descs();
+        let ndesc = nctx + 1 + data;
+        self.check_room(ndesc, nctx)?;
         let len: usize = frags.iter().map(|f| f.len()).sum();
-        let hdr_idx = self.next_by(self.tail, ctx_descs(offload));
+        let hdr_idx = self.next_by(self.tail, nctx);
         let (hdr_iova, hold) = self.place_header(hdr_idx, headers)?;
-        let last = match self.write_packet(headers.len(), len, layout, offload, hdr_iova, frags) {
+        let last = match self.write_packet(headers.len(), len, ctx, offload, hdr_iova, frags) {
             Ok(last) => last,
             Err(e) => {
                 self.drop_header(hold);
                 return Err(e);
             }
         };
-        self.tail = self.next(last);
-        self.used += ndesc;
-        self.stats.packets += 1;
-        self.stats.bytes += len as u64;
-        self.stats.descs += ndesc as u64;
         let frags = std::mem::replace(frags, self.spare.pop().unwrap_or_default());
-        self.pending.push_back(Pending {
-            last,
-            ndesc: ndesc as u16,
-            hdr: hold,
-            frags,
-            token,
-        });
+        self.advance(last, ndesc, ctx, hold, frags, len, token);
         Ok(())
     }
 
-    /// Writes the context (for an offload), header and data descriptors
-    /// from the tail on. Returns the index of the last one (which asks for
-    /// write-back).
+    /// Writes the context (`ctx`, if the device needs a new one), header
+    /// and data descriptors from the tail on. Returns the index of the last
+    /// one (which asks for write-back).
     fn write_packet(
         &self,
         hlen: usize,
         len: usize,
-        layout: Option<Layout>,
+        ctx: Ctx,
         offload: Offload,
         hdr_iova: Iova,
         frags: &[Frag<M>],
@@ -223,13 +339,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             Offload::None => (Dcmd::empty(), hlen + len, Popts::empty()),
         };
         let mut idx = self.tail;
-        if let Some(l) = layout {
-            let mss = match offload {
-                Offload::Tso { mss } => mss,
-                _ => 0,
-            };
-            let ctx = Context::ipv4(l.maclen, l.iplen, l.l4len, mss, l.l4 == L4::Tcp);
-            self.write_desc(idx, Desc::Context(ctx))?;
+        if let Ctx::Write(c) = ctx {
+            self.write_desc(idx, Desc::Context(c))?;
             idx = self.next(idx);
         }
         let hdr = Data::new(
@@ -271,7 +382,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 }
             }
             Hdr::Frag(f) => {
-                if f.complete().is_err() {
+                if self.hdr_cache.complete(f).is_err() {
                     self.stats.unmap_errors += 1;
                 }
             }
@@ -293,7 +404,25 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
 }
 
-/// Context descriptors a packet with `offload` takes.
+/// What a packet needs of the device's offload context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ctx {
+    /// No offload: no context.
+    NotNeeded,
+    /// The device holds the same context already: no descriptor.
+    Held,
+    /// A context descriptor to write first.
+    Write(Context),
+}
+
+impl Ctx {
+    /// Context descriptors the packet takes.
+    fn descs(self) -> usize {
+        usize::from(matches!(self, Ctx::Write(_)))
+    }
+}
+
+/// Context descriptors a packet with `offload` takes at most.
 fn ctx_descs(offload: Offload) -> usize {
     usize::from(offload != Offload::None)
 }

@@ -1,0 +1,346 @@
+//! DPDK's rows of the peers table.
+//!
+//! - `rte_mempool` get/put, single and bulk, and `rte_pktmbuf` alloc/free,
+//!   timed by the same harness as pfrag's rows. DPDK's loops run in C
+//!   (`dpdk.c`, built when `pkg-config` finds `libdpdk`); they run in a
+//!   child process, the peers example started again with `--dpdk-child`,
+//!   because DPDK's EAL wants a process of its own.
+//! - `dpdk-testpmd --forward-mode=txonly` on a `net_null` vdev: packets per
+//!   second from its own periodic statistics.
+//!
+//! EAL runs without huge pages or devices (`--no-huge -m 1024 --no-pci
+//! --no-shconf --no-telemetry`). Run as root, both run as `nobody` with
+//! `XDG_RUNTIME_DIR` under `target/`, so EAL writes nothing under
+//! `/var/run/dpdk`.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::{Pid, User};
+
+use super::bench::{Harness, Timing};
+
+/// Why DPDK's rows cannot run in this build, if they cannot.
+pub fn unavailable() -> Option<&'static str> {
+    if cfg!(pfrag_dpdk) {
+        None
+    } else {
+        Some("built without libdpdk (pkg-config libdpdk not found; install libdpdk-dev)")
+    }
+}
+
+/// The EAL arguments of every DPDK process here, on `cpus` (an lcore list).
+fn eal_args(cpus: &str) -> Vec<String> {
+    [
+        "-l",
+        cpus,
+        "--no-huge",
+        "-m",
+        "1024",
+        "--no-pci",
+        "--no-shconf",
+        "--no-telemetry",
+        "--log-level=error",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Runs `cmd` as `nobody` when this process is root, with EAL's runtime
+/// directory in `run_dir` (created, and handed to `nobody`).
+fn unprivileged(cmd: &mut Command, run_dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(run_dir).map_err(|e| format!("{}: {e}", run_dir.display()))?;
+    if nix::unistd::geteuid().is_root() {
+        let nobody = User::from_name("nobody")
+            .map_err(|e| format!("looking up nobody: {e}"))?
+            .ok_or("no user nobody")?;
+        std::os::unix::fs::chown(
+            run_dir,
+            Some(nobody.uid.as_raw()),
+            Some(nobody.gid.as_raw()),
+        )
+        .map_err(|e| format!("chown {}: {e}", run_dir.display()))?;
+        cmd.uid(nobody.uid.as_raw()).gid(nobody.gid.as_raw());
+    }
+    cmd.env("XDG_RUNTIME_DIR", run_dir);
+    Ok(())
+}
+
+/// The runtime directory for EAL: `target/dpdk-run`.
+pub fn run_dir() -> PathBuf {
+    PathBuf::from("target").join("dpdk-run")
+}
+
+/// The keys of the child's rows, in order.
+pub const CHILD_ROWS: [&str; 4] = [
+    "mempool_single",
+    "mempool_bulk",
+    "pktmbuf_single",
+    "pktmbuf_bulk",
+];
+
+/// Starts this program again as the DPDK child (`--dpdk-child`) and reads
+/// its rows: `(key, timing)` for each of [`CHILD_ROWS`].
+pub fn run_child(h: &Harness, cpu: usize) -> Result<Vec<(String, Timing)>, String> {
+    if let Some(why) = unavailable() {
+        return Err(why.into());
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--dpdk-child",
+        "--reps",
+        &h.reps.to_string(),
+        "--target-ms",
+        &h.target.as_millis().to_string(),
+        "--cpu",
+        &cpu.to_string(),
+    ]);
+    unprivileged(&mut cmd, &run_dir())?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("starting the DPDK child: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows = parse_child(&text);
+    if !out.status.success() || rows.len() != CHILD_ROWS.len() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        return Err(format!("DPDK child failed ({}): {last}", out.status));
+    }
+    Ok(rows)
+}
+
+/// The child's `peer KEY MEDIAN MIN MAX REPS` lines.
+pub fn parse_child(text: &str) -> Vec<(String, Timing)> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            if w.next()? != "peer" {
+                return None;
+            }
+            let key = w.next()?.to_string();
+            let mut f = || w.next()?.parse::<f64>().ok();
+            let (median, min, max, reps) = (f()?, f()?, f()?, f()?);
+            Some((
+                key,
+                Timing {
+                    median,
+                    min,
+                    max,
+                    reps: reps as usize,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// The child's side: EAL on `cpu`, then each row, printed as
+/// `peer KEY MEDIAN MIN MAX REPS`.
+#[cfg(pfrag_dpdk)]
+pub fn child_main(h: &Harness, cpu: usize) -> Result<(), String> {
+    for (key, t) in ffi::measure(h, &eal_args(&cpu.to_string()))? {
+        println!("peer {key} {} {} {} {}", t.median, t.min, t.max, t.reps);
+    }
+    Ok(())
+}
+
+/// The child's side, in a build without DPDK: an error.
+#[cfg(not(pfrag_dpdk))]
+pub fn child_main(_h: &Harness, _cpu: usize) -> Result<(), String> {
+    Err(unavailable().unwrap_or("no DPDK").into())
+}
+
+/// `dpdk-testpmd` txonly on `net_null0`, main lcore `main`, forwarding
+/// lcore `fwd`: Mpps of `samples` statistics periods of `period` each
+/// (after one period of warm-up), as a [`Timing`] of nanoseconds per
+/// packet.
+pub fn testpmd(
+    main: usize,
+    fwd: usize,
+    period: Duration,
+    samples: usize,
+) -> Result<Timing, String> {
+    let bin = which("dpdk-testpmd").ok_or("dpdk-testpmd not found (install dpdk-dev)")?;
+    let secs = period.as_secs().max(1);
+    let mut cmd = Command::new(bin);
+    cmd.args(eal_args(&format!("{main},{fwd}")))
+        .args(["--vdev", "net_null0", "--"])
+        .args(["--forward-mode=txonly", "--total-num-mbufs=16384"])
+        .arg(format!("--stats-period={secs}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    unprivileged(&mut cmd, &run_dir())?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("starting dpdk-testpmd: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let deadline = Instant::now() + Duration::from_secs(secs * (samples as u64 + 3) + 20);
+    let mut pps = Vec::new();
+    let mut seen = 0;
+    for line in BufReader::new(stdout).lines() {
+        let Ok(line) = line else { break };
+        if let Some(v) = tx_pps(&line) {
+            seen += 1;
+            // The first period is the warm-up (and the first report is
+            // often all zeros).
+            if seen > 1 {
+                pps.push(v);
+            }
+        }
+        if pps.len() >= samples || Instant::now() > deadline {
+            break;
+        }
+    }
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
+    let stop = Instant::now();
+    while child.try_wait().ok().flatten().is_none() && stop.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    if pps.len() < samples || pps.contains(&0) {
+        return Err(format!(
+            "testpmd gave {} of {samples} samples: {pps:?}",
+            pps.len()
+        ));
+    }
+    Ok(Timing::from_samples(
+        pps.iter().map(|&p| 1e9 / p as f64).collect(),
+    ))
+}
+
+/// The `Tx-pps:` figure of a testpmd statistics line.
+pub fn tx_pps(line: &str) -> Option<u64> {
+    let rest = line.split("Tx-pps:").nth(1)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+#[cfg(pfrag_dpdk)]
+mod ffi {
+    //! The C loops of `dpdk.c`. Each runs `iters` iterations and returns a
+    //! negative value if DPDK refused an object.
+
+    use std::ffi::{c_char, c_int, c_uint, c_void, CString};
+
+    use super::{Harness, Timing};
+
+    extern "C" {
+        fn peers_eal_init(argc: c_int, argv: *mut *mut c_char) -> c_int;
+        fn peers_eal_cleanup();
+        fn peers_mempool_create(n: c_uint, elt_size: c_uint, cache: c_uint) -> *mut c_void;
+        fn peers_pktmbuf_pool_create(n: c_uint, cache: c_uint) -> *mut c_void;
+        fn peers_mempool_single(mp: *mut c_void, iters: u64) -> i64;
+        fn peers_mempool_bulk(mp: *mut c_void, iters: u64, burst: c_uint) -> i64;
+        fn peers_pktmbuf_single(mp: *mut c_void, iters: u64) -> i64;
+        fn peers_pktmbuf_bulk(mp: *mut c_void, iters: u64, burst: c_uint) -> i64;
+    }
+
+    /// Objects per pool, and the per-lcore cache: DPDK's usual sizes.
+    const OBJECTS: c_uint = 8191;
+    const CACHE: c_uint = 256;
+    const BURST: c_uint = super::super::local::BURST as c_uint;
+
+    /// Initialises EAL with `args` and times the four rows.
+    pub fn measure(h: &Harness, args: &[String]) -> Result<Vec<(String, Timing)>, String> {
+        let owned: Vec<CString> = std::iter::once("peers".to_string())
+            .chain(args.iter().cloned())
+            .map(|a| CString::new(a).expect("no NUL in EAL arguments"))
+            .collect();
+        // EAL may permute argv: hand it pointers of its own; the strings
+        // live in `owned` until the end of this function.
+        let mut argv: Vec<*mut c_char> = owned.iter().map(|s| s.as_ptr() as *mut c_char).collect();
+        // SAFETY: argv holds argc valid NUL-terminated strings, alive for
+        // the call and after (EAL keeps no pointer past init that we free
+        // before cleanup).
+        let rc = unsafe { peers_eal_init(argv.len() as c_int, argv.as_mut_ptr()) };
+        if rc < 0 {
+            return Err(format!("rte_eal_init failed ({rc})"));
+        }
+        // SAFETY: EAL is initialised; the pools live until cleanup.
+        let mp = unsafe { peers_mempool_create(OBJECTS, 2048, CACHE) };
+        // SAFETY: as above.
+        let mb = unsafe { peers_pktmbuf_pool_create(OBJECTS, CACHE) };
+        if mp.is_null() || mb.is_null() {
+            return Err("creating the DPDK pools failed".into());
+        }
+        let mut failed = false;
+        let mut time = |key: &'static str, ops: c_uint| {
+            let t = h.time(u64::from(ops), |i| failed |= run(key, mp, mb, i) < 0);
+            (key, t)
+        };
+        let rows = vec![
+            time("mempool_single", 1),
+            time("mempool_bulk", BURST),
+            time("pktmbuf_single", 1),
+            time("pktmbuf_bulk", BURST),
+        ];
+        // SAFETY: nothing uses EAL after this.
+        unsafe { peers_eal_cleanup() };
+        drop(owned);
+        if failed {
+            return Err("a DPDK pool ran dry".into());
+        }
+        Ok(rows.into_iter().map(|(k, t)| (k.to_string(), t)).collect())
+    }
+
+    /// Runs the loop `key` (one of [`super::CHILD_ROWS`]) for `iters`
+    /// iterations on the object pool `mp` or the mbuf pool `mb`.
+    fn run(key: &str, mp: *mut c_void, mb: *mut c_void, iters: u64) -> i64 {
+        // SAFETY: `mp` and `mb` are live pools of this process until
+        // `peers_eal_cleanup`, used by this thread only (its lcore cache);
+        // each loop returns every object it takes.
+        unsafe {
+            match key {
+                "mempool_single" => peers_mempool_single(mp, iters),
+                "mempool_bulk" => peers_mempool_bulk(mp, iters, BURST),
+                "pktmbuf_single" => peers_pktmbuf_single(mb, iters),
+                "pktmbuf_bulk" => peers_pktmbuf_bulk(mb, iters, BURST),
+                _ => -1,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_child_rows_and_ignores_other_lines() {
+        let text = "EAL: something\npeer mempool_single 4.5 4.4 4.9 7\npeer bad x\n";
+        let rows = parse_child(text);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].0, "mempool_single");
+        assert_eq!(rows[0].1.reps, 7);
+        assert_eq!(rows[0].1.median, 4.5);
+    }
+
+    #[test]
+    fn reads_testpmd_tx_pps() {
+        assert_eq!(
+            tx_pps("  Tx-pps:     37203198          Tx-bps:            0"),
+            Some(37203198)
+        );
+        assert_eq!(
+            tx_pps("  Rx-pps:            0          Rx-bps:            0"),
+            None
+        );
+    }
+}

@@ -1,0 +1,206 @@
+//! pfrag beside its peers, in one run on one core: the frag fast path
+//! against DPDK's `rte_mempool` and `rte_pktmbuf`, the `ixgbe-driver`
+//! crate's `MemPool` and a `crossbeam_queue::ArrayQueue` free list; the TX
+//! queue on the null device against `dpdk-testpmd` txonly on `net_null`.
+//! Every in-process row is timed by one harness ([`bench`]). The `peers`
+//! example prints the table ([`Table`]) and, last, the summary line
+//! ([`Table::summary`]).
+
+pub mod bench;
+pub mod dpdk;
+pub mod local;
+pub mod tx;
+
+use bench::Timing;
+
+/// Which comparison a row belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// One object out and back.
+    Single,
+    /// 32 objects out and back, per object.
+    Bulk,
+    /// Small frames on a null device, per packet.
+    Txonly,
+    /// 64 KB TSO packets, the driver's time per packet.
+    Tso,
+}
+
+impl Group {
+    fn name(self) -> &'static str {
+        match self {
+            Group::Single => "single",
+            Group::Bulk => "bulk",
+            Group::Txonly => "txonly",
+            Group::Tso => "tso",
+        }
+    }
+}
+
+/// One row: who, what, and the timing (or why it was skipped).
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// The comparison it belongs to.
+    pub group: Group,
+    /// The implementation: `pfrag`, `dpdk`, `ixgbe-driver`, `crossbeam`.
+    pub who: &'static str,
+    /// What was measured.
+    pub what: String,
+    /// Nanoseconds per object or packet, or the reason it did not run.
+    pub result: Result<Timing, String>,
+    /// Whether this is the pfrag row the group's ratios refer to.
+    pub reference: bool,
+}
+
+/// The table of one run.
+#[derive(Clone, Debug, Default)]
+pub struct Table {
+    /// The rows, in print order.
+    pub rows: Vec<Row>,
+}
+
+impl Table {
+    /// Adds a row.
+    pub fn push(
+        &mut self,
+        group: Group,
+        who: &'static str,
+        what: impl Into<String>,
+        result: Result<Timing, String>,
+        reference: bool,
+    ) {
+        self.rows.push(Row {
+            group,
+            who,
+            what: what.into(),
+            result,
+            reference,
+        });
+    }
+
+    fn reference(&self, g: Group) -> Option<&Timing> {
+        self.rows
+            .iter()
+            .find(|r| r.group == g && r.reference)
+            .and_then(|r| r.result.as_ref().ok())
+    }
+
+    /// The first DPDK row of a group that ran.
+    fn dpdk(&self, g: Group) -> Option<&Timing> {
+        self.rows
+            .iter()
+            .find(|r| r.group == g && r.who == "dpdk")
+            .and_then(|r| r.result.as_ref().ok())
+    }
+
+    /// The table as text: ns per object or packet (median, min–max over
+    /// the repetitions), Mpps, and each row's time as a multiple of the
+    /// group's pfrag row (above 1: pfrag is faster).
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "{:<7} {:<13} {:<58} {:>8} {:>17} {:>7} {:>9}\n",
+            "group", "who", "what", "ns", "ns min-max", "Mpps", "x pfrag"
+        );
+        for r in &self.rows {
+            let head = format!("{:<7} {:<13} {:<58}", r.group.name(), r.who, r.what);
+            match &r.result {
+                Ok(t) => {
+                    let x = match self.reference(r.group) {
+                        Some(p) => format!("{:.2}", t.median / p.median),
+                        None => "-".into(),
+                    };
+                    s += &format!(
+                        "{head} {:>8.2} {:>17} {:>7.1} {:>9}\n",
+                        t.median,
+                        format!("{:.2}-{:.2}", t.min, t.max),
+                        t.mops().0,
+                        x
+                    );
+                }
+                Err(why) => s += &format!("{head} skipped: {why}\n"),
+            }
+        }
+        s
+    }
+
+    /// pfrag / DPDK for a group, with its spread: `median (low-high)`, or
+    /// `n/a` when either side did not run. `inverse` gives the ratio of
+    /// rates (packets per second) instead of times.
+    fn ratio(&self, g: Group, inverse: bool) -> (String, String) {
+        match (self.reference(g), self.dpdk(g)) {
+            (Some(p), Some(d)) => {
+                let (m, lo, hi) = if inverse { d.ratio(p) } else { p.ratio(d) };
+                (format!("{m:.2}"), format!("{lo:.2}-{hi:.2}"))
+            }
+            _ => ("n/a".into(), "n/a".into()),
+        }
+    }
+
+    /// The ratios with their spread, one line per comparison.
+    pub fn spread(&self) -> String {
+        let (s, s_r) = self.ratio(Group::Single, false);
+        let (b, b_r) = self.ratio(Group::Bulk, false);
+        let (t, t_r) = self.ratio(Group::Txonly, true);
+        format!(
+            "pfrag/dpdk ns per object, single: {s} (spread {s_r}); bulk: {b} (spread {b_r})\n\
+             pfrag/dpdk packets per second, txonly: {t} (spread {t_r})\n"
+        )
+    }
+
+    /// The last line: `peers: single pfrag/dpdk=X.XX bulk pfrag/dpdk=Y.YY
+    /// txonly pfrag/dpdk=Z.ZZ`. The first two are ratios of ns per object
+    /// (lower is better for pfrag), the third of packets per second
+    /// (higher is better).
+    pub fn summary(&self) -> String {
+        format!(
+            "peers: single pfrag/dpdk={} bulk pfrag/dpdk={} txonly pfrag/dpdk={}",
+            self.ratio(Group::Single, false).0,
+            self.ratio(Group::Bulk, false).0,
+            self.ratio(Group::Txonly, true).0
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ns: f64) -> Result<Timing, String> {
+        Ok(Timing::from_samples(vec![ns * 0.9, ns, ns * 1.1]))
+    }
+
+    #[test]
+    fn summary_has_the_documented_form() {
+        let mut tab = Table::default();
+        tab.push(Group::Single, "pfrag", "frag", t(3.0), true);
+        tab.push(Group::Single, "dpdk", "mempool", t(4.0), false);
+        tab.push(Group::Bulk, "pfrag", "bulk", t(1.0), true);
+        tab.push(Group::Bulk, "dpdk", "bulk", t(0.5), false);
+        tab.push(Group::Txonly, "pfrag", "tx", t(50.0), true);
+        tab.push(Group::Txonly, "dpdk", "testpmd", t(25.0), false);
+        assert_eq!(
+            tab.summary(),
+            "peers: single pfrag/dpdk=0.75 bulk pfrag/dpdk=2.00 txonly pfrag/dpdk=0.50"
+        );
+        let text = tab.render();
+        assert!(text.contains("1.33"), "{text}");
+    }
+
+    #[test]
+    fn a_skipped_peer_is_printed_with_its_reason_and_ratios_say_na() {
+        let mut tab = Table::default();
+        tab.push(Group::Single, "pfrag", "frag", t(3.0), true);
+        tab.push(
+            Group::Single,
+            "dpdk",
+            "mempool",
+            Err("no libdpdk".into()),
+            false,
+        );
+        assert!(tab.render().contains("skipped: no libdpdk"));
+        assert_eq!(
+            tab.summary(),
+            "peers: single pfrag/dpdk=n/a bulk pfrag/dpdk=n/a txonly pfrag/dpdk=n/a"
+        );
+    }
+}

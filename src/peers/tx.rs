@@ -1,0 +1,215 @@
+//! pfrag's TX rows of the peers table: the TX queue on the null device
+//! model (which translates every buffer through the IOMMU and writes back
+//! descriptor-done, reading no payload), sending the caller's bytes with
+//! `send`, in bursts of 32 with one doorbell.
+//!
+//! - 64-byte frames (Ethernet + IPv4 + UDP headers and 22 bytes of
+//!   payload, no offload), strict IOMMU, persistent order-4 pool, bounce
+//!   headers: packets per second, device model included, against
+//!   `dpdk-testpmd` txonly on `net_null`.
+//! - 64 KB TSO packets (65,160 payload bytes, MSS 1448): the driver's own
+//!   time per packet (the time inside the device model's `kick` taken out)
+//!   under a strict IOMMU and with the IOMMU off.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pfrag::dma::{DmaMapper, Domain, Identity, SoftIommu, SoftIommuConfig, Translate};
+use pfrag::pool::{self, Policy, Pool};
+use pfrag::Order;
+use vfio_nic::device::Model;
+use vfio_nic::model::null::NullNic;
+use vfio_nic::offload::Offload;
+use vfio_nic::tx::{self, Queue};
+
+use super::bench::{Harness, Timing};
+
+/// Packets per doorbell.
+pub const BURST: usize = 32;
+/// Payload of a 64-byte frame after its 42 header bytes.
+pub const SMALL_PAYLOAD: usize = 22;
+/// Payload of a TSO packet: 45 segments of 1448 bytes.
+pub const TSO_PAYLOAD: usize = 65160;
+/// Packets per doorbell of the TSO row.
+const TSO_BURST: usize = 8;
+
+/// Ethernet + IPv4 + UDP (`tcp == false`, 42 bytes) or TCP (54 bytes)
+/// headers for a payload of `payload` bytes, built with etherparse.
+pub fn headers(tcp: bool, payload: usize) -> Vec<u8> {
+    let b = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]).ipv4(
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+        64,
+    );
+    let body = vec![0u8; payload];
+    let mut out = Vec::new();
+    let hlen = if tcp {
+        let b = b.tcp(4000, 5000, 1, 65535);
+        b.write(&mut out, &body).expect("writing to a Vec");
+        54
+    } else {
+        let b = b.udp(4000, 5000);
+        b.write(&mut out, &body).expect("writing to a Vec");
+        42
+    };
+    out.truncate(hlen);
+    out
+}
+
+type NullQueue<M, T> = Queue<M, NullNic<T>>;
+
+fn queue<M: DmaMapper, T: Translate>(
+    mapper: M,
+    translate: T,
+    ring: u16,
+) -> Result<NullQueue<M, T>, vfio_nic::Error> {
+    let domain = Arc::new(Domain::new(mapper));
+    let pool = Pool::new(
+        domain.clone(),
+        pool::Config::new(Order::new(4)?, Policy::Persistent),
+    )?;
+    let cfg = tx::Config {
+        ring,
+        ..tx::Config::default()
+    };
+    Queue::new(domain, pool, NullNic::new(translate), cfg)
+}
+
+/// One burst: `n` sends, one doorbell, one reap. Returns the time spent in
+/// the device model (the doorbell runs it inline).
+fn burst<M: DmaMapper, T: Translate>(
+    q: &mut NullQueue<M, T>,
+    hdr: &[u8],
+    payload: &[u8],
+    offload: Offload,
+    n: usize,
+) -> Result<Duration, vfio_nic::Error> {
+    for i in 0..n {
+        q.send(hdr, payload, offload, i as u64)?;
+    }
+    let t = Instant::now();
+    q.kick()?;
+    let dev = t.elapsed();
+    let done = q.reap()?;
+    debug_assert_eq!(done, n);
+    black_box(done);
+    Ok(dev)
+}
+
+/// Checks that the device delivered every byte sent and faulted on none.
+fn delivered<M: DmaMapper, T: Translate>(
+    q: &NullQueue<M, T>,
+    per_packet: usize,
+) -> Result<(), String> {
+    let nic = q.device().counters();
+    let sent = q.stats().packets;
+    if nic.faults != 0 || nic.delivered_bytes != sent * per_packet as u64 {
+        return Err(format!(
+            "device delivered {} of {} bytes, {} faults",
+            nic.delivered_bytes,
+            sent * per_packet as u64,
+            nic.faults
+        ));
+    }
+    Ok(())
+}
+
+/// 64-byte frames in bursts of 32 under a strict software IOMMU:
+/// nanoseconds per packet, device model included, or (`driver_only`) the
+/// driver's own time, with the time inside the device model's `kick` left
+/// out.
+pub fn small_frames(h: &Harness, driver_only: bool) -> Result<Timing, String> {
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).map_err(|e| e.to_string())?);
+    let mut q = queue(iommu.clone(), iommu, 512).map_err(|e| e.to_string())?;
+    let hdr = headers(false, SMALL_PAYLOAD);
+    let payload = [0x5au8; SMALL_PAYLOAD];
+    let mut err = None;
+    let t = h.time_excluding(BURST as u64, |iters| {
+        let mut dev = Duration::ZERO;
+        for _ in 0..iters {
+            match burst(&mut q, &hdr, &payload, Offload::None, BURST) {
+                Ok(d) => dev += d,
+                Err(e) => {
+                    err.get_or_insert(e);
+                }
+            }
+        }
+        if driver_only {
+            dev
+        } else {
+            Duration::ZERO
+        }
+    });
+    match err {
+        Some(e) => Err(e.to_string()),
+        // Without an offload the device carries the whole frame.
+        None => delivered(&q, hdr.len() + SMALL_PAYLOAD).map(|()| t),
+    }
+}
+
+/// The driver's own time per 64 KB TSO packet on a queue over `mapper`.
+fn tso_driver<M: DmaMapper, T: Translate>(
+    h: &Harness,
+    mapper: M,
+    translate: T,
+) -> Result<Timing, String> {
+    let mut q = queue(mapper, translate, 256).map_err(|e| e.to_string())?;
+    let hdr = headers(true, TSO_PAYLOAD);
+    let payload = vec![0xa5u8; TSO_PAYLOAD];
+    let tso = Offload::Tso { mss: 1448 };
+    let mut err = None;
+    let t = h.time_excluding(TSO_BURST as u64, |iters| {
+        let mut dev = Duration::ZERO;
+        for _ in 0..iters {
+            match burst(&mut q, &hdr, &payload, tso, TSO_BURST) {
+                Ok(d) => dev += d,
+                Err(e) => {
+                    err.get_or_insert(e);
+                }
+            }
+        }
+        dev
+    });
+    match err {
+        Some(e) => Err(e.to_string()),
+        None => delivered(&q, TSO_PAYLOAD).map(|()| t),
+    }
+}
+
+/// The driver's time per 64 KB TSO packet: strict software IOMMU, then
+/// the IOMMU off (identity mapping).
+pub fn tso(h: &Harness) -> Result<(Timing, Timing), String> {
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).map_err(|e| e.to_string())?);
+    let strict = tso_driver(h, iommu.clone(), iommu)?;
+    let id = Arc::new(Identity::new());
+    let off = tso_driver(h, id.clone(), id)?;
+    Ok((strict, off))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quick() -> Harness {
+        Harness {
+            reps: 1,
+            target: Duration::from_millis(2),
+        }
+    }
+
+    #[test]
+    fn headers_make_64_byte_frames_and_tso_headers() {
+        assert_eq!(headers(false, SMALL_PAYLOAD).len() + SMALL_PAYLOAD, 64);
+        assert_eq!(headers(true, TSO_PAYLOAD).len(), 54);
+    }
+
+    #[test]
+    fn tx_rows_deliver_every_byte() {
+        let h = quick();
+        assert!(small_frames(&h, false).unwrap().median > 0.0);
+        assert!(small_frames(&h, true).unwrap().median > 0.0);
+        let (strict, off) = tso(&h).unwrap();
+        assert!(strict.median > 0.0 && off.median > 0.0);
+    }
+}
