@@ -1,4 +1,5 @@
-//! Criterion benches: the frag fast path per order and policy, burst
+//! Criterion benches: the frag fast path per order and policy, completion
+//! on the owning thread against the atomic drop, bulk hand-out, burst
 //! completion, batched against single DMA maps on the software IOMMU, the
 //! header bounce copy, and chunk turnover under each reclaim policy.
 
@@ -43,6 +44,54 @@ fn fast_path(c: &mut Criterion) {
             });
         }
     }
+    g.finish();
+}
+
+/// One 1448-byte frag handed out and completed by the owning thread
+/// (`FragCache::complete`: no atomic for a frag of the current chunk),
+/// beside the same frag dropped (one atomic decrement).
+fn owner_completion(c: &mut Criterion) {
+    let mut g = c.benchmark_group("frag_1448B_owner_vs_atomic_completion");
+    let mut fc = cache(4, Policy::Persistent);
+    g.bench_function("owner_complete", |b| {
+        b.iter(|| {
+            let f = fc.refill(black_box(1448), false).expect("refill");
+            black_box(f.iova());
+            fc.complete(f).expect("complete");
+        })
+    });
+    let mut fc = cache(4, Policy::Persistent);
+    g.bench_function("drop_atomic", |b| {
+        b.iter(|| {
+            let f = fc.refill(black_box(1448), false).expect("refill");
+            black_box(f.iova());
+            drop(f);
+        })
+    });
+    g.finish();
+}
+
+/// 32 frags of 1024 bytes: one `refill_bulk` call, or 32 `refill` calls,
+/// completed as one burst on the owning thread.
+fn bulk(c: &mut Criterion) {
+    let mut g = c.benchmark_group("frags_32x1024B");
+    g.throughput(Throughput::Elements(32));
+    let mut fc = cache(4, Policy::Persistent);
+    let mut v = Vec::with_capacity(32);
+    g.bench_function("refill_bulk", |b| {
+        b.iter(|| {
+            fc.refill_bulk(black_box(1024), 32, &mut v).expect("bulk");
+            fc.complete_burst(v.drain(..)).expect("complete");
+        })
+    });
+    g.bench_function("refill_x32", |b| {
+        b.iter(|| {
+            for _ in 0..32 {
+                v.push(fc.refill(black_box(1024), false).expect("refill"));
+            }
+            fc.complete_burst(v.drain(..)).expect("complete");
+        })
+    });
     g.finish();
 }
 
@@ -167,5 +216,14 @@ fn reclaim(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fast_path, burst, map_batch, bounce, reclaim);
+criterion_group!(
+    benches,
+    fast_path,
+    owner_completion,
+    bulk,
+    burst,
+    map_batch,
+    bounce,
+    reclaim
+);
 criterion_main!(benches);

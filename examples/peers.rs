@@ -1,6 +1,8 @@
 //! pfrag beside DPDK 22.11, the `ixgbe-driver` crate and a crossbeam free
-//! list, in one run, pinned to one core, with one timing harness: the
-//! median of `--reps` repetitions of a loop calibrated to `--target-ms`.
+//! list, in one run, pinned to one core, with one timing harness: `--reps`
+//! repetitions of a loop calibrated to `--target-ms`, in each of
+//! `--rounds` rounds over every row; each row reports the median and the
+//! spread (min-max) of all its repetitions.
 //!
 //! ```text
 //! cargo run --release --example peers
@@ -27,15 +29,20 @@ use std::time::Duration;
 
 use clap::Parser;
 use pfrag_lab::peers::bench::{self, Harness};
-use pfrag_lab::peers::{dpdk, local, tx, Group, Table};
+use pfrag_lab::peers::dpdk;
+use pfrag_lab::peers::run::{run, Settings};
 
 /// pfrag's fast path and TX queue beside DPDK and other peers.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Repetitions of each timed loop (the median is reported).
+    /// Repetitions of each timed loop per round.
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u16).range(1..=1000))]
     reps: u16,
+    /// Rounds over every row (the machine's drift hits all rows alike);
+    /// each row reports the median and spread of all its repetitions.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=100))]
+    rounds: u16,
     /// Wall time of one repetition, in milliseconds.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     target_ms: u64,
@@ -75,7 +82,21 @@ fn main() -> ExitCode {
         eprintln!("error: cannot pin to CPU {}: {e}", a.cpu);
         return ExitCode::from(2);
     }
-    let tab = measure(&a, &h);
+    let settings = Settings {
+        harness: h,
+        rounds: usize::from(a.rounds),
+        cpu: a.cpu,
+        testpmd_period: Duration::from_secs(a.testpmd_period),
+        testpmd_samples: usize::from(a.testpmd_samples),
+        no_dpdk: a.no_dpdk,
+    };
+    let tab = match run(&settings) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     print!("{}", tab.render());
     println!();
     print!("{}", tab.spread());
@@ -91,167 +112,4 @@ fn main() -> ExitCode {
         eprintln!("error: {} pfrag rows failed", failed.len());
         ExitCode::FAILURE
     }
-}
-
-fn measure(a: &Args, h: &Harness) -> Table {
-    let mut t = Table::default();
-    let e = |r: Result<bench::Timing, pfrag::Error>| r.map_err(|e| e.to_string());
-    let skip = |why: &str| Err::<bench::Timing, String>(why.to_string());
-    let (s, b) = (local::SINGLE_LEN, local::BULK_LEN);
-
-    eprintln!("timing pfrag and the Rust peers...");
-    t.push(
-        Group::Single,
-        "pfrag",
-        format!("FragCache::refill({s}) + complete, order 4"),
-        e(local::pfrag_single(h)),
-        true,
-    );
-    t.push(
-        Group::Bulk,
-        "pfrag",
-        format!("refill_bulk({b}, 32) + complete_burst, per frag"),
-        e(local::pfrag_bulk(h)),
-        true,
-    );
-    t.push(
-        Group::Bulk,
-        "pfrag",
-        format!("32 x refill({b}) + complete_burst, per frag"),
-        e(local::pfrag_burst_of_singles(h)),
-        false,
-    );
-    t.push(
-        Group::Single,
-        "crossbeam",
-        "ArrayQueue free list pop + push",
-        Ok(local::array_queue(h, 1)),
-        false,
-    );
-    t.push(
-        Group::Bulk,
-        "crossbeam",
-        "ArrayQueue free list 32 pops + 32 pushes",
-        Ok(local::array_queue(h, local::BURST)),
-        false,
-    );
-    t.push(
-        Group::Single,
-        "ixgbe-driver",
-        "MemPool alloc_pkt + drop",
-        local::ixgbe_mempool(h, 1),
-        false,
-    );
-    t.push(
-        Group::Bulk,
-        "ixgbe-driver",
-        "MemPool 32 x alloc_pkt + drop",
-        local::ixgbe_mempool(h, local::BURST),
-        false,
-    );
-
-    eprintln!("timing pfrag's TX queue on the null device...");
-    t.push(
-        Group::Txonly,
-        "pfrag",
-        "TX 64 B frames, strict IOMMU, null device model",
-        tx::small_frames(h, false),
-        true,
-    );
-    t.push(
-        Group::Txonly,
-        "pfrag",
-        "TX 64 B frames, the driver's time alone",
-        tx::small_frames(h, true),
-        false,
-    );
-    match tx::tso(h) {
-        Ok((strict, off)) => {
-            t.push(
-                Group::Tso,
-                "pfrag",
-                "TX 64 KB TSO driver time, strict IOMMU",
-                Ok(strict),
-                true,
-            );
-            t.push(
-                Group::Tso,
-                "pfrag",
-                "TX 64 KB TSO driver time, IOMMU off",
-                Ok(off),
-                false,
-            );
-        }
-        Err(why) => t.push(
-            Group::Tso,
-            "pfrag",
-            "TX 64 KB TSO driver time",
-            Err(why),
-            true,
-        ),
-    }
-
-    let child = if a.no_dpdk {
-        Err("--no-dpdk".to_string())
-    } else {
-        eprintln!("timing DPDK (a child process)...");
-        dpdk::run_child(h, a.cpu)
-    };
-    let row = |key: &str| match &child {
-        Ok(rows) => rows
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, t)| Ok(*t))
-            .unwrap_or_else(|| skip("missing from the child's output")),
-        Err(why) => skip(why),
-    };
-    t.push(
-        Group::Single,
-        "dpdk",
-        "rte_mempool_get + put, cache 256",
-        row("mempool_single"),
-        false,
-    );
-    t.push(
-        Group::Bulk,
-        "dpdk",
-        "rte_mempool_get_bulk + put_bulk (32), per object",
-        row("mempool_bulk"),
-        false,
-    );
-    t.push(
-        Group::Single,
-        "dpdk",
-        "rte_pktmbuf_alloc + free",
-        row("pktmbuf_single"),
-        false,
-    );
-    t.push(
-        Group::Bulk,
-        "dpdk",
-        "rte_pktmbuf_alloc_bulk + free_bulk (32), per mbuf",
-        row("pktmbuf_bulk"),
-        false,
-    );
-
-    let pmd = if a.no_dpdk {
-        skip("--no-dpdk")
-    } else {
-        eprintln!("running dpdk-testpmd txonly...");
-        let main = if a.cpu == 0 { 1 } else { 0 };
-        dpdk::testpmd(
-            main,
-            a.cpu,
-            Duration::from_secs(a.testpmd_period),
-            usize::from(a.testpmd_samples),
-        )
-    };
-    t.push(
-        Group::Txonly,
-        "dpdk",
-        "testpmd txonly, 64 B, net_null (its own Tx-pps)",
-        pmd,
-        false,
-    );
-    t
 }

@@ -151,7 +151,16 @@ impl<M: DmaMapper> Frag<M> {
 
     /// Removes a `PerFrag` frag's own mapping. A failure leaves it mapped
     /// and poisons the chunk, which is then pinned instead of reused.
+    #[inline]
     fn unmap_own(&self) -> Result<()> {
+        if !self.own {
+            return Ok(());
+        }
+        self.unmap_own_slow()
+    }
+
+    #[cold]
+    fn unmap_own_slow(&self) -> Result<()> {
         match self.own_mapping() {
             Some((iova, len)) => shared(&self.chunk).unmap_part(self.chunk, iova, len),
             None => Ok(()),
@@ -160,6 +169,7 @@ impl<M: DmaMapper> Frag<M> {
 }
 
 impl<M: DmaMapper> Drop for Frag<M> {
+    #[inline]
     fn drop(&mut self) {
         // A failure is counted and poisons the chunk (see `unmap_own`).
         let _ = self.unmap_own();
@@ -175,6 +185,7 @@ fn shared<M: DmaMapper>(c: &ChunkPtr<M>) -> &Shared<M> {
 }
 
 /// Drops `n` references on `c`; the last one recycles the chunk.
+#[inline]
 fn put<M: DmaMapper>(c: ChunkPtr<M>, n: u32) {
     if c.get().refcnt.fetch_sub(n, Ordering::AcqRel) == n {
         // SAFETY: the refcount reached zero here, so this thread holds the
@@ -187,22 +198,34 @@ fn put<M: DmaMapper>(c: ChunkPtr<M>, n: u32) {
 /// another cost one atomic operation together. Returns the first unmap
 /// error, after completing every frag.
 pub fn complete_burst<M: DmaMapper>(frags: impl IntoIterator<Item = Frag<M>>) -> Result<()> {
+    complete_runs(frags, put)
+}
+
+/// Completes `frags`, dropping each run of frags of one chunk with one
+/// `put(chunk, n)`. Returns the first unmap error, after completing every
+/// frag. Fields are read in place and each frag forgotten: no frag is
+/// copied whole.
+#[inline]
+fn complete_runs<M: DmaMapper>(
+    frags: impl IntoIterator<Item = Frag<M>>,
+    mut put: impl FnMut(ChunkPtr<M>, u32),
+) -> Result<()> {
     let mut first_err = Ok(());
     let mut run: Option<(ChunkPtr<M>, u32)> = None;
     for f in frags {
-        let f = ManuallyDrop::new(f);
-        if let Err(e) = f.unmap_own() {
-            if first_err.is_ok() {
-                first_err = Err(e);
+        if f.own {
+            if let Err(e) = f.unmap_own_slow() {
+                first_err = first_err.and(Err(e));
             }
         }
+        let c = f.chunk;
+        std::mem::forget(f);
         match &mut run {
-            Some((c, n)) if *c == f.chunk => *n += 1,
+            Some((rc, n)) if *rc == c => *n += 1,
             _ => {
-                if let Some((c, n)) = run.take() {
-                    put(c, n);
+                if let Some((rc, n)) = run.replace((c, 1)) {
+                    put(rc, n);
                 }
-                run = Some((f.chunk, 1));
             }
         }
     }
@@ -222,6 +245,14 @@ pub struct FragCache<M: DmaMapper> {
     offset: usize,
     /// References charged on `cur` and not yet given to frags.
     bias: u32,
+    /// Bytes of the chunks the cache has moved on from (handed out or
+    /// skipped): the waste count is derived from it, off the hot path.
+    left_bytes: u64,
+    /// Where `cur` starts, for the CPU and (when its frags share the
+    /// chunk's mapping) for the device: read once when the cache takes the
+    /// chunk, so that a refill touches only the cache.
+    base: VirtAddr,
+    base_iova: Option<Iova>,
     chunk_size: usize,
     /// The queue whose reserve the cache takes from.
     queue: usize,
@@ -236,7 +267,7 @@ impl<M: DmaMapper> std::fmt::Debug for FragCache<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FragCache")
             .field("offset", &self.offset)
-            .field("stats", &self.stats)
+            .field("stats", &self.stats())
             .finish()
     }
 }
@@ -250,6 +281,9 @@ impl<M: DmaMapper> FragCache<M> {
             cur: None,
             offset: 0,
             bias: 0,
+            left_bytes: 0,
+            base: VirtAddr(0),
+            base_iova: None,
             chunk_size,
             queue: 0,
             stats: CacheStats::default(),
@@ -282,7 +316,13 @@ impl<M: DmaMapper> FragCache<M> {
 
     /// Its counters.
     pub fn stats(&self) -> CacheStats {
-        self.stats
+        // Every byte of a chunk the cache carved is handed out or wasted
+        // (padding, skipped tails).
+        let carved = self.left_bytes + self.cur.map_or(0, |_| self.offset as u64);
+        CacheStats {
+            waste_bytes: carved - self.stats.bytes,
+            ..self.stats
+        }
     }
 
     /// One frag of up to `len` bytes, `skb_page_frag_refill`-style.
@@ -292,7 +332,7 @@ impl<M: DmaMapper> FragCache<M> {
     /// fresh chunk (the tail is counted as waste); `len` larger than a chunk
     /// is an error. Without it, the frag is `min(len, tail)` bytes (the
     /// stock behaviour), and the caller asks again for the rest.
-    #[inline]
+    #[inline(always)]
     pub fn refill(&mut self, len: usize, fit_whole: bool) -> Result<Frag<M>> {
         if len == 0 {
             return Err(Error::ZeroLength);
@@ -310,13 +350,14 @@ impl<M: DmaMapper> FragCache<M> {
         let c = self.cur.expect("next_chunk set a chunk");
         let flen = len.min(self.chunk_size - self.offset);
         let start = self.offset;
-        let addr = c.get().addr.offset(start);
-        let sh = &self.pool.shared;
-        let (iova, own) = sh.frag_iova(c, addr, start, flen)?;
+        let addr = self.base.offset(start);
+        let (iova, own) = match self.base_iova {
+            Some(b) => (b.offset(start as u64), false),
+            None => self.pool.shared.frag_iova(c, addr, start, flen)?,
+        };
         let end = (start + flen)
             .next_multiple_of(FRAG_ALIGN)
             .min(self.chunk_size);
-        self.stats.waste_bytes += (end - start - flen) as u64;
         self.offset = end;
         self.bias -= 1;
         self.stats.frags += 1;
@@ -374,9 +415,9 @@ impl<M: DmaMapper> FragCache<M> {
             self.next_chunk()?;
         }
         let c = self.cur.expect("next_chunk set a chunk");
-        if let Some(ciova) = self.pool.shared.chunk_iova(c) {
+        if let Some(ciova) = self.base_iova {
             // The frags share the chunk's mapping: nothing can fail.
-            let (first, base) = (self.offset, c.get().addr);
+            let (first, base) = (self.offset, self.base);
             out.extend((0..n).map(|i| Frag {
                 chunk: c,
                 addr: base.offset(first + i * stride),
@@ -391,7 +432,6 @@ impl<M: DmaMapper> FragCache<M> {
         let end = (self.offset + need)
             .next_multiple_of(FRAG_ALIGN)
             .min(self.chunk_size);
-        self.stats.waste_bytes += (end - self.offset - n * len) as u64;
         self.offset = end;
         self.stats.frags += n as u64;
         self.stats.bytes += (n * len) as u64;
@@ -442,8 +482,24 @@ impl<M: DmaMapper> FragCache<M> {
     /// moves on). Any other frag takes the atomic path of [`Frag::complete`].
     /// Reports an unmap failure of a `PerFrag` frag, as `Frag::complete`
     /// does.
-    #[inline]
+    #[inline(always)]
     pub fn complete(&mut self, f: Frag<M>) -> Result<()> {
+        // The common case reads two fields and returns a constant `Ok`:
+        // moving the frag or an error-sized result through memory just
+        // after `refill` wrote it field by field stalls store forwarding
+        // (measured: 11-13 ns against 5 ns per frag).
+        if f.own {
+            return self.complete_own(f);
+        }
+        let c = f.chunk;
+        std::mem::forget(f);
+        self.put_local(c, 1);
+        Ok(())
+    }
+
+    /// [`complete`](Self::complete) of a frag with its own mapping.
+    #[cold]
+    fn complete_own(&mut self, f: Frag<M>) -> Result<()> {
         let f = ManuallyDrop::new(f);
         let r = f.unmap_own();
         self.put_local(f.chunk, 1);
@@ -457,31 +513,12 @@ impl<M: DmaMapper> FragCache<M> {
     ///
     /// [`complete`]: FragCache::complete
     pub fn complete_burst(&mut self, frags: impl IntoIterator<Item = Frag<M>>) -> Result<()> {
-        let mut first_err = Ok(());
-        let mut run: Option<(ChunkPtr<M>, u32)> = None;
-        for f in frags {
-            let f = ManuallyDrop::new(f);
-            if let Err(e) = f.unmap_own() {
-                first_err = first_err.and(Err(e));
-            }
-            match &mut run {
-                Some((c, n)) if *c == f.chunk => *n += 1,
-                _ => {
-                    if let Some((c, n)) = run.replace((f.chunk, 1)) {
-                        self.put_local(c, n);
-                    }
-                }
-            }
-        }
-        if let Some((c, n)) = run {
-            self.put_local(c, n);
-        }
-        first_err
+        complete_runs(frags, |c, n| self.put_local(c, n))
     }
 
     /// Drops `n` references on `c` from the owning thread: back into the
     /// bias if `c` is the chunk being carved, else atomically.
-    #[inline]
+    #[inline(always)]
     fn put_local(&mut self, c: ChunkPtr<M>, n: u32) {
         if self.cur == Some(c) {
             self.bias += n;
@@ -531,16 +568,13 @@ impl<M: DmaMapper> FragCache<M> {
     #[cold]
     fn next_chunk(&mut self) -> Result<()> {
         if let Some(c) = self.cur {
-            self.stats.waste_bytes += (self.chunk_size - self.offset) as u64;
+            self.left_bytes += self.chunk_size as u64;
             self.cur = None;
             if c.get().refcnt.fetch_sub(self.bias, Ordering::AcqRel) == self.bias {
                 self.bias = 0;
                 if self.pool.shared.reusable(c) {
                     // Every frag completed: the chunk is ours alone; keep it.
-                    c.get().refcnt.store(BIAS, Ordering::Relaxed);
-                    self.cur = Some(c);
-                    self.bias = BIAS;
-                    self.offset = 0;
+                    self.carve_from(c);
                     self.stats.reused_in_place += 1;
                     return Ok(());
                 }
@@ -552,18 +586,26 @@ impl<M: DmaMapper> FragCache<M> {
             self.bias = 0;
         }
         let c = self.pool.take(self.queue)?;
+        self.carve_from(c);
+        self.stats.chunks_taken += 1;
+        Ok(())
+    }
+
+    /// Makes `c`, held exclusively, the chunk being carved: charges the
+    /// bias and reads its addresses once.
+    fn carve_from(&mut self, c: ChunkPtr<M>) {
         c.get().refcnt.store(BIAS, Ordering::Relaxed);
         self.cur = Some(c);
         self.bias = BIAS;
         self.offset = 0;
-        self.stats.chunks_taken += 1;
-        Ok(())
+        self.base = c.get().addr;
+        self.base_iova = self.pool.shared.chunk_iova(c);
     }
 
     /// Lets go of the current chunk (it recycles once its frags complete).
     pub fn release(&mut self) {
         if let Some(c) = self.cur.take() {
-            self.stats.waste_bytes += (self.chunk_size - self.offset) as u64;
+            self.left_bytes += self.chunk_size as u64;
             put(c, self.bias);
             self.bias = 0;
         }

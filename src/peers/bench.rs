@@ -10,7 +10,7 @@ use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
 /// Nanoseconds per operation over the repetitions of one measurement.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Timing {
     /// The median repetition.
     pub median: f64,
@@ -20,6 +20,8 @@ pub struct Timing {
     pub max: f64,
     /// How many repetitions.
     pub reps: usize,
+    /// Every repetition, sorted.
+    pub samples: Vec<f64>,
 }
 
 impl Timing {
@@ -38,7 +40,13 @@ impl Timing {
             min: ns[0],
             max: ns[n - 1],
             reps: n,
+            samples: ns,
         }
+    }
+
+    /// The repetitions of both timings together (rounds of one run).
+    pub fn merged(&self, other: &Timing) -> Timing {
+        Timing::from_samples(self.samples.iter().chain(&other.samples).copied().collect())
     }
 
     /// Millions of operations per second at the median (and at the
@@ -148,6 +156,11 @@ mod tests {
         assert_eq!((t.median, t.min, t.max, t.reps), (2.5, 1.0, 10.0, 5));
         let even = Timing::from_samples(vec![4.0, 1.0, 2.0, 3.0]);
         assert_eq!(even.median, 2.5);
+        let both = t.merged(&even);
+        assert_eq!(
+            (both.reps, both.min, both.max, both.median),
+            (9, 1.0, 10.0, 2.5)
+        );
     }
 
     #[test]

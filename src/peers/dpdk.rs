@@ -10,8 +10,10 @@
 //!
 //! EAL runs without huge pages or devices (`--no-huge -m 1024 --no-pci
 //! --no-shconf --no-telemetry`). Run as root, both run as `nobody` with
-//! `XDG_RUNTIME_DIR` under `target/`, so EAL writes nothing under
-//! `/var/run/dpdk`.
+//! `XDG_RUNTIME_DIR` in a private directory under the system's temporary
+//! directory (the child's executable is copied there too, as `nobody` may
+//! not reach the build tree), removed afterwards, so EAL writes nothing
+//! under `/var/run/dpdk`.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
@@ -51,29 +53,62 @@ fn eal_args(cpus: &str) -> Vec<String> {
     .collect()
 }
 
-/// Runs `cmd` as `nobody` when this process is root, with EAL's runtime
-/// directory in `run_dir` (created, and handed to `nobody`).
-fn unprivileged(cmd: &mut Command, run_dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(run_dir).map_err(|e| format!("{}: {e}", run_dir.display()))?;
-    if nix::unistd::geteuid().is_root() {
-        let nobody = User::from_name("nobody")
-            .map_err(|e| format!("looking up nobody: {e}"))?
-            .ok_or("no user nobody")?;
-        std::os::unix::fs::chown(
-            run_dir,
-            Some(nobody.uid.as_raw()),
-            Some(nobody.gid.as_raw()),
-        )
-        .map_err(|e| format!("chown {}: {e}", run_dir.display()))?;
-        cmd.uid(nobody.uid.as_raw()).gid(nobody.gid.as_raw());
-    }
-    cmd.env("XDG_RUNTIME_DIR", run_dir);
-    Ok(())
+/// A private directory for EAL's runtime files (and the child's
+/// executable), owned by `nobody` when this process is root; removed on
+/// drop.
+pub struct RunDir {
+    path: PathBuf,
+    nobody: Option<User>,
 }
 
-/// The runtime directory for EAL: `target/dpdk-run`.
-pub fn run_dir() -> PathBuf {
-    PathBuf::from("target").join("dpdk-run")
+impl RunDir {
+    /// Creates `$TMPDIR/pfrag-peers-<pid>`.
+    pub fn new() -> Result<RunDir, String> {
+        let path = std::env::temp_dir().join(format!("pfrag-peers-{}", std::process::id()));
+        std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let nobody = if nix::unistd::geteuid().is_root() {
+            let u = User::from_name("nobody")
+                .map_err(|e| format!("looking up nobody: {e}"))?
+                .ok_or("no user nobody")?;
+            std::os::unix::fs::chown(&path, Some(u.uid.as_raw()), Some(u.gid.as_raw()))
+                .map_err(|e| format!("chown {}: {e}", path.display()))?;
+            Some(u)
+        } else {
+            None
+        };
+        Ok(RunDir { path, nobody })
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Makes `cmd` run as `nobody` (when root) with EAL's runtime
+    /// directory here.
+    fn apply(&self, cmd: &mut Command) {
+        if let Some(u) = &self.nobody {
+            cmd.uid(u.uid.as_raw()).gid(u.gid.as_raw());
+        }
+        cmd.env("XDG_RUNTIME_DIR", &self.path);
+    }
+
+    /// A copy of this program's executable inside the directory, readable
+    /// and executable by anyone.
+    fn copy_exe(&self) -> Result<PathBuf, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        let to = self.path.join("peers-child");
+        std::fs::copy(&exe, &to).map_err(|e| format!("copying {}: {e}", exe.display()))?;
+        std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(|e| format!("chmod {}: {e}", to.display()))?;
+        Ok(to)
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
 }
 
 /// The keys of the child's rows, in order.
@@ -90,8 +125,8 @@ pub fn run_child(h: &Harness, cpu: usize) -> Result<Vec<(String, Timing)>, Strin
     if let Some(why) = unavailable() {
         return Err(why.into());
     }
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let mut cmd = Command::new(exe);
+    let dir = RunDir::new()?;
+    let mut cmd = Command::new(dir.copy_exe()?);
     cmd.args([
         "--dpdk-child",
         "--reps",
@@ -101,7 +136,7 @@ pub fn run_child(h: &Harness, cpu: usize) -> Result<Vec<(String, Timing)>, Strin
         "--cpu",
         &cpu.to_string(),
     ]);
-    unprivileged(&mut cmd, &run_dir())?;
+    dir.apply(&mut cmd);
     let out = cmd
         .output()
         .map_err(|e| format!("starting the DPDK child: {e}"))?;
@@ -119,7 +154,7 @@ pub fn run_child(h: &Harness, cpu: usize) -> Result<Vec<(String, Timing)>, Strin
     Ok(rows)
 }
 
-/// The child's `peer KEY MEDIAN MIN MAX REPS` lines.
+/// The child's `peer KEY NS,NS,...` lines (one figure per repetition).
 pub fn parse_child(text: &str) -> Vec<(String, Timing)> {
     text.lines()
         .filter_map(|l| {
@@ -128,27 +163,20 @@ pub fn parse_child(text: &str) -> Vec<(String, Timing)> {
                 return None;
             }
             let key = w.next()?.to_string();
-            let mut f = || w.next()?.parse::<f64>().ok();
-            let (median, min, max, reps) = (f()?, f()?, f()?, f()?);
-            Some((
-                key,
-                Timing {
-                    median,
-                    min,
-                    max,
-                    reps: reps as usize,
-                },
-            ))
+            let ns: Option<Vec<f64>> = w.next()?.split(',').map(|v| v.parse().ok()).collect();
+            let ns = ns.filter(|v| !v.is_empty())?;
+            Some((key, Timing::from_samples(ns)))
         })
         .collect()
 }
 
 /// The child's side: EAL on `cpu`, then each row, printed as
-/// `peer KEY MEDIAN MIN MAX REPS`.
+/// `peer KEY NS,NS,...`.
 #[cfg(pfrag_dpdk)]
 pub fn child_main(h: &Harness, cpu: usize) -> Result<(), String> {
     for (key, t) in ffi::measure(h, &eal_args(&cpu.to_string()))? {
-        println!("peer {key} {} {} {} {}", t.median, t.min, t.max, t.reps);
+        let ns: Vec<String> = t.samples.iter().map(f64::to_string).collect();
+        println!("peer {key} {}", ns.join(","));
     }
     Ok(())
 }
@@ -179,7 +207,8 @@ pub fn testpmd(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    unprivileged(&mut cmd, &run_dir())?;
+    let dir = RunDir::new()?;
+    dir.apply(&mut cmd);
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("starting dpdk-testpmd: {e}"))?;
@@ -324,12 +353,12 @@ mod tests {
 
     #[test]
     fn parses_child_rows_and_ignores_other_lines() {
-        let text = "EAL: something\npeer mempool_single 4.5 4.4 4.9 7\npeer bad x\n";
+        let text = "EAL: something\npeer mempool_single 4.9,4.4,4.5\npeer bad x\npeer\n";
         let rows = parse_child(text);
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].0, "mempool_single");
-        assert_eq!(rows[0].1.reps, 7);
-        assert_eq!(rows[0].1.median, 4.5);
+        assert_eq!(rows[0].1.reps, 3);
+        assert_eq!((rows[0].1.median, rows[0].1.min), (4.5, 4.4));
     }
 
     #[test]

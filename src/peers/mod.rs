@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod dpdk;
 pub mod local;
+pub mod run;
 pub mod tx;
 
 use bench::Timing;
@@ -76,6 +77,26 @@ impl Table {
             result,
             reference,
         });
+    }
+
+    /// Adds the repetitions of `other`, a later round of the same rows,
+    /// row by row (a row that failed in either round keeps the failure).
+    pub fn merge(&mut self, other: Table) -> Result<(), String> {
+        if self.rows.len() != other.rows.len() {
+            return Err(format!(
+                "rounds differ: {} rows, then {}",
+                self.rows.len(),
+                other.rows.len()
+            ));
+        }
+        for (a, b) in self.rows.iter_mut().zip(other.rows) {
+            a.result = match (&a.result, b.result) {
+                (Ok(x), Ok(y)) => Ok(x.merged(&y)),
+                (Err(e), _) => Err(e.clone()),
+                (_, Err(e)) => Err(e),
+            };
+        }
+        Ok(())
     }
 
     fn reference(&self, g: Group) -> Option<&Timing> {

@@ -160,6 +160,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// and the device's context follow, and the packet waits for its
     /// write-back.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn advance(
         &mut self,
         last: u16,

@@ -1,0 +1,178 @@
+//! One peers run: every row measured in each of several rounds (so that a
+//! drift of the machine's speed hits every row alike), the rounds' samples
+//! merged per row, then testpmd.
+
+use std::time::Duration;
+
+use super::bench::{Harness, Timing};
+use super::{dpdk, local, tx, Group, Table};
+
+/// What a run measures, and how.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// The timing harness (repetitions per row per round).
+    pub harness: Harness,
+    /// Rounds over every row.
+    pub rounds: usize,
+    /// The CPU every timed loop runs on (testpmd forwards on it).
+    pub cpu: usize,
+    /// testpmd's statistics period.
+    pub testpmd_period: Duration,
+    /// testpmd samples after one period of warm-up.
+    pub testpmd_samples: usize,
+    /// Leave DPDK out.
+    pub no_dpdk: bool,
+}
+
+/// Runs every round, merges them, and adds testpmd's row.
+pub fn run(s: &Settings) -> Result<Table, String> {
+    let mut table: Option<Table> = None;
+    for r in 0..s.rounds.max(1) {
+        eprintln!("round {} of {}", r + 1, s.rounds.max(1));
+        let t = round(s, r % 2 == 1);
+        match table.as_mut() {
+            Some(all) => all.merge(t)?,
+            None => table = Some(t),
+        }
+    }
+    let mut table = table.unwrap_or_default();
+    let pmd = if s.no_dpdk {
+        Err("--no-dpdk".to_string())
+    } else {
+        eprintln!("running dpdk-testpmd txonly...");
+        let main = usize::from(s.cpu == 0);
+        dpdk::testpmd(main, s.cpu, s.testpmd_period, s.testpmd_samples)
+    };
+    let what = "testpmd txonly, 64 B, net_null (its own Tx-pps)";
+    table.push(Group::Txonly, "dpdk", what, pmd, false);
+    Ok(table)
+}
+
+/// One round: every in-process row and DPDK's child, the child first when
+/// `dpdk_first` (rounds alternate, so that neither side always runs just
+/// after the other). The rows are in the same order either way.
+pub fn round(s: &Settings, dpdk_first: bool) -> Table {
+    let child = |s: &Settings| {
+        if s.no_dpdk {
+            Err("--no-dpdk".to_string())
+        } else {
+            dpdk::run_child(&s.harness, s.cpu)
+        }
+    };
+    let early = dpdk_first.then(|| child(s));
+    let mut t = Table::default();
+    frag_rows(&mut t, &s.harness);
+    tx_rows(&mut t, &s.harness);
+    let rows = early.unwrap_or_else(|| child(s));
+    dpdk_rows(&mut t, rows);
+    t
+}
+
+fn frag_rows(t: &mut Table, h: &Harness) {
+    let e = |r: Result<Timing, pfrag::Error>| r.map_err(|e| e.to_string());
+    let (s, b, n) = (local::SINGLE_LEN, local::BULK_LEN, local::BURST);
+    let single = format!("FragCache::refill({s}) + complete, order 4");
+    t.push(
+        Group::Single,
+        "pfrag",
+        single,
+        e(local::pfrag_single(h)),
+        true,
+    );
+    let bulk = format!("refill_bulk({b}, {n}) + complete_burst, per frag");
+    t.push(Group::Bulk, "pfrag", bulk, e(local::pfrag_bulk(h)), true);
+    let singles = format!("{n} x refill({b}) + complete_burst, per frag");
+    let r = e(local::pfrag_burst_of_singles(h));
+    t.push(Group::Bulk, "pfrag", singles, r, false);
+    let q1 = Ok(local::array_queue(h, 1));
+    t.push(
+        Group::Single,
+        "crossbeam",
+        "ArrayQueue free list pop + push",
+        q1,
+        false,
+    );
+    let qn = Ok(local::array_queue(h, n));
+    let what = format!("ArrayQueue free list {n} pops + {n} pushes");
+    t.push(Group::Bulk, "crossbeam", what, qn, false);
+    let m1 = local::ixgbe_mempool(h, 1);
+    t.push(
+        Group::Single,
+        "ixgbe-driver",
+        "MemPool alloc_pkt + drop",
+        m1,
+        false,
+    );
+    let mn = local::ixgbe_mempool(h, n);
+    let what = format!("MemPool {n} x alloc_pkt + drop");
+    t.push(Group::Bulk, "ixgbe-driver", what, mn, false);
+}
+
+fn tx_rows(t: &mut Table, h: &Harness) {
+    let what = "TX 64 B frames, strict IOMMU, null device model";
+    t.push(
+        Group::Txonly,
+        "pfrag",
+        what,
+        tx::small_frames(h, false),
+        true,
+    );
+    let what = "TX 64 B frames, the driver's time alone";
+    t.push(
+        Group::Txonly,
+        "pfrag",
+        what,
+        tx::small_frames(h, true),
+        false,
+    );
+    let (strict, off) = match tx::tso(h) {
+        Ok((s, o)) => (Ok(s), Ok(o)),
+        Err(e) => (Err(e.clone()), Err(e)),
+    };
+    let what = "TX 64 KB TSO driver time, strict IOMMU";
+    t.push(Group::Tso, "pfrag", what, strict, true);
+    t.push(
+        Group::Tso,
+        "pfrag",
+        "TX 64 KB TSO driver time, IOMMU off",
+        off,
+        false,
+    );
+}
+
+fn dpdk_rows(t: &mut Table, child: Result<Vec<(String, Timing)>, String>) {
+    let row = |key: &str| match &child {
+        Ok(rows) => rows
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, t)| Ok(t.clone()))
+            .unwrap_or_else(|| Err("missing from the child's output".to_string())),
+        Err(why) => Err(why.clone()),
+    };
+    let n = local::BURST;
+    let rows = [
+        (
+            Group::Single,
+            "rte_mempool_get + put, cache 256".to_string(),
+            "mempool_single",
+        ),
+        (
+            Group::Bulk,
+            format!("rte_mempool_get_bulk + put_bulk ({n}), per object"),
+            "mempool_bulk",
+        ),
+        (
+            Group::Single,
+            "rte_pktmbuf_alloc + free".to_string(),
+            "pktmbuf_single",
+        ),
+        (
+            Group::Bulk,
+            format!("rte_pktmbuf_alloc_bulk + free_bulk ({n}), per mbuf"),
+            "pktmbuf_bulk",
+        ),
+    ];
+    for (g, what, key) in rows {
+        t.push(g, "dpdk", what, row(key), false);
+    }
+}
