@@ -2,7 +2,7 @@
 //! against DPDK's `rte_mempool` and `rte_pktmbuf`, the `ixgbe-driver`
 //! crate's `MemPool` and a `crossbeam_queue::ArrayQueue` free list; the TX
 //! queue on the null device against `dpdk-testpmd` txonly on `net_null`.
-//! Every in-process row is timed by one harness ([`bench`]). The `peers`
+//! Every in-process row is timed by one harness ([`bench`](mod@bench)). The `peers`
 //! example prints the table ([`Table`]) and, last, the summary line
 //! ([`Table::summary`]).
 
