@@ -67,11 +67,11 @@ impl CacheStats {
 /// A piece of a chunk, ready for DMA: move-only; completing (dropping) it
 /// releases its reference on the chunk and, under `PerFrag`, its mapping.
 ///
-/// Four words (32 bytes on 64-bit targets), half a cache line:
+/// At most 32 bytes, half a cache line:
 ///
 /// ```
 /// # use pfrag::{dma::SoftIommu, frag::Frag};
-/// assert_eq!(std::mem::size_of::<Frag<SoftIommu>>(), 4 * std::mem::size_of::<usize>());
+/// assert!(std::mem::size_of::<Frag<SoftIommu>>() <= 32);
 /// ```
 pub struct Frag<M: DmaMapper> {
     chunk: ChunkPtr<M>,

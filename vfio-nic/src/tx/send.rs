@@ -25,7 +25,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
 
     /// Sends one packet: `headers` (Ethernet + IPv4 + TCP/UDP for an
     /// offload; any frame start for [`Offload::None`]) and `payload`, which
-    /// is copied once into pool frags, as a kernel copies from user memory.
+    /// is copied once into pool frags, as a kernel copies from user memory
+    /// (a packet that fits a bounce slot whole, TSO excepted, is copied
+    /// into the slot instead and takes one data descriptor, no frag).
     /// `token` comes back from [`reap_tokens`](Self::reap_tokens) when the
     /// device is done with the packet. The packet is visible to the device
     /// after [`kick`](Self::kick). A full ring is [`Error::RingFull`]: reap
