@@ -144,27 +144,43 @@ impl Table {
         s
     }
 
-    /// pfrag / DPDK for a group, with its spread: `median (low-high)`, or
-    /// `n/a` when either side did not run. `inverse` gives the ratio of
-    /// rates (packets per second) instead of times.
-    fn ratio(&self, g: Group, inverse: bool) -> (String, String) {
+    /// pfrag / DPDK for a group, with its spread: `median`, `low-high`
+    /// and the ratio of the fastest repetitions, or `n/a` when either side
+    /// did not run. `inverse` gives the ratio of rates (packets per second)
+    /// instead of times.
+    fn ratio(&self, g: Group, inverse: bool) -> (String, String, String) {
         match (self.reference(g), self.dpdk(g)) {
             (Some(p), Some(d)) => {
                 let (m, lo, hi) = if inverse { d.ratio(p) } else { p.ratio(d) };
-                (format!("{m:.2}"), format!("{lo:.2}-{hi:.2}"))
+                let best = if inverse {
+                    d.min / p.min
+                } else {
+                    p.min / d.min
+                };
+                (
+                    format!("{m:.2}"),
+                    format!("{lo:.2}-{hi:.2}"),
+                    format!("{best:.2}"),
+                )
             }
-            _ => ("n/a".into(), "n/a".into()),
+            _ => ("n/a".into(), "n/a".into(), "n/a".into()),
         }
     }
 
     /// The ratios with their spread, one line per comparison.
     pub fn spread(&self) -> String {
-        let (s, s_r) = self.ratio(Group::Single, false);
-        let (b, b_r) = self.ratio(Group::Bulk, false);
-        let (t, t_r) = self.ratio(Group::Txonly, true);
-        format!(
-            "pfrag/dpdk ns per object, single: {s} (spread {s_r}); bulk: {b} (spread {b_r})\n\
-             pfrag/dpdk packets per second, txonly: {t} (spread {t_r})\n"
+        let line = |name: &str, (m, range, best): (String, String, String)| {
+            format!("{name}: {m} (spread {range}; fastest repetitions {best})\n")
+        };
+        line(
+            "pfrag/dpdk ns per object, single",
+            self.ratio(Group::Single, false),
+        ) + &line(
+            "pfrag/dpdk ns per object, bulk",
+            self.ratio(Group::Bulk, false),
+        ) + &line(
+            "pfrag/dpdk packets per second, txonly",
+            self.ratio(Group::Txonly, true),
         )
     }
 
