@@ -49,10 +49,9 @@ impl Timing {
         Timing::from_samples(self.samples.iter().chain(&other.samples).copied().collect())
     }
 
-    /// Millions of operations per second at the median (and at the
-    /// fastest and slowest repetitions).
-    pub fn mops(&self) -> (f64, f64, f64) {
-        (1e3 / self.median, 1e3 / self.max, 1e3 / self.min)
+    /// Millions of operations per second at the median.
+    pub fn mops(&self) -> f64 {
+        1e3 / self.median
     }
 
     /// `self / other` at the medians, with the widest spread the
@@ -89,15 +88,10 @@ impl Harness {
     /// Times `run(iters)`, which performs `iters` iterations of
     /// `ops_per_iter` operations each: nanoseconds per operation.
     pub fn time(&self, ops_per_iter: u64, mut run: impl FnMut(u64)) -> Timing {
-        let iters = self.calibrate(&mut run);
-        let ns = (0..self.reps.max(1))
-            .map(|_| {
-                let t = Instant::now();
-                run(iters);
-                t.elapsed().as_nanos() as f64 / (iters * ops_per_iter) as f64
-            })
-            .collect();
-        Timing::from_samples(ns)
+        self.time_excluding(ops_per_iter, |i| {
+            run(i);
+            Duration::ZERO
+        })
     }
 
     /// [`time`](Self::time) of a loop that reports time to leave out (a
@@ -119,6 +113,36 @@ impl Harness {
             })
             .collect();
         Timing::from_samples(ns)
+    }
+
+    /// [`time`](Self::time) of a loop that can fail: after the first
+    /// error the loop is not run again, and the error is returned.
+    pub fn try_time<E>(
+        &self,
+        ops_per_iter: u64,
+        mut run: impl FnMut(u64) -> Result<(), E>,
+    ) -> Result<Timing, E> {
+        self.try_time_excluding(ops_per_iter, |i| run(i).map(|()| Duration::ZERO))
+    }
+
+    /// [`time_excluding`](Self::time_excluding) of a loop that can fail,
+    /// as [`try_time`](Self::try_time).
+    pub fn try_time_excluding<E>(
+        &self,
+        ops_per_iter: u64,
+        mut run: impl FnMut(u64) -> Result<Duration, E>,
+    ) -> Result<Timing, E> {
+        let mut err = None;
+        let t = self.time_excluding(ops_per_iter, |i| {
+            if err.is_some() {
+                return Duration::ZERO;
+            }
+            run(i).unwrap_or_else(|e| {
+                err = Some(e);
+                Duration::ZERO
+            })
+        });
+        err.map_or(Ok(t), Err)
     }
 
     /// Iterations that take about `target`: doubled from 16 until a loop
@@ -189,5 +213,20 @@ mod tests {
         assert_eq!(t.reps, 3);
         assert!(t.min > 0.0 && t.min <= t.median && t.median <= t.max);
         assert!(total > 16, "calibration and repetitions ran the loop");
+    }
+
+    #[test]
+    fn a_failing_loop_returns_its_first_error_and_stops() {
+        let h = Harness {
+            reps: 3,
+            target: Duration::from_millis(1),
+        };
+        let mut calls = 0;
+        let r = h.try_time(1, |_| {
+            calls += 1;
+            Err::<(), u32>(calls)
+        });
+        assert_eq!(r, Err(1));
+        assert_eq!(calls, 1);
     }
 }

@@ -41,20 +41,14 @@ fn cache() -> Result<FragCache<SoftIommu>, pfrag::Error> {
 /// pfrag: `refill(1448)` and completion on the owning thread.
 pub fn pfrag_single(h: &Harness) -> Result<Timing, pfrag::Error> {
     let mut c = cache()?;
-    let mut err = None;
-    let t = h.time(1, |iters| {
+    h.try_time(1, |iters| {
         for _ in 0..iters {
-            match c.refill(black_box(SINGLE_LEN), false) {
-                Ok(f) => {
-                    black_box(f.iova());
-                    c.complete(f)
-                        .expect("persistent frags have no mapping to undo");
-                }
-                Err(e) => err = Some(e),
-            }
+            let f = c.refill(black_box(SINGLE_LEN), false)?;
+            black_box(f.iova());
+            c.complete(f)?;
         }
-    });
-    err.map_or(Ok(t), Err)
+        Ok(())
+    })
 }
 
 /// pfrag: `refill_bulk(1024, 32)` and `complete_burst` on the owning
@@ -62,17 +56,14 @@ pub fn pfrag_single(h: &Harness) -> Result<Timing, pfrag::Error> {
 pub fn pfrag_bulk(h: &Harness) -> Result<Timing, pfrag::Error> {
     let mut c = cache()?;
     let mut v = Vec::with_capacity(BURST);
-    let mut err = None;
-    let t = h.time(BURST as u64, |iters| {
+    h.try_time(BURST as u64, |iters| {
         for _ in 0..iters {
-            if let Err(e) = c.refill_bulk(black_box(BULK_LEN), BURST, &mut v) {
-                err = Some(e);
-            }
+            c.refill_bulk(black_box(BULK_LEN), BURST, &mut v)?;
             black_box(v.last().map(|f| f.iova()));
-            c.complete_burst(v.drain(..)).expect("no mapping to undo");
+            c.complete_burst(v.drain(..))?;
         }
-    });
-    err.map_or(Ok(t), Err)
+        Ok(())
+    })
 }
 
 /// pfrag: 32 single `refill(1024)` calls and one `complete_burst` on the
@@ -81,20 +72,16 @@ pub fn pfrag_bulk(h: &Harness) -> Result<Timing, pfrag::Error> {
 pub fn pfrag_burst_of_singles(h: &Harness) -> Result<Timing, pfrag::Error> {
     let mut c = cache()?;
     let mut v = Vec::with_capacity(BURST);
-    let mut err = None;
-    let t = h.time(BURST as u64, |iters| {
+    h.try_time(BURST as u64, |iters| {
         for _ in 0..iters {
             for _ in 0..BURST {
-                match c.refill(black_box(BULK_LEN), false) {
-                    Ok(f) => v.push(f),
-                    Err(e) => err = Some(e),
-                }
+                v.push(c.refill(black_box(BULK_LEN), false)?);
             }
             black_box(v.last().map(|f| f.iova()));
-            c.complete_burst(v.drain(..)).expect("no mapping to undo");
+            c.complete_burst(v.drain(..))?;
         }
-    });
-    err.map_or(Ok(t), Err)
+        Ok(())
+    })
 }
 
 /// A free list of buffer indices in a `crossbeam_queue::ArrayQueue`:

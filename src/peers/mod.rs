@@ -134,7 +134,7 @@ impl Table {
                         "{head} {:>8.2} {:>17} {:>7.1} {:>9}\n",
                         t.median,
                         format!("{:.2}-{:.2}", t.min, t.max),
-                        t.mops().0,
+                        t.mops(),
                         x
                     );
                 }

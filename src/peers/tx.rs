@@ -124,28 +124,13 @@ pub fn small_frames(h: &Harness, driver_only: bool) -> Result<Timing, String> {
     let mut q = queue(iommu.clone(), iommu, 512).map_err(|e| e.to_string())?;
     let hdr = headers(false, SMALL_PAYLOAD);
     let payload = [0x5au8; SMALL_PAYLOAD];
-    let mut err = None;
-    let t = h.time_excluding(BURST as u64, |iters| {
-        let mut dev = Duration::ZERO;
-        for _ in 0..iters {
-            match burst(&mut q, &hdr, &payload, Offload::None, BURST) {
-                Ok(d) => dev += d,
-                Err(e) => {
-                    err.get_or_insert(e);
-                }
-            }
-        }
-        if driver_only {
-            dev
-        } else {
-            Duration::ZERO
-        }
-    });
-    match err {
-        Some(e) => Err(e.to_string()),
-        // Without an offload the device carries the whole frame.
-        None => delivered(&q, hdr.len() + SMALL_PAYLOAD).map(|()| t),
-    }
+    timed_bursts(
+        h,
+        &mut q,
+        (&hdr, &payload, Offload::None),
+        BURST,
+        driver_only,
+    )
 }
 
 /// The driver's own time per 64 KB TSO packet on a queue over `mapper`.
@@ -158,23 +143,35 @@ fn tso_driver<M: DmaMapper, T: Translate>(
     let hdr = headers(true, TSO_PAYLOAD);
     let payload = vec![0xa5u8; TSO_PAYLOAD];
     let tso = Offload::Tso { mss: 1448 };
-    let mut err = None;
-    let t = h.time_excluding(TSO_BURST as u64, |iters| {
-        let mut dev = Duration::ZERO;
-        for _ in 0..iters {
-            match burst(&mut q, &hdr, &payload, tso, TSO_BURST) {
-                Ok(d) => dev += d,
-                Err(e) => {
-                    err.get_or_insert(e);
-                }
+    timed_bursts(h, &mut q, (&hdr, &payload, tso), TSO_BURST, true)
+}
+
+/// Times bursts of `n` sends of one packet (headers, payload, offload) on
+/// `q`, leaving the device model's time out if `driver_only`; then checks
+/// that the device delivered every byte sent.
+fn timed_bursts<M: DmaMapper, T: Translate>(
+    h: &Harness,
+    q: &mut NullQueue<M, T>,
+    (hdr, payload, offload): (&[u8], &[u8], Offload),
+    n: usize,
+    driver_only: bool,
+) -> Result<Timing, String> {
+    let t = h
+        .try_time_excluding(n as u64, |iters| {
+            let mut dev = Duration::ZERO;
+            for _ in 0..iters {
+                dev += burst(q, hdr, payload, offload, n)?;
             }
-        }
-        dev
-    });
-    match err {
-        Some(e) => Err(e.to_string()),
-        None => delivered(&q, TSO_PAYLOAD).map(|()| t),
-    }
+            Ok::<_, vfio_nic::Error>(if driver_only { dev } else { Duration::ZERO })
+        })
+        .map_err(|e| e.to_string())?;
+    // Without an offload the device carries the whole frame; with one, the
+    // payload after the headers.
+    let per_packet = match offload {
+        Offload::None => hdr.len() + payload.len(),
+        _ => payload.len(),
+    };
+    delivered(q, per_packet).map(|()| t)
 }
 
 /// The driver's time per 64 KB TSO packet: strict software IOMMU, then

@@ -86,6 +86,22 @@ fn tcp_stream(frames: &[Vec<u8>]) -> Vec<u8> {
     segs.into_iter().flat_map(|s| s.1).collect()
 }
 
+/// Parses a UDP/IPv4 frame, checks both checksums, and returns its payload.
+fn udp_payload(frame: &[u8]) -> Vec<u8> {
+    let p = SlicedPacket::from_ethernet(frame).unwrap();
+    let (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Udp(udp))) = (p.net, p.transport) else {
+        panic!("not UDP/IPv4");
+    };
+    let iph = ip.header().to_header();
+    assert_eq!(iph.header_checksum, iph.calc_header_checksum());
+    let want = udp
+        .to_header()
+        .calc_checksum_ipv4(&iph, udp.payload())
+        .unwrap();
+    assert_eq!(udp.checksum(), want);
+    udp.payload().to_vec()
+}
+
 fn drain(q: &mut Queue) -> Vec<u64> {
     q.kick().unwrap();
     let mut tokens = Vec::new();
@@ -146,18 +162,7 @@ fn udp_checksum_offload_and_a_raw_frame() {
     assert_eq!(q.stats().descs - descs, 2, "header + payload, no context");
     assert_eq!(drain(&mut q), [1, 2]);
     let frames = q.device_mut().take_frames();
-    let p = SlicedPacket::from_ethernet(&frames[0]).unwrap();
-    let (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Udp(udp))) = (p.net, p.transport) else {
-        panic!("not UDP/IPv4");
-    };
-    let iph = ip.header().to_header();
-    assert_eq!(iph.header_checksum, iph.calc_header_checksum());
-    let want = udp
-        .to_header()
-        .calc_checksum_ipv4(&iph, udp.payload())
-        .unwrap();
-    assert_eq!(udp.checksum(), want);
-    assert_eq!(udp.payload(), &payload[..]);
+    assert_eq!(udp_payload(&frames[0]), payload);
     assert_eq!(frames[1], raw);
 }
 
@@ -255,16 +260,7 @@ fn small_packets_go_out_inline_in_their_bounce_slot() {
         (&frames[1], &payload),
         (&frames[3], &big),
     ] {
-        let p = SlicedPacket::from_ethernet(fr).unwrap();
-        let (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Udp(udp))) = (p.net, p.transport)
-        else {
-            panic!("not UDP/IPv4");
-        };
-        let iph = ip.header().to_header();
-        assert_eq!(iph.header_checksum, iph.calc_header_checksum());
-        let sum = udp.to_header().calc_checksum_ipv4(&iph, udp.payload());
-        assert_eq!(udp.checksum(), sum.unwrap());
-        assert_eq!(udp.payload(), &want[..]);
+        assert_eq!(&udp_payload(fr), want);
     }
     assert_eq!(frames[2], raw);
     assert_eq!(q.device().stats().faults, 0);

@@ -52,12 +52,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     ) -> Result<()> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let layout = self.check_packet(headers, len, offload)?;
+        let ctx = self.context(layout, offload);
         if self.inline_fits(headers.len(), len, offload) {
-            return self.send_inline(headers, parts, layout, offload, token);
+            return self.send_inline(headers, parts, len, ctx, offload, token);
         }
         // The quick check of `room_for`, knowing whether a context
         // descriptor is needed.
-        let nctx = self.context(layout, offload).descs();
+        let nctx = ctx.descs();
         self.check_room(self.descs_needed(len) - 1 + nctx, nctx)?;
         let mut frags = self.spare.pop().unwrap_or_default();
         if let Err(e) = self.frags(len, &mut frags) {
@@ -65,7 +66,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             return Err(e);
         }
         copy_into(&mut frags, parts);
-        let r = self.post_frags(headers, layout, offload, &mut frags, token);
+        let r = self.post_frags(headers, ctx, offload, &mut frags, len, token);
         if r.is_err() {
             self.cache.complete_burst(frags.drain(..)).ok();
         }
@@ -92,18 +93,18 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         &mut self,
         headers: &[u8],
         parts: &[IoSlice<'_>],
-        layout: Option<Layout>,
+        len: usize,
+        ctx: Ctx,
         offload: Offload,
         token: u64,
     ) -> Result<()> {
-        let ctx = self.context(layout, offload);
         let nctx = ctx.descs();
         self.check_room(nctx + 1, nctx)?;
         let idx = self.next_by(self.tail, nctx);
         let bytes = std::iter::once(headers).chain(parts.iter().map(|p| &**p));
         let b = self.bounce.as_mut().expect("inline_fits saw a bounce ring");
         let iova = b.fill_parts(usize::from(idx), bytes)?;
-        let frame = headers.len() + parts.iter().map(|p| p.len()).sum::<usize>();
+        let frame = headers.len() + len;
         let popts = match offload {
             Offload::None => Popts::empty(),
             _ => Popts::IXSM | Popts::TXSM,
@@ -125,7 +126,6 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             return Err(e);
         }
         self.stats.inline_packets += 1;
-        let len = frame - headers.len();
         self.advance(
             idx,
             nctx + 1,
@@ -205,16 +205,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         token: u64,
     ) -> Result<()> {
         let len: usize = frags.iter().map(|f| f.len()).sum();
-        if len > self.max_payload() {
-            return Err(Error::PayloadTooLarge {
-                len,
-                max: self.max_payload(),
-            });
-        }
         let layout = self.check_packet(headers, len, offload)?;
+        let ctx = self.context(layout, offload);
         let mut mine = self.spare.pop().unwrap_or_default();
         mine.append(frags);
-        let r = self.post_frags(headers, layout, offload, &mut mine, token);
+        let r = self.post_frags(headers, ctx, offload, &mut mine, len, token);
         if r.is_err() {
             frags.append(&mut mine);
         }
@@ -289,15 +284,17 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         Ok(())
     }
 
-    /// Writes the packet of `frags` into the ring and advances the queue;
+    /// Writes the packet of `frags` (`len` payload bytes, context need
+    /// `ctx`) into the ring and advances the queue;
     /// on success `frags` moves into the pending packet. On error nothing is
     /// advanced and `frags` are the caller's to free.
     fn post_frags(
         &mut self,
         headers: &[u8],
-        layout: Option<Layout>,
+        ctx: Ctx,
         offload: Offload,
         frags: &mut Vec<Frag<M>>,
+        len: usize,
         token: u64,
     ) -> Result<()> {
         let boundary = self.cfg.boundary;
@@ -305,11 +302,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             .iter()
             .map(|f| pieces(f.iova(), f.len(), boundary).count())
             .sum();
-        let ctx = self.context(layout, offload);
         let nctx = ctx.descs();
         let ndesc = nctx + 1 + data;
         self.check_room(ndesc, nctx)?;
-        let len: usize = frags.iter().map(|f| f.len()).sum();
         let hdr_idx = self.next_by(self.tail, nctx);
         let (hdr_iova, hold) = self.place_header(hdr_idx, headers)?;
         let last = match self.write_packet(headers.len(), len, ctx, offload, hdr_iova, frags) {

@@ -19,14 +19,18 @@
 //!   frags of one chunk. Whoever drops the refcount to zero recycles the
 //!   chunk.
 
-use crate::sync::Ordering;
+mod handle;
+
 use std::mem::ManuallyDrop;
 
-use crate::addr::{align_down, align_up, Iova, VirtAddr, PAGE_SIZE};
+use crate::addr::{Iova, VirtAddr};
 use crate::dma::DmaMapper;
 use crate::error::{Error, Result};
-use crate::mem;
 use crate::pool::{ChunkPtr, Pool, Shared};
+use crate::sync::Ordering;
+
+pub use handle::{complete_burst, Frag};
+use handle::{complete_runs, put};
 
 /// Frag starts are aligned to a cache line.
 pub const FRAG_ALIGN: usize = 64;
@@ -62,177 +66,6 @@ impl CacheStats {
             waste_bytes: self.waste_bytes - earlier.waste_bytes,
         }
     }
-}
-
-/// A piece of a chunk, ready for DMA: move-only; completing (dropping) it
-/// releases its reference on the chunk and, under `PerFrag`, its mapping.
-///
-/// At most 32 bytes, half a cache line:
-///
-/// ```
-/// # use pfrag::{dma::SoftIommu, frag::Frag};
-/// assert!(std::mem::size_of::<Frag<SoftIommu>>() <= 32);
-/// ```
-pub struct Frag<M: DmaMapper> {
-    chunk: ChunkPtr<M>,
-    addr: VirtAddr,
-    iova: Iova,
-    len: u32,
-    /// The frag has a mapping of its own (`PerFrag`): the pages it touches,
-    /// mapped at `iova` minus its offset in its first page.
-    own: bool,
-}
-
-// SAFETY: a Frag owns its byte range exclusively and its chunk reference is
-// released with an atomic; all pool state it touches on drop is Sync.
-unsafe impl<M: DmaMapper> Send for Frag<M> {}
-
-impl<M: DmaMapper> std::fmt::Debug for Frag<M> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Frag")
-            .field("iova", &self.iova)
-            .field("addr", &self.addr)
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
-impl<M: DmaMapper> Frag<M> {
-    /// Where the device sees the frag.
-    pub fn iova(&self) -> Iova {
-        self.iova
-    }
-    /// Where the CPU sees it.
-    pub fn addr(&self) -> VirtAddr {
-        self.addr
-    }
-    /// Its length in bytes.
-    pub fn len(&self) -> usize {
-        self.len as usize
-    }
-    /// Always false: frags are never empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// The frag's bytes, to fill before handing the IOVA to a device.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: the frag owns this range of a live chunk exclusively (no
-        // other frag overlaps it, the pool lives while the chunk is out), and
-        // `&mut self` ensures one view at a time.
-        unsafe { mem::slice_mut(self.addr, self.len as usize) }
-    }
-    /// The frag's bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: as above; devices only read TX frags.
-        unsafe { mem::slice(self.addr, self.len as usize) }
-    }
-
-    /// Completes the frag, reporting an unmap failure (dropping does the
-    /// same and counts the failure in the pool's stats). On the thread that
-    /// owns the frag's cache, [`FragCache::complete`] is cheaper.
-    pub fn complete(self) -> Result<()> {
-        let f = ManuallyDrop::new(self);
-        let r = f.unmap_own();
-        put(f.chunk, 1);
-        r
-    }
-
-    /// The frag's own mapping (`PerFrag`), IOVA and length: the whole pages
-    /// its bytes touch, as `Shared::frag_iova` mapped them.
-    fn own_mapping(&self) -> Option<(Iova, u64)> {
-        if !self.own {
-            return None;
-        }
-        let addr = self.addr.raw() as u64;
-        let lo = align_down(addr, PAGE_SIZE);
-        let hi = align_up(addr + u64::from(self.len), PAGE_SIZE);
-        Some((Iova(self.iova.raw() - (addr - lo)), hi - lo))
-    }
-
-    /// Removes a `PerFrag` frag's own mapping. A failure leaves it mapped
-    /// and poisons the chunk, which is then pinned instead of reused.
-    #[inline]
-    fn unmap_own(&self) -> Result<()> {
-        if !self.own {
-            return Ok(());
-        }
-        self.unmap_own_slow()
-    }
-
-    #[cold]
-    fn unmap_own_slow(&self) -> Result<()> {
-        match self.own_mapping() {
-            Some((iova, len)) => shared(&self.chunk).unmap_part(self.chunk, iova, len),
-            None => Ok(()),
-        }
-    }
-}
-
-impl<M: DmaMapper> Drop for Frag<M> {
-    #[inline]
-    fn drop(&mut self) {
-        // A failure is counted and poisons the chunk (see `unmap_own`).
-        let _ = self.unmap_own();
-        put(self.chunk, 1);
-    }
-}
-
-fn shared<M: DmaMapper>(c: &ChunkPtr<M>) -> &Shared<M> {
-    // SAFETY: a chunk that is out of the free list holds a strong count on
-    // its pool, and callers hold a reference on the chunk while the borrow
-    // lasts.
-    unsafe { &*c.get().pool }
-}
-
-/// Drops `n` references on `c`; the last one recycles the chunk.
-#[inline]
-fn put<M: DmaMapper>(c: ChunkPtr<M>, n: u32) {
-    if c.get().refcnt.fetch_sub(n, Ordering::AcqRel) == n {
-        // SAFETY: the refcount reached zero here, so this thread holds the
-        // chunk exclusively; `c` is not used again by the caller.
-        unsafe { Shared::recycle(c) };
-    }
-}
-
-/// Completes many frags at once: frags of the same chunk that come one after
-/// another cost one atomic operation together. Returns the first unmap
-/// error, after completing every frag.
-pub fn complete_burst<M: DmaMapper>(frags: impl IntoIterator<Item = Frag<M>>) -> Result<()> {
-    complete_runs(frags, put)
-}
-
-/// Completes `frags`, dropping each run of frags of one chunk with one
-/// `put(chunk, n)`. Returns the first unmap error, after completing every
-/// frag. Fields are read in place and each frag forgotten: no frag is
-/// copied whole.
-#[inline]
-fn complete_runs<M: DmaMapper>(
-    frags: impl IntoIterator<Item = Frag<M>>,
-    mut put: impl FnMut(ChunkPtr<M>, u32),
-) -> Result<()> {
-    let mut first_err = Ok(());
-    let mut run: Option<(ChunkPtr<M>, u32)> = None;
-    for f in frags {
-        if f.own {
-            if let Err(e) = f.unmap_own_slow() {
-                first_err = first_err.and(Err(e));
-            }
-        }
-        let c = f.chunk;
-        std::mem::forget(f);
-        match &mut run {
-            Some((rc, n)) if *rc == c => *n += 1,
-            _ => {
-                if let Some((rc, n)) = run.replace((c, 1)) {
-                    put(rc, n);
-                }
-            }
-        }
-    }
-    if let Some((c, n)) = run {
-        put(c, n);
-    }
-    first_err
 }
 
 /// A per-queue frag cache. Not shared between queues (it is `Send`, not
@@ -344,10 +177,7 @@ impl<M: DmaMapper> FragCache<M> {
             });
         }
         let need = if fit_whole { len } else { len.min(MIN_SPLIT) };
-        if self.cur.is_none() || self.chunk_size - self.offset < need {
-            self.next_chunk()?;
-        }
-        let c = self.cur.expect("next_chunk set a chunk");
+        let c = self.chunk_with_room(need)?;
         let flen = len.min(self.chunk_size - self.offset);
         let start = self.offset;
         let addr = self.base.offset(start);
@@ -411,10 +241,7 @@ impl<M: DmaMapper> FragCache<M> {
                 chunk: self.chunk_size,
             });
         }
-        if self.cur.is_none() || self.chunk_size - self.offset < need {
-            self.next_chunk()?;
-        }
-        let c = self.cur.expect("next_chunk set a chunk");
+        let c = self.chunk_with_room(need)?;
         if let Some(ciova) = self.base_iova {
             // The frags share the chunk's mapping: nothing can fail.
             let (first, base) = (self.offset, self.base);
@@ -454,7 +281,7 @@ impl<M: DmaMapper> FragCache<M> {
         out.reserve(n);
         for i in 0..n {
             let start = self.offset + i * stride;
-            let addr = c.get().addr.offset(start);
+            let addr = self.base.offset(start);
             match self.pool.shared.frag_iova(c, addr, start, len) {
                 Ok((iova, own)) => out.push(Frag {
                     chunk: c,
@@ -560,6 +387,19 @@ impl<M: DmaMapper> FragCache<M> {
             }
         }
         Ok(())
+    }
+
+    /// The chunk being carved, if at least `need` bytes are left in it;
+    /// otherwise the next one ([`next_chunk`](Self::next_chunk)).
+    #[inline(always)]
+    fn chunk_with_room(&mut self, need: usize) -> Result<ChunkPtr<M>> {
+        match self.cur {
+            Some(c) if self.chunk_size - self.offset >= need => Ok(c),
+            _ => {
+                self.next_chunk()?;
+                Ok(self.cur.expect("next_chunk set a chunk"))
+            }
+        }
     }
 
     /// Moves to a fresh chunk: reuses the current one in place if all its

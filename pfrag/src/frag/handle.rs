@@ -1,0 +1,175 @@
+//! A frag, and its completion from any thread: one atomic decrement per
+//! frag, or one per run of frags of one chunk ([`complete_burst`]). The
+//! owning thread's path without atomics is in [`super::FragCache`].
+
+use std::mem::ManuallyDrop;
+
+use crate::addr::{align_down, align_up, Iova, VirtAddr, PAGE_SIZE};
+use crate::dma::DmaMapper;
+use crate::error::Result;
+use crate::mem;
+use crate::pool::{ChunkPtr, Shared};
+use crate::sync::Ordering;
+
+/// A piece of a chunk, ready for DMA: move-only; completing (dropping) it
+/// releases its reference on the chunk and, under `PerFrag`, its mapping.
+///
+/// At most 32 bytes, half a cache line:
+///
+/// ```
+/// # use pfrag::{dma::SoftIommu, frag::Frag};
+/// assert!(std::mem::size_of::<Frag<SoftIommu>>() <= 32);
+/// ```
+pub struct Frag<M: DmaMapper> {
+    pub(super) chunk: ChunkPtr<M>,
+    pub(super) addr: VirtAddr,
+    pub(super) iova: Iova,
+    pub(super) len: u32,
+    /// The frag has a mapping of its own (`PerFrag`): the pages it touches,
+    /// mapped at `iova` minus its offset in its first page.
+    pub(super) own: bool,
+}
+
+// SAFETY: a Frag owns its byte range exclusively and its chunk reference is
+// released with an atomic; all pool state it touches on drop is Sync.
+unsafe impl<M: DmaMapper> Send for Frag<M> {}
+
+impl<M: DmaMapper> std::fmt::Debug for Frag<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frag")
+            .field("iova", &self.iova)
+            .field("addr", &self.addr)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<M: DmaMapper> Frag<M> {
+    /// Where the device sees the frag.
+    pub fn iova(&self) -> Iova {
+        self.iova
+    }
+    /// Where the CPU sees it.
+    pub fn addr(&self) -> VirtAddr {
+        self.addr
+    }
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+    /// Always false: frags are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The frag's bytes, to fill before handing the IOVA to a device.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the frag owns this range of a live chunk exclusively (no
+        // other frag overlaps it, the pool lives while the chunk is out), and
+        // `&mut self` ensures one view at a time.
+        unsafe { mem::slice_mut(self.addr, self.len as usize) }
+    }
+    /// The frag's bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: as above; devices only read TX frags.
+        unsafe { mem::slice(self.addr, self.len as usize) }
+    }
+
+    /// Completes the frag, reporting an unmap failure (dropping does the
+    /// same and counts the failure in the pool's stats). On the thread that
+    /// owns the frag's cache, [`FragCache::complete`](super::FragCache::complete) is cheaper.
+    pub fn complete(self) -> Result<()> {
+        let f = ManuallyDrop::new(self);
+        let r = f.unmap_own();
+        put(f.chunk, 1);
+        r
+    }
+
+    /// Removes a `PerFrag` frag's own mapping. A failure leaves it mapped
+    /// and poisons the chunk, which is then pinned instead of reused.
+    #[inline]
+    pub(super) fn unmap_own(&self) -> Result<()> {
+        if !self.own {
+            return Ok(());
+        }
+        self.unmap_own_slow()
+    }
+
+    /// [`unmap_own`](Self::unmap_own) of a frag that has its own mapping:
+    /// the whole pages its bytes touch, mapped (by `Shared::frag_iova`) at
+    /// the frag's IOVA minus its offset in its first page.
+    #[cold]
+    pub(super) fn unmap_own_slow(&self) -> Result<()> {
+        let addr = self.addr.raw() as u64;
+        let lo = align_down(addr, PAGE_SIZE);
+        let hi = align_up(addr + u64::from(self.len), PAGE_SIZE);
+        let iova = Iova(self.iova.raw() - (addr - lo));
+        shared(&self.chunk).unmap_part(self.chunk, iova, hi - lo)
+    }
+}
+
+impl<M: DmaMapper> Drop for Frag<M> {
+    #[inline]
+    fn drop(&mut self) {
+        // A failure is counted and poisons the chunk (see `unmap_own`).
+        let _ = self.unmap_own();
+        put(self.chunk, 1);
+    }
+}
+
+fn shared<M: DmaMapper>(c: &ChunkPtr<M>) -> &Shared<M> {
+    // SAFETY: a chunk that is out of the free list holds a strong count on
+    // its pool, and callers hold a reference on the chunk while the borrow
+    // lasts.
+    unsafe { &*c.get().pool }
+}
+
+/// Drops `n` references on `c`; the last one recycles the chunk.
+#[inline]
+pub(super) fn put<M: DmaMapper>(c: ChunkPtr<M>, n: u32) {
+    if c.get().refcnt.fetch_sub(n, Ordering::AcqRel) == n {
+        // SAFETY: the refcount reached zero here, so this thread holds the
+        // chunk exclusively; `c` is not used again by the caller.
+        unsafe { Shared::recycle(c) };
+    }
+}
+
+/// Completes many frags at once: frags of the same chunk that come one after
+/// another cost one atomic operation together. Returns the first unmap
+/// error, after completing every frag.
+pub fn complete_burst<M: DmaMapper>(frags: impl IntoIterator<Item = Frag<M>>) -> Result<()> {
+    complete_runs(frags, put)
+}
+
+/// Completes `frags`, dropping each run of frags of one chunk with one
+/// `put(chunk, n)`. Returns the first unmap error, after completing every
+/// frag. Fields are read in place and each frag forgotten: no frag is
+/// copied whole.
+#[inline]
+pub(super) fn complete_runs<M: DmaMapper>(
+    frags: impl IntoIterator<Item = Frag<M>>,
+    mut put: impl FnMut(ChunkPtr<M>, u32),
+) -> Result<()> {
+    let mut first_err = Ok(());
+    let mut run: Option<(ChunkPtr<M>, u32)> = None;
+    for f in frags {
+        if f.own {
+            if let Err(e) = f.unmap_own_slow() {
+                first_err = first_err.and(Err(e));
+            }
+        }
+        let c = f.chunk;
+        std::mem::forget(f);
+        match &mut run {
+            Some((rc, n)) if *rc == c => *n += 1,
+            _ => {
+                if let Some((rc, n)) = run.replace((c, 1)) {
+                    put(rc, n);
+                }
+            }
+        }
+    }
+    if let Some((c, n)) = run {
+        put(c, n);
+    }
+    first_err
+}
