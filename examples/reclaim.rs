@@ -127,6 +127,8 @@ fn main() -> ExitCode {
                 },
                 limits,
                 model: DeviceModel::Soft,
+                device: Default::default(),
+                mss: pfrag_lab::run::MSS,
             });
         }
     }

@@ -47,6 +47,19 @@ pub fn ns(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A wire rate in Gbit/s: a finite number > 0.
+pub fn gbit(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of Gbit/s"))?;
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{s} Gbit/s is not a finite number > 0"))
+    }
+}
+
 /// TX ring descriptors: a multiple of 8 in 8..=4096.
 pub fn ring(s: &str) -> Result<u16, String> {
     let v: u64 = s
@@ -126,6 +139,14 @@ mod tests {
             assert!(ns(bad).is_err(), "{bad}");
         }
         assert_eq!(ns("200").unwrap(), 200.0);
+    }
+
+    #[test]
+    fn line_rate_must_be_positive_and_finite() {
+        for bad in ["0", "-5", "NaN", "inf", "fast"] {
+            assert!(gbit(bad).is_err(), "{bad}");
+        }
+        assert_eq!(gbit("100").unwrap(), 100.0);
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod harness;
 pub mod peers;
 pub mod report;
+pub mod reps;
 pub mod run;
 pub mod soak;
 pub mod vm;

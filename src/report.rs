@@ -141,7 +141,7 @@ pub fn print_columns(
 }
 
 /// The columns of the human table.
-const TABLE: [&str; 14] = [
+const TABLE: [&str; 18] = [
     "order",
     "policy",
     "iommu",
@@ -154,6 +154,10 @@ const TABLE: [&str; 14] = [
     "descs_per_pkt",
     "ns_per_pkt",
     "gbit_s",
+    "gbit_s_min",
+    "gbit_s_max",
+    "driver_ns_per_pkt",
+    "device_ns_per_pkt",
     "model_iommu_ns_per_pkt",
     "faults",
 ];
@@ -169,14 +173,22 @@ const MULTI: [&str; 4] = [
 /// Prints an aligned table of the main columns to `out`.
 pub fn print_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     let multi = rows.iter().any(|r| r.queues > 1);
-    let extra: &[&str] = if multi { &MULTI } else { &[] };
+    let mss = rows.iter().any(|r| r.mss != rows[0].mss);
+    let mut extra: Vec<&str> = Vec::new();
+    if multi {
+        extra.extend(MULTI);
+    }
+    if mss {
+        extra.extend(["mss", "pages_per_segment"]);
+    }
     let short = |n: &str| {
         n.trim_end_matches("_per_pkt")
             .replace("invalidations", "invals")
             .replace("model_iommu_ns", "model_ns")
             .replace("skipped_pressured", "skipped")
+            .replace("gbit_s_", "gbit_")
     };
-    let names: Vec<(String, &str)> = TABLE.iter().chain(extra).map(|&n| (short(n), n)).collect();
+    let names: Vec<(String, &str)> = TABLE.iter().chain(&extra).map(|&n| (short(n), n)).collect();
     let cols: Vec<(&str, &str)> = names.iter().map(|(s, n)| (s.as_str(), *n)).collect();
     print_columns(out, rows, &cols)
 }
@@ -203,11 +215,32 @@ impl<T, E: std::fmt::Display> OrDraw<T> for Result<T, E> {
     }
 }
 
-/// One plotted point: order, Gbit/s, maps per packet.
-type Point = (u32, f64, f64);
+/// One plotted point.
+#[derive(Clone, Copy, Debug)]
+struct Point {
+    order: u32,
+    /// Median Gbit/s, and the repetitions' range.
+    gbit: f64,
+    gbit_min: f64,
+    gbit_max: f64,
+    maps: f64,
+}
 
-/// Draws Gbit/s and maps per packet against chunk order, one line per
-/// (policy, iommu, header) series, with the limit as a dashed level.
+impl Point {
+    fn of(r: &Row) -> Result<Point, ReportError> {
+        Ok(Point {
+            order: r.order.parse().or_draw()?,
+            gbit: r.gbit_s,
+            gbit_min: r.gbit_s_min.min(r.gbit_s),
+            gbit_max: r.gbit_s_max.max(r.gbit_s),
+            maps: r.maps_per_pkt.unwrap_or(0.0),
+        })
+    }
+}
+
+/// Draws Gbit/s (median, with the repetitions' range as error bars) and
+/// maps per packet against chunk order, one line per (policy, iommu,
+/// header) series, with the limit as a dashed level.
 pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), ReportError> {
     let mut series: Vec<(String, Vec<Point>)> = Vec::new();
     for r in rows
@@ -215,41 +248,32 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), ReportError> {
         .filter(|r| !r.order.is_empty() && r.queue == "all")
     {
         let name = format!("{} {} {}", r.policy, r.iommu, r.header);
-        let o: u32 = r.order.parse().or_draw()?;
+        let p = Point::of(r)?;
         match series.iter_mut().find(|s| s.0 == name) {
-            Some(s) => s.1.push((o, r.gbit_s, r.maps_per_pkt.unwrap_or(0.0))),
-            None => series.push((name, vec![(o, r.gbit_s, r.maps_per_pkt.unwrap_or(0.0))])),
+            Some(s) => s.1.push(p),
+            None => series.push((name, vec![p])),
         }
     }
     let limit = rows.iter().find(|r| r.policy == "limit").map(|r| r.gbit_s);
-    let max_order = series
-        .iter()
-        .flat_map(|s| s.1.iter().map(|p| p.0))
-        .max()
-        .unwrap_or(4);
-    let min_order = series
-        .iter()
-        .flat_map(|s| s.1.iter().map(|p| p.0))
-        .min()
-        .unwrap_or(0);
-    let gmax = series
-        .iter()
-        .flat_map(|s| s.1.iter().map(|p| p.1))
+    let points = || series.iter().flat_map(|s| s.1.iter());
+    let max_order = points().map(|p| p.order).max().unwrap_or(4);
+    let min_order = points().map(|p| p.order).min().unwrap_or(0);
+    let gmax = points()
+        .map(|p| p.gbit_max)
         .chain(limit)
         .fold(1.0f64, f64::max)
         * 1.1;
-    let mmax = series
-        .iter()
-        .flat_map(|s| s.1.iter().map(|p| p.2))
-        .fold(1.0f64, f64::max)
-        * 1.1;
+    let mmax = points().map(|p| p.maps).fold(1.0f64, f64::max) * 1.1;
 
     let root = SVGBackend::new(path, (1200, 520)).into_drawing_area();
     root.fill(&WHITE).or_draw()?;
     let (left, right) = root.split_horizontally(600);
     let xs = min_order..max_order.max(min_order + 1);
     let mut g = ChartBuilder::on(&left)
-        .caption("Throughput (software NIC)", ("sans-serif", 20))
+        .caption(
+            "Gbit/s (median; bars: range over repetitions)",
+            ("sans-serif", 20),
+        )
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(56)
@@ -277,25 +301,36 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), ReportError> {
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         g.draw_series(LineSeries::new(
-            pts.iter().map(|p| (p.0, p.1)),
+            pts.iter().map(|p| (p.order, p.gbit)),
             color.stroke_width(2),
         ))
         .or_draw()?
         .label(name.clone())
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+        g.draw_series(pts.iter().map(|p| {
+            ErrorBar::new_vertical(
+                p.order,
+                p.gbit_min,
+                p.gbit,
+                p.gbit_max,
+                color.stroke_width(1),
+                8,
+            )
+        }))
+        .or_draw()?;
         g.draw_series(
             pts.iter()
-                .map(|p| Circle::new((p.0, p.1), 3, color.filled())),
+                .map(|p| Circle::new((p.order, p.gbit), 3, color.filled())),
         )
         .or_draw()?;
         m.draw_series(LineSeries::new(
-            pts.iter().map(|p| (p.0, p.2)),
+            pts.iter().map(|p| (p.order, p.maps)),
             color.stroke_width(2),
         ))
         .or_draw()?;
         m.draw_series(
             pts.iter()
-                .map(|p| Circle::new((p.0, p.2), 3, color.filled())),
+                .map(|p| Circle::new((p.order, p.maps), 3, color.filled())),
         )
         .or_draw()?;
     }
@@ -307,7 +342,7 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), ReportError> {
             BLACK.stroke_width(1),
         ))
         .or_draw()?
-        .label("limit (NIC work only)")
+        .label("limit (payload write + NIC read)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
     }
     g.configure_series_labels()

@@ -6,7 +6,7 @@ use pfrag::account::Limits;
 use pfrag::bounce::SlotSize;
 use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
-use pfrag_lab::run::{run, DeviceModel, IommuMode, RunConfig, Workload};
+use pfrag_lab::run::{run, DeviceModel, DeviceSetup, IommuMode, RunConfig, Workload};
 use vfio_nic::model::softnic::Touch;
 use vfio_nic::tx::HeaderMode;
 
@@ -33,6 +33,8 @@ fn config(queues: usize, reclaim: Reclaim, workload: Workload, packets: u64) -> 
         workload,
         limits: Limits::UNLIMITED,
         model: DeviceModel::Soft,
+        device: DeviceSetup::default(),
+        mss: pfrag_lab::run::MSS,
     }
 }
 
@@ -142,4 +144,65 @@ fn bad_settings_are_refused() {
     c.queues = 1;
     c.workload = Workload::Small { min: 10, max: 5 };
     assert!(run(&c, &mut |_| {}).is_err());
+}
+
+/// The device thread consumes the ring beside the driver: every byte is
+/// still verified, and the driver's and device's CPU time come apart (the
+/// driver's thread no longer includes the device's work).
+#[test]
+fn device_thread_run_verifies_every_byte_and_splits_the_cpu_time() {
+    let mut c = config(1, Reclaim::Eager, Workload::Fixed, 2000);
+    c.device.thread = true;
+    let rows = run(&c, &mut |_| {}).unwrap();
+    let r = &rows[0];
+    assert!(r.device_thread);
+    assert_eq!(r.faults, 0);
+    assert_eq!(r.bytes_verified, 2000 * 16_000);
+    assert!(r.device_ns_per_pkt.unwrap() > 0.0);
+    assert!(r.driver_ns_per_pkt.unwrap() > 0.0);
+    let inline = run(
+        &config(1, Reclaim::Eager, Workload::Fixed, 2000),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(!inline[0].device_thread);
+    assert_eq!(inline[0].bytes_verified, 2000 * 16_000);
+    assert!(inline[0].device_ns_per_pkt.unwrap() > 0.0);
+}
+
+/// Paced to a line rate, the delivered payload rate stays below it (the
+/// wire also carries headers, FCS, preamble and gap), and the row carries
+/// the rate and the driver's CPU share.
+#[test]
+fn line_rate_caps_the_delivered_rate() {
+    let mut c = config(1, Reclaim::Eager, Workload::Fixed, 600);
+    c.device = DeviceSetup {
+        thread: true,
+        line_rate_gbit: Some(1.0),
+        iommu_latency: false,
+    };
+    let r = &run(&c, &mut |_| {}).unwrap()[0];
+    assert_eq!(r.line_rate_gbit, Some(1.0));
+    assert_eq!(r.bytes_verified, 600 * 16_000);
+    assert!(
+        r.gbit_s < 1.0,
+        "{} Gbit/s of payload over a 1 Gbit/s wire",
+        r.gbit_s
+    );
+    let share = r.driver_cpu_share.unwrap();
+    assert!(share > 0.0 && share <= 1.05, "{share}");
+    assert!(r.cpu_ns_per_gbit.unwrap() > 0.0);
+}
+
+/// With latency injected the run still delivers every byte, and the row
+/// records that it was a model with the cost model's parameters.
+#[test]
+fn injected_iommu_latency_is_marked_with_its_parameters() {
+    let mut c = config(1, Reclaim::Eager, Workload::Fixed, 300);
+    c.device.iommu_latency = true;
+    let r = &run(&c, &mut |_| {}).unwrap()[0];
+    assert!(r.iommu_latency);
+    assert_eq!(r.bytes_verified, 300 * 16_000);
+    assert_eq!(r.cost_inval_ns, Some(CostModel::default().invalidation_ns));
+    assert_eq!(r.cost_miss_ns, Some(CostModel::default().miss_ns));
 }

@@ -13,6 +13,7 @@
 
 use std::io;
 use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
 
@@ -205,13 +206,30 @@ pub(crate) unsafe fn slice_mut<'a>(addr: VirtAddr, len: usize) -> &'a mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(addr.0 as *mut u8, len) }
 }
 
-/// Volatile 32-bit load, for memory a device writes (descriptor write-back).
+/// Atomic 32-bit load with acquire ordering, for a word a device writes
+/// (descriptor write-back): a device model on another thread stores it with
+/// [`store_u32_release`], so seeing the word also shows everything the
+/// device did before (and a real device's write is a single aligned store).
 ///
 /// # Safety
-/// `addr` is 4-byte aligned and lies in a live [`Region`].
+/// `addr` is 4-byte aligned and lies in a live [`Region`], and whatever
+/// writes those 4 bytes while this runs does so with a 32-bit atomic store.
 pub(crate) unsafe fn read_u32(addr: VirtAddr) -> u32 {
+    // SAFETY: aligned and valid per the contract above; concurrent writers
+    // use same-sized atomic stores, so this is no data race.
+    unsafe { AtomicU32::from_ptr(addr.0 as *mut u32) }.load(Ordering::Acquire)
+}
+
+/// Atomic 32-bit store with release ordering: a device model's write-back
+/// of a descriptor's status word, which the driver polls with
+/// [`read_u32`] while the device runs.
+///
+/// # Safety
+/// As [`read_u32`]: aligned, in a live [`Region`], and concurrent accesses
+/// to those 4 bytes are 32-bit atomics.
+pub(crate) unsafe fn store_u32_release(addr: VirtAddr, v: u32) {
     // SAFETY: per the contract above.
-    unsafe { ptr::read_volatile(addr.0 as *const u32) }
+    unsafe { AtomicU32::from_ptr(addr.0 as *mut u32) }.store(v, Ordering::Release)
 }
 
 /// Volatile 32-bit store, for memory a device reads (descriptors).

@@ -1,57 +1,99 @@
-//! The `limit` row: the device's per-byte work alone.
+//! The two ceilings: `limit`, the per-byte work every configuration must do
+//! on both sides with no pool, IOMMU or descriptors; and `driver-limit`, the
+//! driver's side of it alone.
 
 use super::*;
 
-/// The ceiling: the NIC's own work (read, verify and checksum each MSS
-/// segment of the payload) on one plain preallocated buffer, with no driver,
-/// pool or IOMMU.
+/// The ceiling: per packet the producer writes the payload's pattern into
+/// one plain preallocated buffer (the driver's copy), and the device reads
+/// it, verifying and checksumming each MSS segment (or, with
+/// [`Touch::Pages`], reading a line per page): the same per-byte work as
+/// every configuration, with no pool, IOMMU or descriptors.
 pub fn limit(cfg: &RunConfig) -> Row {
+    ceiling(cfg, true)
+}
+
+/// The driver's ceiling: the payload write alone.
+pub fn driver_limit(cfg: &RunConfig) -> Row {
+    ceiling(cfg, false)
+}
+
+fn ceiling(cfg: &RunConfig, device: bool) -> Row {
     let mut buf = vec![0u8; cfg.payload];
-    pattern::fill(0, 0, &mut buf);
-    let mss = 1448;
-    let t0 = Instant::now();
+    let mss = usize::from(cfg.mss);
+    let (t0, cpu0) = (Instant::now(), thread_cpu_ns());
     let mut verified = 0u64;
-    for _ in 0..cfg.packets {
-        let b = black_box(&buf[..]);
-        match cfg.touch {
-            Touch::Checksum => {
-                for (k, seg) in b.chunks(mss).enumerate() {
-                    let mut c = Csum::new();
-                    if pattern::verify(0, (k * mss) as u32, seg) {
-                        verified += seg.len() as u64;
-                    }
-                    c.add(seg);
-                    black_box(c.finish());
-                }
-            }
-            Touch::Pages => {
-                for (k, page) in b.chunks(4096).enumerate() {
-                    let line = &page[..page.len().min(64)];
-                    if pattern::verify(0, (k * 4096) as u32, line) {
-                        verified += line.len() as u64;
-                    }
-                }
-            }
+    for i in 0..cfg.packets {
+        // Each packet's bytes differ (its stream offset), so neither side
+        // can be skipped.
+        let off = (i as u32).wrapping_mul(cfg.payload as u32);
+        pattern::fill(0, off, &mut buf);
+        if device {
+            verified += read(cfg.touch, black_box(&buf[..]), off, mss);
+        } else {
+            black_box(&buf);
         }
     }
     let ns = t0.elapsed().as_nanos() as f64;
-    let p = cfg.packets as f64;
+    let cpu = thread_cpu_ns().saturating_sub(cpu0) as f64;
+    let p = cfg.packets.max(1) as f64;
+    let gbit = if device || cfg.packets == 0 {
+        verified as f64 * 8.0 / ns.max(1.0)
+    } else {
+        cfg.payload as f64 * 8.0 * p / ns.max(1.0)
+    };
     Row {
         backend: "soft".into(),
         order: String::new(),
-        policy: "limit".into(),
+        policy: if device { "limit" } else { "driver-limit" }.into(),
         iommu: "none".into(),
         header: "none".into(),
         flows: 1,
         packets: cfg.packets,
         payload_bytes: cfg.payload,
         ns_per_pkt: ns / p,
-        gbit_s: cfg.payload as f64 * 8.0 * p / ns,
+        gbit_s: gbit,
         bytes_verified: verified,
         touch: touch_name(cfg.touch).into(),
         backing: "small".into(),
         queues: 1,
         queue: "all".into(),
+        reps: 1,
+        mss: cfg.mss,
+        ns_per_pkt_min: ns / p,
+        ns_per_pkt_max: ns / p,
+        gbit_s_min: gbit,
+        gbit_s_max: gbit,
+        driver_ns_per_pkt: (!device).then_some(cpu / p),
+        driver_ns_per_pkt_min: (!device).then_some(cpu / p),
+        driver_ns_per_pkt_max: (!device).then_some(cpu / p),
         ..Row::default()
     }
+}
+
+/// The device's read of one payload whose pattern starts at stream offset
+/// `off`: bytes verified.
+fn read(touch: Touch, b: &[u8], off: u32, mss: usize) -> u64 {
+    let mut verified = 0u64;
+    match touch {
+        Touch::Checksum => {
+            for (k, seg) in b.chunks(mss).enumerate() {
+                let mut c = Csum::new();
+                if pattern::verify(0, off.wrapping_add((k * mss) as u32), seg) {
+                    verified += seg.len() as u64;
+                }
+                c.add(seg);
+                black_box(c.finish());
+            }
+        }
+        Touch::Pages => {
+            for (k, page) in b.chunks(4096).enumerate() {
+                let line = &page[..page.len().min(64)];
+                if pattern::verify(0, off.wrapping_add((k * 4096) as u32), line) {
+                    verified += line.len() as u64;
+                }
+            }
+        }
+    }
+    verified
 }

@@ -126,6 +126,25 @@ pub struct RunConfig {
     pub limits: Limits,
     /// The device model behind the ring.
     pub model: DeviceModel,
+    /// Where the device model runs and how fast the IOMMU answers.
+    pub device: DeviceSetup,
+    /// TCP MSS of the generated traffic: TSO cuts each payload into
+    /// segments of this many bytes.
+    pub mss: u16,
+}
+
+/// Where a run's device model runs, at what wire rate, and whether the
+/// IOMMU's modelled latency is spun.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DeviceSetup {
+    /// Run the model on its own thread, polling the doorbell (else inline,
+    /// on the driver's thread, at each doorbell).
+    pub thread: bool,
+    /// Pace the device thread to this wire rate in Gbit/s.
+    pub line_rate_gbit: Option<f64>,
+    /// Spin the cost model's time where the hardware would make a thread
+    /// wait (`SoftIommuConfig::inject`).
+    pub iommu_latency: bool,
 }
 
 impl RunConfig {
@@ -218,93 +237,6 @@ impl Workload {
     }
 }
 
-/// One result row: the one definition of the CSV schema (field names are
-/// the column names, in order; see [`crate::report::columns`]).
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct Row {
-    /// `soft` (software NIC) or `vfio`.
-    pub backend: String,
-    /// Chunk order (empty for the limit row).
-    pub order: String,
-    /// Mapping policy, or `limit`.
-    pub policy: String,
-    /// `off`, `strict` or `lazy`.
-    pub iommu: String,
-    /// `bounce` or `mapped`.
-    pub header: String,
-    /// Flows, round robin.
-    pub flows: usize,
-    /// Packets measured (after the warm-up).
-    pub packets: u64,
-    /// Payload bytes per packet.
-    pub payload_bytes: usize,
-    /// Map calls per packet (a batch is one call). Empty where the row
-    /// cannot measure it (per-queue rows share one mapper; the limit row
-    /// has none).
-    pub maps_per_pkt: Option<f64>,
-    /// Unmap calls per packet.
-    pub unmaps_per_pkt: Option<f64>,
-    /// Page-table entries written per packet.
-    pub map_pages_per_pkt: Option<f64>,
-    /// IOTLB invalidation operations per packet.
-    pub invalidations_per_pkt: Option<f64>,
-    /// NIC translations that missed the IOTLB, per packet.
-    pub iotlb_misses_per_pkt: Option<f64>,
-    /// Distinct 4 KiB pages the NIC read per packet.
-    pub pages_per_pkt: Option<f64>,
-    /// Descriptors per packet.
-    pub descs_per_pkt: f64,
-    /// Chunk bytes skipped (tails, alignment) per packet.
-    pub waste_bytes_per_pkt: f64,
-    /// Measured wall time per packet (driver + NIC model).
-    pub ns_per_pkt: f64,
-    /// Payload bits the device delivered intact per ns of measured time
-    /// (never bits merely posted).
-    pub gbit_s: f64,
-    /// Modelled IOMMU time per packet (cost model; not in `ns_per_pkt`).
-    pub model_iommu_ns_per_pkt: Option<f64>,
-    /// Packets dropped by DMA faults or found corrupt in the measured part
-    /// (the warm-up is checked separately: a run whose warm-up faults
-    /// fails).
-    pub faults: u64,
-    /// Payload bytes the NIC read and matched, measured part.
-    pub bytes_verified: u64,
-    /// Whether payloads were fitted whole into chunks.
-    pub fit_whole: bool,
-    /// Pool memory mapped for DMA at the end.
-    pub pool_bytes: u64,
-    /// Packets sent before measuring.
-    pub warmup: u64,
-    /// `checksum` or `pages`.
-    pub touch: String,
-    /// `small`, `huge` or `huge-fallback`.
-    pub backing: String,
-    /// Queues in the run.
-    pub queues: usize,
-    /// `all`, or the queue this row is about.
-    pub queue: String,
-    /// `eager` or `hysteresis`.
-    pub reclaim: String,
-    /// Chunks borrowed from neighbour queues, per packet.
-    pub borrows_per_pkt: f64,
-    /// Neighbours skipped as under pressure while borrowing, per packet.
-    pub skipped_pressured_per_pkt: f64,
-    /// Returns of memory from a queue to the shared pool, per packet.
-    pub reclaim_calls_per_pkt: f64,
-    /// Pushes and pops on the shared free list, per packet.
-    pub shared_pool_ops_per_pkt: f64,
-    /// Calls of the memory-pressure hooks (whole run).
-    pub pressure_hook_calls: u64,
-    /// Memory-pressure transitions of the account (whole run).
-    pub pressure_transitions: u64,
-    /// Most pool memory in use at once (whole run).
-    pub peak_bytes: u64,
-    /// IOTLB entries of the software IOMMU (empty without one).
-    pub iotlb_entries: Option<usize>,
-    /// The device behind the ring: `soft`, `null` or `igb`.
-    pub device_model: String,
-}
-
 /// Failures of a run.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -349,6 +281,9 @@ fn check(cfg: &RunConfig) -> Result<(), RunError> {
             vfio_nic::desc::MAX_PAYLEN
         )));
     }
+    if cfg.mss == 0 {
+        return Err(RunError::Setting("mss must be > 0".into()));
+    }
     if cfg.payload == 0 || cfg.packets == 0 || cfg.burst == 0 {
         return Err(RunError::Setting(format!(
             "payload {}, packets {} and burst {} must be > 0",
@@ -358,7 +293,7 @@ fn check(cfg: &RunConfig) -> Result<(), RunError> {
     Ok(())
 }
 
-/// The TCP MSS of the generated traffic (a 1500-byte MTU).
+/// The default TCP MSS of the generated traffic (a 1500-byte MTU).
 pub const MSS: u16 = 1448;
 
 /// How long a queue may go without completing anything before the run
@@ -421,80 +356,17 @@ fn pump<M: DmaMapper, D: TxDevice>(
     Ok(bytes)
 }
 
-/// What both backends measure over a run's measured part.
-struct Measured {
-    map: pfrag::dma::MapStats,
-    /// Packets measured.
-    packets: u64,
-    /// Payload bytes of those packets.
-    bytes: u64,
-    /// Payload bytes the device delivered intact.
-    delivered: u64,
-    descs: u64,
-    waste: u64,
-    ns: f64,
-    /// Pool counters at the end.
-    pool: pfrag::pool::Stats,
-    /// Pool counters over the measured part.
-    delta: pfrag::pool::Stats,
-}
-
-impl Measured {
-    /// The row's columns common to both backends.
-    fn row(&self, backend: &str, cfg: &RunConfig) -> Row {
-        let p = self.packets.max(1) as f64;
-        let m = &self.map;
-        Row {
-            backend: backend.into(),
-            order: cfg.order.to_string(),
-            policy: cfg.policy.name().into(),
-            iommu: cfg.iommu.name().into(),
-            header: header_name(cfg.header).into(),
-            flows: cfg.flows,
-            packets: self.packets,
-            payload_bytes: (self.bytes / self.packets.max(1)) as usize,
-            maps_per_pkt: Some(m.map_calls as f64 / p),
-            unmaps_per_pkt: Some(m.unmap_calls as f64 / p),
-            map_pages_per_pkt: Some(m.ptes_written as f64 / p),
-            invalidations_per_pkt: Some(m.invalidations as f64 / p),
-            descs_per_pkt: self.descs as f64 / p,
-            waste_bytes_per_pkt: self.waste as f64 / p,
-            ns_per_pkt: self.ns / p,
-            gbit_s: self.delivered as f64 * 8.0 / self.ns.max(1.0),
-            fit_whole: cfg.fit_whole,
-            pool_bytes: self.pool.mapped_bytes,
-            warmup: cfg.warmup,
-            backing: backing_name(cfg.hugepages, self.pool.huge_fallbacks).into(),
-            queues: cfg.queues.max(1),
-            queue: "all".into(),
-            reclaim: cfg.reclaim.name().into(),
-            iotlb_entries: (cfg.iommu != IommuMode::Off).then_some(cfg.iotlb_entries),
-            device_model: cfg.model.name().into(),
-            borrows_per_pkt: self.delta.borrows as f64 / p,
-            skipped_pressured_per_pkt: self.delta.skipped_pressured as f64 / p,
-            reclaim_calls_per_pkt: self.delta.reclaim_calls as f64 / p,
-            shared_pool_ops_per_pkt: self.delta.shared_ops as f64 / p,
-            ..Row::default()
-        }
-    }
-}
-
-fn backing_name(hugepages: bool, fallbacks: u64) -> &'static str {
-    if !hugepages {
-        "small"
-    } else if fallbacks > 0 {
-        "huge-fallback"
-    } else {
-        "huge"
-    }
-}
-
 mod limit;
+mod row;
 mod soft;
+mod timed;
 mod vfio;
 
-pub use limit::limit;
+pub use limit::{driver_limit, limit};
+pub use row::Row;
+use row::{Cpu, Measured};
 pub use soft::run;
+pub use timed::{thread_cpu_ns, DeviceTime, Timed};
 pub use vfio::run_vfio;
 
 #[cfg(test)]
@@ -527,6 +399,8 @@ mod tests {
             workload: Workload::Fixed,
             limits: Limits::UNLIMITED,
             model: DeviceModel::Soft,
+            device: DeviceSetup::default(),
+            mss: MSS,
         };
         let m = |delivered| Measured {
             map: pfrag::dma::MapStats::default(),
@@ -536,6 +410,7 @@ mod tests {
             descs: 30,
             waste: 0,
             ns: 1000.0,
+            cpu: None,
             pool: pfrag::pool::Stats::default(),
             delta: pfrag::pool::Stats::default(),
         };

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Barrier;
 
 use super::*;
-use vfio_nic::model;
+use vfio_nic::model::{self, thread, thread::Threaded};
 
 /// Runs `cfg` on the software NIC, one thread per queue. Returns the total
 /// row first, then (with more than one queue) one row per queue. `tick` is
@@ -37,6 +37,7 @@ pub fn run(cfg: &RunConfig, tick: &mut dyn FnMut(u64)) -> Result<Vec<Row>, RunEr
                 },
                 superpages: cfg.hugepages,
                 cost: Some(cfg.cost),
+                inject: cfg.device.iommu_latency,
                 ..SoftIommuConfig::default()
             })?;
             measure(cfg, Arc::new(m), tick)
@@ -69,6 +70,7 @@ struct QueueRun {
     waste: u64,
     nic: model::Stats,
     faults: u64,
+    cpu: Cpu,
     start: Instant,
     end: Instant,
 }
@@ -122,20 +124,37 @@ struct Bench<'a, M: DmaMapper, D> {
     finished: AtomicUsize,
 }
 
-impl<M: DmaMapper + Translate + 'static, D: Model> Bench<'_, M, D> {
+impl<M: DmaMapper + Translate + 'static, D: Model + Send + 'static> Bench<'_, M, D> {
     /// Queue `i`'s thread: set up and warm up, then the measured part
     /// between the barriers. Every thread passes every barrier, even after
     /// an error, so that none waits forever.
     fn queue(&self, i: usize) -> Result<QueueRun, RunError> {
+        let nic = Timed::new((self.make_nic)(self.mapper.clone()));
+        if self.cfg.device.thread {
+            let tc = thread::Config {
+                line_rate_gbit: self.cfg.device.line_rate_gbit,
+            };
+            self.queue_on(i, Threaded::spawn(nic, tc))
+        } else {
+            self.queue_on(i, Ok(nic))
+        }
+    }
+
+    /// [`queue`](Self::queue) on the device `nic` (or its error).
+    fn queue_on<N: DeviceTime>(
+        &self,
+        i: usize,
+        nic: Result<N, vfio_nic::Error>,
+    ) -> Result<QueueRun, RunError> {
         let cfg = self.cfg;
         let tx = cfg.tx_config(i, None);
         let mut tick = |n| {
             self.progress.fetch_add(n, Ordering::Relaxed);
         };
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
-        let nic = (self.make_nic)(self.mapper.clone());
-        let setup = tx::Queue::new(self.domain.clone(), self.pool.clone(), nic, tx)
-            .and_then(|q| Ok((q, Traffic::new(cfg.flows, MSS)?)))
+        let setup = nic
+            .and_then(|nic| tx::Queue::new(self.domain.clone(), self.pool.clone(), nic, tx))
+            .and_then(|q| Ok((q, Traffic::new(cfg.flows, cfg.mss)?)))
             .map_err(RunError::from)
             .and_then(|(mut q, mut g)| {
                 pump(&mut q, &mut g, cfg, cfg.warmup, &mut rng, &mut tick).map(|_| (q, g))
@@ -145,16 +164,20 @@ impl<M: DmaMapper + Translate + 'static, D: Model> Bench<'_, M, D> {
         let t0 = Instant::now();
         let measured = setup.and_then(|(mut q, mut g)| {
             let snap = (q.device().counters(), q.stats(), q.cache().stats());
+            let cpu0 = (thread_cpu_ns(), q.device().device_ns());
             let packets = share(cfg.packets, cfg.queues.max(1), i, cfg.skew);
             let bytes = pump(&mut q, &mut g, cfg, packets, &mut rng, &mut tick)?;
-            Ok((q, snap, packets, bytes, Instant::now()))
+            let end = Instant::now();
+            let cpu = cpu_since(cpu0, thread_cpu_ns(), q.device());
+            Ok((q, snap, packets, bytes, end, cpu))
         });
         self.finished.fetch_add(1, Ordering::Release);
         self.done.wait();
         self.release.wait();
-        let (q, (n0, q0, c0), packets, bytes, end) = measured?;
+        let (q, (n0, q0, c0), packets, bytes, end, cpu) = measured?;
         let (n, qs, cs) = (q.device().counters(), q.stats(), q.cache().stats());
         Ok(QueueRun {
+            cpu,
             packets,
             bytes,
             descs: qs.since(&q0).descs,
@@ -174,6 +197,21 @@ impl<M: DmaMapper + Translate + 'static, D: Model> Bench<'_, M, D> {
     }
 }
 
+/// The driver's and the device's CPU time since `(thread_ns, device_ns)`:
+/// an inline device's time is taken out of the driver thread's.
+fn cpu_since<N: DeviceTime>(start: (u64, u64), thread_now: u64, dev: &N) -> Cpu {
+    let device_ns = dev.device_ns().saturating_sub(start.1);
+    let thread_ns = thread_now.saturating_sub(start.0);
+    Cpu {
+        driver_ns: if dev.own_thread() {
+            thread_ns
+        } else {
+            thread_ns.saturating_sub(device_ns)
+        },
+        device_ns,
+    }
+}
+
 /// Counters of the shared mapper and pool over the measured part.
 struct Shared {
     map: pfrag::dma::MapStats,
@@ -182,7 +220,7 @@ struct Shared {
     queues: Vec<pool::QueueStats>,
 }
 
-fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
+fn measure_on<M: DmaMapper + Translate + 'static, D: Model + Send + 'static>(
     cfg: &RunConfig,
     mapper: Arc<M>,
     make_nic: &(dyn Fn(Arc<M>) -> D + Sync),
@@ -223,7 +261,7 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model>(
 
 /// Runs the queue threads, snapshotting the shared counters between the
 /// barriers, and reports progress while they run.
-fn drive<M: DmaMapper + Translate + 'static, D: Model>(
+fn drive<M: DmaMapper + Translate + 'static, D: Model + Send + 'static>(
     b: &Bench<'_, M, D>,
     tick: &mut dyn FnMut(u64),
 ) -> (Vec<Result<QueueRun, RunError>>, Shared) {
@@ -275,6 +313,10 @@ fn total(runs: &[QueueRun]) -> QueueRun {
         descs: runs.iter().map(|r| r.descs).sum(),
         waste: runs.iter().map(|r| r.waste).sum(),
         faults: runs.iter().map(|r| r.faults).sum(),
+        cpu: Cpu {
+            driver_ns: runs.iter().map(|r| r.cpu.driver_ns).sum(),
+            device_ns: runs.iter().map(|r| r.cpu.device_ns).sum(),
+        },
         nic: runs
             .iter()
             .fold(model::Stats::default(), |a, r| a.plus(&r.nic)),
@@ -298,12 +340,15 @@ fn row(cfg: &RunConfig, r: &QueueRun, queue: Option<usize>, sh: &Shared) -> Row 
         descs: r.descs,
         waste: r.waste,
         ns: r.ns(),
+        cpu: Some(r.cpu),
         pool: sh.pool1,
         delta,
     };
     let mut row = Row {
         iotlb_misses_per_pkt: Some(map.iotlb_misses as f64 / p),
         pages_per_pkt: Some(r.nic.pages as f64 / r.nic.packets.max(1) as f64),
+        pages_per_segment: (r.nic.frames > 0)
+            .then(|| r.nic.segment_pages as f64 / r.nic.frames as f64),
         model_iommu_ns_per_pkt: Some(map.model_ns / p),
         faults: r.faults,
         bytes_verified: r.nic.bytes_verified,

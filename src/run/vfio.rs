@@ -25,10 +25,15 @@ pub fn run_vfio(
             cfg.iommu.name()
         )));
     }
-    if cfg.limits != Limits::UNLIMITED || cfg.queues > 1 || cfg.model != DeviceModel::Soft {
+    if cfg.limits != Limits::UNLIMITED
+        || cfg.queues > 1
+        || cfg.model != DeviceModel::Soft
+        || cfg.device != DeviceSetup::default()
+    {
         return Err(RunError::Setting(
             "VFIO runs drive one queue of the real NIC without memory limits: \
-             --mem-limits, --queues and --model do not apply"
+             --mem-limits, --queues, --model, --device-thread, --line-rate and \
+             --iommu-latency do not apply"
                 .into(),
         ));
     }
@@ -41,7 +46,7 @@ pub fn run_vfio(
     // behind an emulated IOMMU.
     let tx = cfg.tx_config(0, Some(pfrag::PAGE_SIZE as usize));
     let mut q = tx::Queue::new(domain, pool.clone(), nic, tx)?;
-    let mut gen = Traffic::new(cfg.flows, MSS)?;
+    let mut gen = Traffic::new(cfg.flows, cfg.mss)?;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     pump(&mut q, &mut gen, cfg, cfg.warmup, &mut rng, tick)?;
 
@@ -49,9 +54,10 @@ pub fn run_vfio(
     let (m0, q0, c0, pool0) = (mapper.stats(), q.stats(), q.cache().stats(), pool.stats());
     let g0 = q.device_mut().stats()?.good_packets;
     q.device().mark(magic)?;
-    let t0 = Instant::now();
+    let (t0, cpu0) = (Instant::now(), thread_cpu_ns());
     let bytes = pump(&mut q, &mut gen, cfg, cfg.packets, &mut rng, tick)?;
     let ns = t0.elapsed().as_nanos() as f64;
+    let driver_ns = thread_cpu_ns().saturating_sub(cpu0);
     q.device().mark(magic | 1)?;
     let m = mapper.stats().since(&m0);
     let (qs, cs) = (q.stats(), q.cache().stats());
@@ -68,6 +74,10 @@ pub fn run_vfio(
         descs: qs.since(&q0).descs,
         waste: cs.since(&c0).waste_bytes,
         ns,
+        cpu: Some(Cpu {
+            driver_ns,
+            device_ns: 0,
+        }),
         pool: pool1,
         delta: pool1.since(&pool0),
     };
@@ -83,6 +93,11 @@ pub fn run_vfio(
         model_iommu_ns_per_pkt: None,
         iotlb_entries: None,
         device_model: "igb".into(),
+        device_ns_per_pkt: None,
+        cost_call_ns: None,
+        cost_pte_ns: None,
+        cost_inval_ns: None,
+        cost_miss_ns: None,
         ..common.row("vfio", cfg)
     })
 }

@@ -73,6 +73,15 @@ pub enum Error {
         /// The value given.
         value: u64,
     },
+    /// A line rate that is not a finite number of Gbit/s above 0.
+    #[error("line rate {gbit} Gbit/s is not a finite number above 0")]
+    BadLineRate {
+        /// The rate given.
+        gbit: f64,
+    },
+    /// The device model's thread could not be started.
+    #[error("starting the device thread: {0}")]
+    DeviceThread(#[source] std::io::Error),
     /// The device was kicked before a ring was attached.
     #[error("no TX ring attached to the device")]
     NotAttached,

@@ -196,6 +196,46 @@ fn persistent_bounce_order4_makes_no_mappings_and_uses_two_descriptors() {
     assert_eq!(q.stats().contexts_skipped, q.stats().packets - 1);
 }
 
+/// The MSS decides how many pages each TSO segment's fetch translates: a
+/// page-aligned payload cut at 4096 bytes costs one page per segment, at
+/// 8192 two, at 6144 two (each segment straddles a page boundary), at 1448
+/// mostly one. The wire bytes count every frame's headers and FCS.
+#[test]
+fn segments_span_the_pages_their_mss_implies() {
+    let payload = if cfg!(miri) { 3 * 4096 } else { 16 * 4096 };
+    for (mss, pages) in [(4096u16, 1.0), (8192, 2.0), (6144, 2.0), (1448, 1.3)] {
+        let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+        let domain = Arc::new(Domain::new(iommu.clone()));
+        let pool = Pool::new(
+            domain.clone(),
+            pool::Config::new(Order::new(4).unwrap(), Policy::Persistent),
+        )
+        .unwrap();
+        let nic = SoftNic::new(iommu, softnic::Config::default());
+        let mut q = tx::Queue::new(domain, pool, nic, tx::Config::default()).unwrap();
+        let mut g = vfio_nic::gen::Traffic::new(1, mss).unwrap();
+        g.send(&mut q, 0, payload).unwrap();
+        q.kick().unwrap();
+        q.reap().unwrap();
+        let st = q.device().stats();
+        assert_eq!(st.bytes_verified, payload as u64, "mss {mss}");
+        let segs = payload.div_ceil(usize::from(mss)) as u64;
+        assert_eq!(st.frames, segs, "mss {mss}");
+        let per = st.segment_pages as f64 / segs as f64;
+        assert!(
+            (per - pages).abs() < 0.35,
+            "mss {mss}: {per} pages per segment"
+        );
+        if mss == 4096 {
+            assert_eq!(st.segment_pages, segs, "page-aligned: exactly one each");
+        }
+        // Ethernet 14 + IPv4 20 + TCP header, plus FCS, per frame.
+        let hlen = (st.wire_bytes - payload as u64) / segs - 4;
+        assert!((54..=100).contains(&hlen), "{hlen}-byte headers");
+        assert_eq!(st.wire_bytes, payload as u64 + segs * (hlen + 4));
+    }
+}
+
 #[test]
 fn touch_pages_reads_a_line_per_page() {
     let nic = softnic::Config {

@@ -253,6 +253,9 @@ impl<M: Translate> Translate for Faulty<M> {
     fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
         self.inner.write(iova, src)
     }
+    fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        self.inner.write_u32(iova, v)
+    }
 }
 
 #[cfg(test)]

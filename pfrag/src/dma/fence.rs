@@ -94,3 +94,30 @@ pub(crate) fn device_write(
     }
     Ok(())
 }
+
+/// Stores the 32-bit word `v` at `iova` through `translate` with one atomic
+/// release store: a device's descriptor write-back, which the driver polls
+/// while the device runs (on a thread of its own). `iova` must be 4-byte
+/// aligned (a translation keeps the page offset, so the address is too).
+pub(crate) fn device_store_u32(
+    fence: &Fence,
+    translate: impl FnOnce(Iova, Dir) -> Result<Translation, Fault>,
+    iova: Iova,
+    v: u32,
+) -> Result<(), Fault> {
+    if iova.raw() % 4 != 0 {
+        return Err(fault(iova, Dir::FROM_DEVICE));
+    }
+    let _in = fence.enter();
+    let t = translate(iova, Dir::FROM_DEVICE)?;
+    if t.len < 4 {
+        return Err(fault(iova, Dir::FROM_DEVICE));
+    }
+    // SAFETY: as in `device_write`: the 4 bytes lie in one page whose
+    // mapping is present and allows writes, so the memory is allocated
+    // until the fence guard drops; the address is 4-byte aligned (the
+    // IOVA is, and translation keeps the page offset); and the driver
+    // reads the word only with a 32-bit atomic load (`Coherent::read_u32`).
+    unsafe { mem::store_u32_release(t.addr, v) };
+    Ok(())
+}

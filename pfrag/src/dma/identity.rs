@@ -8,8 +8,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::iotlb::PageHasher;
 use super::{
-    device_read, device_write, Dir, DmaMapper, Fault, Fence, IovaSpace, MapStats, Mapping,
-    PageSizes, Translate, Translation, Unmapped,
+    device_read, device_store_u32, device_write, Dir, DmaMapper, Fault, Fence, IovaSpace, MapStats,
+    Mapping, PageSizes, Translate, Translation, Unmapped,
 };
 use crate::addr::{Iova, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
 use crate::error::{Error, Result};
@@ -145,6 +145,9 @@ impl Translate for Identity {
     }
     fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
         device_write(&self.fence, |i, d| self.translate(i, d), iova, src)
+    }
+    fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        device_store_u32(&self.fence, |i, d| self.translate(i, d), iova, v)
     }
 }
 

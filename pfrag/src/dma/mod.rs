@@ -12,6 +12,7 @@ mod faulty;
 mod fence;
 mod identity;
 mod iotlb;
+mod latency;
 mod soft;
 
 use std::ops::Range;
@@ -24,7 +25,7 @@ pub use soft::{
     MAX_IOTLB_ENTRIES,
 };
 
-pub(crate) use fence::{device_read, device_write, Fence};
+pub(crate) use fence::{device_read, device_store_u32, device_write, Fence};
 
 use crate::addr::{Iova, VirtAddr};
 use crate::error::{Error, Result};
@@ -285,6 +286,16 @@ pub trait Translate: Send + Sync {
     /// DMA write of `src` at `iova`. A fault stops the write (after the
     /// pages before it).
     fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault>;
+    /// DMA write of one aligned 32-bit word (a descriptor's status), as a
+    /// single atomic store with release ordering, so that a driver polling
+    /// the word while the device runs on another thread sees it whole, and
+    /// sees everything the device did before. `iova` must be 4-byte
+    /// aligned (else a fault). The default goes through
+    /// [`write`](Self::write), which is enough for a device that runs on
+    /// the driver's thread; pfrag's mappers store atomically.
+    fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        self.write(iova, &v.to_le_bytes())
+    }
 }
 
 impl<T: Translate + ?Sized> Translate for std::sync::Arc<T> {
@@ -296,6 +307,9 @@ impl<T: Translate + ?Sized> Translate for std::sync::Arc<T> {
     }
     fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
         (**self).write(iova, src)
+    }
+    fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        (**self).write_u32(iova, v)
     }
 }
 

@@ -9,9 +9,10 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use super::iotlb::{Entry, Iotlb};
+use super::latency;
 use super::{
-    device_read, device_write, Dir, DmaMapper, Fault, Fence, IovaSpace, MapStats, Mapping,
-    PageSizes, Translate, Translation, Unmapped,
+    device_read, device_store_u32, device_write, Dir, DmaMapper, Fault, Fence, IovaSpace, MapStats,
+    Mapping, PageSizes, Translate, Translation, Unmapped,
 };
 use crate::addr::{Iova, VirtAddr, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::error::{Error, Result};
@@ -67,6 +68,12 @@ pub struct SoftIommuConfig {
     pub flush_queue: usize,
     /// Optional cost model.
     pub cost: Option<CostModel>,
+    /// Spin the cost model's time on the thread that would wait for the
+    /// hardware (see [`latency`](super::latency)): the mapping caller for
+    /// map, unmap and a strict invalidation, the translating device for an
+    /// IOTLB miss. Off by default: the model's time is then only counted
+    /// ([`MapStats::model_ns`]).
+    pub inject: bool,
     /// The IOVA space it accepts, inside the 48 bits the page table
     /// decodes. Default 1 MiB .. 2^48.
     pub iova_range: Range<u64>,
@@ -133,6 +140,7 @@ impl Default for SoftIommuConfig {
             superpages: false,
             flush_queue: 256,
             cost: None,
+            inject: false,
             iova_range: (1 << 20)..(1 << 48),
         }
     }
@@ -205,6 +213,8 @@ struct State {
     faults: VecDeque<FaultRecord>,
     /// 4 KiB pages mapped now (a superpage counts 512).
     live: u64,
+    /// Spin the modelled cost (`SoftIommuConfig::inject`).
+    inject: bool,
 }
 
 /// The software IOMMU. See the module docs.
@@ -235,6 +245,7 @@ impl SoftIommu {
             stats: MapStats::default(),
             faults: VecDeque::with_capacity(RECORDED_FAULTS),
             live: 0,
+            inject: cfg.inject,
         };
         Ok(SoftIommu {
             cfg,
@@ -291,10 +302,14 @@ impl SoftIommu {
 impl State {
     fn cost(&mut self, cost: Option<CostModel>, calls: u64, ptes: u64, invs: u64, misses: u64) {
         if let Some(c) = cost {
-            self.stats.model_ns += calls as f64 * c.call_ns
+            let ns = calls as f64 * c.call_ns
                 + ptes as f64 * c.pte_ns
                 + invs as f64 * c.invalidation_ns
                 + misses as f64 * c.miss_ns;
+            self.stats.model_ns += ns;
+            if self.inject {
+                latency::owe(ns);
+            }
         }
     }
 
@@ -412,6 +427,8 @@ impl DmaMapper for SoftIommu {
         st.stats.ptes_written += n;
         st.live += m.len / PAGE_SIZE;
         st.cost(self.cfg.cost, 1, n, 0, 0);
+        drop(st);
+        latency::pay();
         Ok(())
     }
 
@@ -478,6 +495,7 @@ impl DmaMapper for SoftIommu {
         // lazy invalidation the memory waits for the flush, which does the
         // same.)
         self.fence.quiesce();
+        latency::pay();
         Ok(out)
     }
 
@@ -500,6 +518,7 @@ impl DmaMapper for SoftIommu {
     fn flush(&self) -> Result<()> {
         self.lock().flush(self.cfg.cost);
         self.fence.quiesce();
+        latency::pay();
         Ok(())
     }
 
@@ -510,6 +529,24 @@ impl DmaMapper for SoftIommu {
 
 impl Translate for SoftIommu {
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
+        let t = self.walk(iova, access);
+        latency::pay();
+        t
+    }
+    fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
+        device_read(&self.fence, |i, d| self.translate(i, d), iova, len, f)
+    }
+    fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
+        device_write(&self.fence, |i, d| self.translate(i, d), iova, src)
+    }
+    fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        device_store_u32(&self.fence, |i, d| self.translate(i, d), iova, v)
+    }
+}
+
+impl SoftIommu {
+    /// Translates through the IOTLB or, on a miss, the page table.
+    fn walk(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
         let mut st = self.lock();
         if !self.cfg.iova_range.contains(&iova.raw()) {
             // The page table decodes 48 bits; an IOVA outside the domain's
@@ -551,12 +588,6 @@ impl Translate for SoftIommu {
             addr: VirtAddr(entry.addr + off as usize),
             len: size - off,
         })
-    }
-    fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
-        device_read(&self.fence, |i, d| self.translate(i, d), iova, len, f)
-    }
-    fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
-        device_write(&self.fence, |i, d| self.translate(i, d), iova, src)
     }
 }
 

@@ -180,6 +180,41 @@ fn cost_model_is_kept_apart() {
     assert_eq!(m.stats().model_ns, 1214.0);
 }
 
+/// With `inject`, each operation's modelled time is spun on the thread
+/// that called it: the driver waits out map and unmap with its strict
+/// invalidation, a translating device waits out the walk of a miss, and
+/// nobody else does (another thread's debt is its own).
+#[test]
+#[cfg_attr(miri, ignore = "spins milliseconds of wall time")]
+fn injected_latency_is_spun_by_the_thread_that_waits() {
+    use std::time::{Duration, Instant};
+    let ms = 1_000_000.0;
+    let m = SoftIommu::new(SoftIommuConfig {
+        cost: Some(CostModel {
+            call_ns: 0.0,
+            pte_ns: 0.0,
+            invalidation_ns: 20.0 * ms,
+            miss_ns: 10.0 * ms,
+        }),
+        inject: true,
+        ..SoftIommuConfig::default()
+    })
+    .unwrap();
+    let t = Instant::now();
+    map(&m, 0x10_0000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+    m.translate(Iova(0x10_0000), Dir::TO_DEVICE).unwrap(); // hit from now on
+    let miss = t.elapsed();
+    assert!(miss >= Duration::from_millis(10), "{miss:?}");
+    let t = Instant::now();
+    m.unmap(Iova(0x10_0000), 0x1000).unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(20),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(m.stats().model_ns, 30.0 * ms);
+}
+
 #[test]
 fn iova_outside_the_domain_faults_instead_of_aliasing() {
     let m = iommu(Invalidation::Strict);

@@ -107,6 +107,69 @@ impl<M: DmaMapper> Frag<M> {
     }
 }
 
+impl<M: DmaMapper> Frag<M> {
+    /// A hold on the frag's chunk, without access to its bytes: what a
+    /// sender keeps after handing the frag to the device, until the data
+    /// is acknowledged (TCP's retransmit queue keeps its pages referenced
+    /// so). While any hold lives, the chunk is neither reused in place nor
+    /// recycled. One atomic increment.
+    pub fn hold(&self) -> FragHold<M> {
+        // Relaxed, as `Arc::clone`: the caller's frag keeps the count above
+        // zero, and the release of the hold synchronises on its decrement.
+        self.chunk.get().refcnt.fetch_add(1, Ordering::Relaxed);
+        FragHold {
+            chunk: self.chunk,
+            len: self.len,
+        }
+    }
+}
+
+/// A reference on a frag's chunk with no access to its bytes (see
+/// [`Frag::hold`]). It carries no mapping: under `PerFrag` the frag's own
+/// mapping still goes when the frag completes; the hold only keeps the
+/// chunk's memory from reuse. Dropping it releases the reference.
+pub struct FragHold<M: DmaMapper> {
+    chunk: ChunkPtr<M>,
+    len: u32,
+}
+
+// SAFETY: a hold gives no access to memory; its reference is released with
+// an atomic, and the pool state that release touches is Sync.
+unsafe impl<M: DmaMapper> Send for FragHold<M> {}
+// SAFETY: `&FragHold` only reads the two plain fields.
+unsafe impl<M: DmaMapper> Sync for FragHold<M> {}
+
+impl<M: DmaMapper> FragHold<M> {
+    /// Bytes of the frag it was taken from.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+    /// Always false for a hold of a frag of at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// An opaque identity of the chunk held: equal for holds on the same
+    /// chunk while they live (for counting chunks).
+    pub fn chunk_id(&self) -> usize {
+        self.chunk.get() as *const _ as usize
+    }
+}
+
+impl<M: DmaMapper> std::fmt::Debug for FragHold<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FragHold")
+            .field("chunk", &self.chunk_id())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl<M: DmaMapper> Drop for FragHold<M> {
+    fn drop(&mut self) {
+        put(self.chunk, 1);
+    }
+}
+
 impl<M: DmaMapper> Drop for Frag<M> {
     #[inline]
     fn drop(&mut self) {

@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::pool::{ChunkPtr, Pool, Shared};
 use crate::sync::Ordering;
 
-pub use handle::{complete_burst, Frag};
+pub use handle::{complete_burst, Frag, FragHold};
 use handle::{complete_runs, put};
 
 /// Frag starts are aligned to a cache line.

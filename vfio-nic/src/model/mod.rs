@@ -8,10 +8,13 @@
 //!   segments TSO packets into frames.
 //! - [`null`]: translates every buffer and completes it, reading no
 //!   payload: the driver's own cost.
+//! - [`thread`]: runs either on a thread of its own, polling the doorbell
+//!   beside the driver (optionally paced to a line rate).
 
 pub mod null;
 mod ring;
 mod segment;
 pub mod softnic;
+pub mod thread;
 
 pub use softnic::NicStats as Stats;

@@ -12,7 +12,7 @@ use super::ring::{read_desc, write_back, Ring};
 use crate::desc::{self, Dcmd, Desc};
 use crate::device::{Model, TxDevice};
 use crate::error::Result;
-use crate::model::softnic::{NicStats, MAX_BUFS};
+use crate::model::softnic::{self, NicStats, MAX_BUFS};
 
 /// The null device; see the module docs.
 pub struct NullNic<T: Translate> {
@@ -98,6 +98,7 @@ impl<T: Translate> NullNic<T> {
                 self.stats.frames += 1;
                 self.stats.pages += pages;
                 self.stats.payload_bytes += payload;
+                self.stats.wire_bytes += softnic::wire_bytes(1, 0, bytes as usize);
                 self.stats.delivered_bytes += payload;
             }
             self.bufs = 0;
@@ -108,6 +109,10 @@ impl<T: Translate> NullNic<T> {
 impl<T: Translate> TxDevice for NullNic<T> {
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         self.ring.attach(ring, len)
+    }
+
+    fn head(&mut self) -> Option<u16> {
+        self.ring.head()
     }
 
     fn kick(&mut self, tail: u16) -> Result<()> {

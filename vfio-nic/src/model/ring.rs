@@ -29,6 +29,11 @@ impl Ring {
         Ok(())
     }
 
+    /// The head, once a ring is attached.
+    pub(super) fn head(&self) -> Option<u16> {
+        self.ring.map(|_| self.head)
+    }
+
     /// Checks a doorbell value against the attached ring.
     pub(super) fn check(&self, tail: u16) -> Result<()> {
         let (_, n) = self.ring.ok_or(Error::NotAttached)?;
@@ -69,5 +74,5 @@ pub(super) fn read_desc<T: Translate>(iommu: &T, at: Iova) -> Result<[u64; 2], F
 /// Writes back descriptor-done into the descriptor at `at`.
 pub(super) fn write_back<T: Translate>(iommu: &T, at: Iova) -> Result<(), Fault> {
     let at = at.offset(desc::STATUS_OFFSET as u64);
-    iommu.write(at, &Sta::DD.bits().to_le_bytes())
+    iommu.write_u32(at, Sta::DD.bits())
 }

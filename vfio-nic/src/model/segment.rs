@@ -43,6 +43,33 @@ pub(super) fn read_range<T: Translate>(
     Ok(())
 }
 
+/// Distinct 4 KiB IOVA pages that packet bytes `start..start + len` (over
+/// the buffers `bufs`) span: what a DMA engine translates to fetch them.
+pub(super) fn range_pages(bufs: &[(Iova, usize)], mut start: usize, mut len: usize) -> u64 {
+    let mut pages = 0u64;
+    let mut last: Option<u64> = None;
+    for &(iova, blen) in bufs {
+        if len == 0 {
+            break;
+        }
+        if start >= blen {
+            start -= blen;
+            continue;
+        }
+        let take = (blen - start).min(len);
+        let first = iova.offset(start as u64).page();
+        let end = iova.offset((start + take - 1) as u64).page();
+        pages += end - first + 1;
+        if last == Some(first) {
+            pages -= 1; // the previous buffer ended in this page
+        }
+        last = Some(end);
+        len -= take;
+        start = 0;
+    }
+    pages
+}
+
 /// Cuts a payload stream into MSS-sized frames: verifies every byte against
 /// the flow's pattern, checksums it, and (with capture) keeps the frames.
 pub(super) struct Segmenter<'a> {
@@ -180,5 +207,26 @@ impl<'a> Segmenter<'a> {
         } else {
             self.k = self.nseg;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_pages_counts_each_page_once() {
+        let p = pfrag::PAGE_SIZE as usize;
+        // One buffer: a range inside a page, one across a boundary.
+        let one = [(Iova(0x10_0000), 4 * p)];
+        assert_eq!(range_pages(&one, 0, p), 1);
+        assert_eq!(range_pages(&one, 100, p), 2);
+        assert_eq!(range_pages(&one, 0, 4 * p), 4);
+        // Two buffers sharing a page count it once; a skipped head buffer
+        // counts nothing.
+        let two = [(Iova(0x10_0000), 100), (Iova(0x10_0064), p)];
+        assert_eq!(range_pages(&two, 0, 100 + p), 2);
+        assert_eq!(range_pages(&two, 100, 10), 1);
+        assert_eq!(range_pages(&two, 0, 0), 0);
     }
 }

@@ -16,7 +16,7 @@ use pfrag::dma::{Fault, Translate};
 use pfrag::Iova;
 
 use super::ring::{read_desc, write_back, Ring};
-use super::segment::{read_range, Outcome, Segmenter};
+use super::segment::{range_pages, read_range, Outcome, Segmenter};
 use crate::desc::{Context, Data, Dcmd, Desc, Popts};
 use crate::device::TxDevice;
 use crate::error::Result;
@@ -96,6 +96,10 @@ pub struct NicStats {
     pub descs: u64,
     /// Payload bytes of packets sent.
     pub payload_bytes: u64,
+    /// Ethernet bytes put on the (modelled) wire: every frame's headers,
+    /// payload and FCS, at least 64 per frame; the preamble and the
+    /// inter-frame gap ([`WIRE_GAP`] per frame) are not included.
+    pub wire_bytes: u64,
     /// Payload bytes read and found equal to their flow's pattern.
     pub bytes_verified: u64,
     /// Payload bytes of packets delivered whole and intact: no fault, and
@@ -103,6 +107,10 @@ pub struct NicStats {
     pub delivered_bytes: u64,
     /// Distinct 4 KiB pages read for packet data, summed over packets.
     pub pages: u64,
+    /// Distinct 4 KiB pages each MSS segment's payload spans, summed over
+    /// segments: the page translations a TSO engine makes fetching the
+    /// payload segment by segment (offloaded packets).
+    pub segment_pages: u64,
     /// Packets dropped because a translation faulted.
     pub faults: u64,
     /// Packets whose payload did not match the pattern.
@@ -132,15 +140,28 @@ impl NicStats {
             frames: f(self.frames, o.frames),
             descs: f(self.descs, o.descs),
             payload_bytes: f(self.payload_bytes, o.payload_bytes),
+            wire_bytes: f(self.wire_bytes, o.wire_bytes),
             bytes_verified: f(self.bytes_verified, o.bytes_verified),
             delivered_bytes: f(self.delivered_bytes, o.delivered_bytes),
             pages: f(self.pages, o.pages),
+            segment_pages: f(self.segment_pages, o.segment_pages),
             faults: f(self.faults, o.faults),
             bad_payload: f(self.bad_payload, o.bad_payload),
             bad_desc: f(self.bad_desc, o.bad_desc),
             page_crossing_bufs: f(self.page_crossing_bufs, o.page_crossing_bufs),
         }
     }
+}
+
+/// Bytes a frame occupies on an Ethernet wire besides itself: the preamble
+/// and start delimiter (8) and the inter-frame gap (12).
+pub const WIRE_GAP: u64 = 20;
+
+/// Ethernet bytes of `frames` frames carrying `hlen` header bytes each and
+/// `paylen` payload bytes in all, with their FCS (4) and the 64-byte
+/// minimum frame.
+pub fn wire_bytes(frames: u64, hlen: usize, paylen: usize) -> u64 {
+    (paylen as u64 + frames * (hlen as u64 + 4)).max(frames * 64)
 }
 
 /// Most data buffers one packet may chain (the TX queue's default
@@ -335,7 +356,9 @@ impl<T: Translate> SoftNic<T> {
             return;
         };
         self.stats.pages += self.count_pages();
+        self.stats.segment_pages += self.segment_pages(hlen, &pkt);
         self.stats.payload_bytes += pkt.paylen as u64;
+        self.stats.wire_bytes += wire_bytes(out.frames, hlen, pkt.paylen);
         self.stats.frames += out.frames;
         self.stats.bytes_verified += out.verified;
         if out.ok {
@@ -366,6 +389,7 @@ impl<T: Translate> SoftNic<T> {
         }
         self.stats.pages += self.count_pages();
         self.stats.payload_bytes += total as u64;
+        self.stats.wire_bytes += wire_bytes(1, 0, total);
         self.stats.delivered_bytes += total as u64;
         self.stats.frames += 1;
         if capture {
@@ -376,7 +400,7 @@ impl<T: Translate> SoftNic<T> {
     /// Reads one cache line at the start of every 4 KiB page of the payload.
     fn touch_pages(&self, hlen: usize, pkt: &Packet) -> Result<(Outcome, Vec<Vec<u8>>), Fault> {
         let mut out = Outcome {
-            frames: 1,
+            frames: pkt.paylen.div_ceil(pkt.mss).max(1) as u64,
             ok: true,
             ..Outcome::default()
         };
@@ -406,12 +430,32 @@ impl<T: Translate> SoftNic<T> {
 
     /// Cuts the packet into frames of `mss` payload bytes, verifying and
     /// checksumming every byte.
+    ///
+    /// Like a TSO engine, it fetches the payload segment by segment: each
+    /// segment's pages are translated for that segment.
     fn segment(&self, hdr: &[u8], pkt: &Packet) -> Result<(Outcome, Vec<Vec<u8>>), Fault> {
         let mut seg = Segmenter::new(pkt, hdr, self.cfg.capture);
-        read_range(&self.iommu, &self.bufs, hdr.len(), pkt.paylen, &mut |s| {
-            seg.feed(s)
-        })?;
+        let mut at = 0;
+        while at < pkt.paylen {
+            let len = pkt.mss.min(pkt.paylen - at);
+            read_range(&self.iommu, &self.bufs, hdr.len() + at, len, &mut |s| {
+                seg.feed(s)
+            })?;
+            at += len;
+        }
         Ok((seg.out, seg.frames))
+    }
+
+    /// Pages each MSS segment of the packet's payload spans, summed.
+    fn segment_pages(&self, hlen: usize, pkt: &Packet) -> u64 {
+        let mut pages = 0;
+        let mut at = 0;
+        while at < pkt.paylen {
+            let len = pkt.mss.min(pkt.paylen - at);
+            pages += range_pages(&self.bufs, hlen + at, len);
+            at += len;
+        }
+        pages
     }
 }
 
@@ -424,6 +468,10 @@ impl<T: Translate> crate::device::Model for SoftNic<T> {
 impl<T: Translate> TxDevice for SoftNic<T> {
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         self.ring.attach(ring, len)
+    }
+
+    fn head(&mut self) -> Option<u16> {
+        self.ring.head()
     }
 
     fn kick(&mut self, tail: u16) -> Result<()> {

@@ -1,0 +1,141 @@
+//! Repetitions: every configuration runs several times, interleaved round
+//! robin with the others so that drift of the machine hits all of them
+//! alike; each is reported as its median with the spread, and ratios are
+//! taken per repetition (the same round of two configurations) before
+//! their median and spread.
+
+use crate::run::Row;
+
+/// The median and range of some repeated figure.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spread {
+    /// The median (the mean of the middle two for an even count).
+    pub median: f64,
+    /// The least value.
+    pub min: f64,
+    /// The greatest value.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `v`; `None` when `v` is empty or holds a NaN.
+    pub fn of(v: &[f64]) -> Option<Spread> {
+        if v.is_empty() || v.iter().any(|x| x.is_nan()) {
+            return None;
+        }
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        let n = s.len();
+        let median = if n % 2 == 1 {
+            s[n / 2]
+        } else {
+            (s[n / 2 - 1] + s[n / 2]) / 2.0
+        };
+        Some(Spread {
+            median,
+            min: s[0],
+            max: s[n - 1],
+        })
+    }
+}
+
+/// One row for the repetitions `reps` of one configuration: the median
+/// repetition's row (by ns per packet) with `ns_per_pkt`, `gbit_s` and
+/// `driver_ns_per_pkt` replaced by their medians and their ranges filled
+/// in. `None` for no repetitions.
+pub fn summarise(reps: &[Row]) -> Option<Row> {
+    let ns = Spread::of(&reps.iter().map(|r| r.ns_per_pkt).collect::<Vec<_>>())?;
+    let gbit = Spread::of(&reps.iter().map(|r| r.gbit_s).collect::<Vec<_>>())?;
+    let mut order: Vec<&Row> = reps.iter().collect();
+    order.sort_by(|a, b| a.ns_per_pkt.total_cmp(&b.ns_per_pkt));
+    let mut out = order[(order.len() - 1) / 2].clone();
+    out.reps = reps.len();
+    out.ns_per_pkt = ns.median;
+    out.ns_per_pkt_min = ns.min;
+    out.ns_per_pkt_max = ns.max;
+    out.gbit_s = gbit.median;
+    out.gbit_s_min = gbit.min;
+    out.gbit_s_max = gbit.max;
+    let driver: Option<Vec<f64>> = reps.iter().map(|r| r.driver_ns_per_pkt).collect();
+    if let Some(d) = driver.as_deref().and_then(Spread::of) {
+        out.driver_ns_per_pkt = Some(d.median);
+        out.driver_ns_per_pkt_min = Some(d.min);
+        out.driver_ns_per_pkt_max = Some(d.max);
+    }
+    let device: Option<Vec<f64>> = reps.iter().map(|r| r.device_ns_per_pkt).collect();
+    if let Some(d) = device.as_deref().and_then(Spread::of) {
+        out.device_ns_per_pkt = Some(d.median);
+    }
+    Some(out)
+}
+
+/// `f(a[i]) / f(b[i])` for each repetition `i` both ran, summarised;
+/// `None` if none did (or a denominator was 0).
+pub fn ratio(a: &[Row], b: &[Row], f: impl Fn(&Row) -> Option<f64>) -> Option<Spread> {
+    let v: Option<Vec<f64>> = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| match (f(x), f(y)) {
+            (Some(x), Some(y)) if y != 0.0 => Some(x / y),
+            _ => None,
+        })
+        .collect();
+    Spread::of(&v?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(ns: f64, gbit: f64, driver: f64) -> Row {
+        Row {
+            ns_per_pkt: ns,
+            gbit_s: gbit,
+            driver_ns_per_pkt: Some(driver),
+            packets: ns as u64,
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn spread_takes_the_median_and_the_range() {
+        let s = Spread::of(&[3.0, 1.0, 2.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
+        assert!(Spread::of(&[]).is_none());
+        assert!(Spread::of(&[1.0, f64::NAN]).is_none());
+    }
+
+    #[test]
+    fn summarise_keeps_the_median_repetition_and_the_spread() {
+        let reps = [
+            row(300.0, 1.0, 30.0),
+            row(100.0, 3.0, 10.0),
+            row(200.0, 2.0, 20.0),
+        ];
+        let s = summarise(&reps).unwrap();
+        assert_eq!(s.reps, 3);
+        assert_eq!(
+            (s.ns_per_pkt, s.ns_per_pkt_min, s.ns_per_pkt_max),
+            (200.0, 100.0, 300.0)
+        );
+        assert_eq!((s.gbit_s, s.gbit_s_min, s.gbit_s_max), (2.0, 1.0, 3.0));
+        assert_eq!(s.driver_ns_per_pkt, Some(20.0));
+        assert_eq!(s.driver_ns_per_pkt_min, Some(10.0));
+        assert_eq!(s.driver_ns_per_pkt_max, Some(30.0));
+        // The other columns are the median repetition's.
+        assert_eq!(s.packets, 200);
+        assert!(summarise(&[]).is_none());
+    }
+
+    #[test]
+    fn ratios_are_taken_per_repetition() {
+        let a = [row(1.0, 2.0, 1.0), row(1.0, 9.0, 1.0), row(1.0, 4.0, 1.0)];
+        let b = [row(1.0, 1.0, 1.0), row(1.0, 3.0, 1.0), row(1.0, 4.0, 1.0)];
+        let r = ratio(&a, &b, |r| Some(r.gbit_s)).unwrap();
+        // 2/1, 9/3, 4/4: not the ratio of the medians (4/3).
+        assert_eq!((r.median, r.min, r.max), (2.0, 1.0, 3.0));
+        let zero = [row(1.0, 0.0, 1.0)];
+        assert!(ratio(&a[..1], &zero, |r| Some(r.gbit_s)).is_none());
+    }
+}

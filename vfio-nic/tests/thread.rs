@@ -1,0 +1,167 @@
+//! The device model on its own thread: the doorbell, the write-back the
+//! driver polls while the device runs, and pacing to a line rate.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
+use pfrag::pool::{self, Policy, Pool};
+use pfrag::Order;
+use vfio_nic::check::wire::WireCheck;
+use vfio_nic::device::Model;
+use vfio_nic::model::softnic::{self, SoftNic, Touch, WIRE_GAP};
+use vfio_nic::model::thread::{self, Threaded};
+use vfio_nic::tx;
+use vfio_nic::Error;
+
+mod common;
+
+use common::{Gen, WAIT};
+
+/// The tests of this file run one at a time: each runs two busy threads,
+/// and the pacing test measures a rate on a machine that may have two cores.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+type Nic = Threaded<SoftNic<Arc<SoftIommu>>>;
+type Queue = Gen<tx::Queue<Arc<SoftIommu>, Nic>, Arc<SoftIommu>>;
+
+fn queue(nic: softnic::Config, cfg: thread::Config, flows: usize) -> Queue {
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let pool = Pool::new(
+        domain.clone(),
+        pool::Config::new(Order::new(2).unwrap(), Policy::Persistent),
+    )
+    .unwrap();
+    let dev = Threaded::spawn(SoftNic::new(iommu, nic), cfg).unwrap();
+    let tx = tx::Config {
+        ring: 64,
+        ..tx::Config::default()
+    };
+    Gen::new(tx::Queue::new(domain, pool, dev, tx).unwrap(), flows)
+}
+
+/// Payload sizes: TSO (smaller under Miri), small, odd.
+fn sizes() -> [usize; 5] {
+    let big = if cfg!(miri) { 9_000 } else { 65_160 };
+    [big, 100, 3000, 1448, 20000]
+}
+
+#[test]
+fn device_thread_loses_and_reorders_nothing() {
+    let _one = serial();
+    let nic = softnic::Config {
+        capture: true,
+        ..softnic::Config::default()
+    };
+    let mut q = queue(nic, thread::Config::default(), 3);
+    let packets = if cfg!(miri) { 12 } else { 400 };
+    let plan: Vec<(usize, usize)> = (0..packets).map(|i| (i % 3, sizes()[i % 5])).collect();
+    for (i, &(flow, len)) in plan.iter().enumerate() {
+        q.send_waiting(flow, len).unwrap();
+        if i % 4 == 3 {
+            q.kick().unwrap();
+        }
+    }
+    q.kick().unwrap();
+    q.wait(WAIT).unwrap();
+    assert_eq!(q.in_flight(), 0);
+    let st = q.device().counters();
+    let total: usize = plan.iter().map(|p| p.1).sum();
+    assert_eq!(st.packets, packets as u64);
+    assert_eq!(st.bytes_verified, total as u64);
+    assert_eq!(st.delivered_bytes, total as u64);
+    assert_eq!((st.faults, st.bad_payload, st.bad_desc), (0, 0, 0));
+    // Every frame in order per flow: the wire check fails on a gap, a
+    // repeat or a reordering of any flow's byte stream.
+    let frames = q.device().with(|d| d.take_frames());
+    let mut c = WireCheck::default();
+    for fr in &frames {
+        c.frame(fr).unwrap_or_else(|e| panic!("{e}"));
+    }
+    for f in 0..3u32 {
+        let sent: usize = plan.iter().filter(|p| p.0 == f as usize).map(|p| p.1).sum();
+        assert_eq!(c.next_offset(f).unwrap_or(0), sent as u32, "flow {f}");
+    }
+}
+
+#[test]
+fn a_line_rate_must_be_a_positive_finite_number() {
+    let _one = serial();
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let nic = SoftNic::new(iommu.clone(), softnic::Config::default());
+        let cfg = thread::Config {
+            line_rate_gbit: Some(bad),
+        };
+        match Threaded::spawn(nic, cfg) {
+            Err(Error::BadLineRate { .. }) => {}
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn kicking_a_detached_device_is_reported_at_the_next_doorbell() {
+    let _one = serial();
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let nic = SoftNic::new(iommu, softnic::Config::default());
+    let mut dev = Threaded::spawn(nic, thread::Config::default()).unwrap();
+    use vfio_nic::device::TxDevice;
+    dev.kick(3).unwrap();
+    // The device thread meets the doorbell with no ring attached; the
+    // error comes back on a later doorbell, not lost.
+    let t0 = Instant::now();
+    loop {
+        match dev.kick(3) {
+            Err(Error::NotAttached) => break,
+            Ok(()) if t0.elapsed() < WAIT => std::thread::yield_now(),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// Over a long run the paced device puts the configured rate on the wire
+/// (frames, FCS, preamble and gap), within 2 %.
+#[test]
+#[cfg_attr(miri, ignore = "a wall-clock rate over a second")]
+fn pacing_delivers_the_line_rate() {
+    let _one = serial();
+    // A rate the driver outruns even in a debug build.
+    let gbit = 0.1;
+    let nic = softnic::Config {
+        touch: Touch::Pages,
+        ..softnic::Config::default()
+    };
+    let mut q = queue(
+        nic,
+        thread::Config {
+            line_rate_gbit: Some(gbit),
+        },
+        1,
+    );
+    let t0 = Instant::now();
+    let mut sent = 0;
+    // About 1.4 s of wire time.
+    while sent < 260 {
+        q.send_waiting(0, 65_160).unwrap();
+        q.kick().unwrap();
+        sent += 1;
+    }
+    q.wait(WAIT).unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    let st = q.device().counters();
+    let wire = (st.wire_bytes + st.frames * WIRE_GAP) as f64 * 8.0;
+    let rate = wire / secs / 1e9;
+    eprintln!("paced: {rate:.5} Gbit/s on the wire, {gbit} configured");
+    assert!(
+        (rate / gbit - 1.0).abs() < 0.02,
+        "{rate:.4} Gbit/s on the wire, {gbit} configured ({} frames in {secs:.3} s)",
+        st.frames
+    );
+    assert!(q.device().paced_ns() > 0);
+}
