@@ -7,6 +7,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod cli;
+pub mod flows;
 pub mod harness;
 pub mod peers;
 pub mod report;

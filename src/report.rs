@@ -12,10 +12,15 @@ use crate::run::Row;
 /// one definition of the schema (the first 21 are the design's contract,
 /// never renamed; the rest are additions).
 pub fn columns() -> Vec<String> {
+    columns_of::<Row>()
+}
+
+/// The CSV columns of any row type: its field names, in order.
+pub fn columns_of<T: serde::Serialize + Default>() -> Vec<String> {
     let mut w = csv::Writer::from_writer(Vec::new());
     // Serializing into memory cannot fail for a plain struct of numbers
     // and strings; an error leaves the list empty, which every test sees.
-    if w.serialize(Row::default()).is_err() {
+    if w.serialize(T::default()).is_err() {
         return Vec::new();
     }
     first_record(w.into_inner().unwrap_or_default())
@@ -23,7 +28,7 @@ pub fn columns() -> Vec<String> {
 
 /// A row's values, in [`columns`] order, as the CSV writes them (an
 /// unmeasured figure is an empty cell).
-pub fn record(r: &Row) -> Vec<String> {
+pub fn record<T: serde::Serialize>(r: &T) -> Vec<String> {
     let mut w = csv::WriterBuilder::new()
         .has_headers(false)
         .from_writer(Vec::new());
@@ -63,7 +68,7 @@ fn f(v: f64) -> String {
 }
 
 /// Writes the rows as CSV with a header line.
-pub fn write_csv(path: &Path, rows: &[Row]) -> Result<(), csv::Error> {
+pub fn write_csv<T: serde::Serialize>(path: &Path, rows: &[T]) -> Result<(), csv::Error> {
     let mut w = csv::Writer::from_path(path)?;
     for r in rows {
         w.serialize(r)?;
@@ -89,7 +94,12 @@ pub fn write_csv_columns(
 
 /// The cells of `cols` (header, field) from a full record.
 fn select(rec: &[String], cols: &[(&str, &str)]) -> Vec<String> {
-    let names = columns();
+    select_in(&columns(), rec, cols)
+}
+
+/// The cells of `cols` (header, field) from a record whose fields are
+/// `names`.
+fn select_in(names: &[String], rec: &[String], cols: &[(&str, &str)]) -> Vec<String> {
     cols.iter()
         .map(|(_, field)| {
             names
@@ -103,14 +113,20 @@ fn select(rec: &[String], cols: &[(&str, &str)]) -> Vec<String> {
 
 /// Prints the columns `cols` (header, [`Row`] field) of the rows as an
 /// aligned table, numbers rounded.
-pub fn print_columns(
+pub fn print_columns<T: serde::Serialize + Default>(
     out: &mut impl Write,
-    rows: &[Row],
+    rows: &[T],
     cols: &[(&str, &str)],
 ) -> std::io::Result<()> {
+    let names = columns_of::<T>();
     let cells: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| select(&record(r), cols).iter().map(|c| human(c)).collect())
+        .map(|r| {
+            select_in(&names, &record(r), cols)
+                .iter()
+                .map(|c| human(c))
+                .collect()
+        })
         .collect();
     let width: Vec<usize> = (0..cols.len())
         .map(|i| {
