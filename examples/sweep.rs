@@ -320,7 +320,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let _ = writeln!(out);
-    print_ratios(&mut out, &per_job, &a.orders, &a.mss);
+    print_ratios(&mut out, &per_job, &a);
     let every: Vec<&Row> = per_job.iter().flat_map(|j| j.1.iter().flatten()).collect();
     if !write_outputs(&a, &rows) || !all_delivered(&a, &every) {
         return ExitCode::FAILURE;
@@ -446,9 +446,11 @@ fn reps_of(per_job: &[JobRows], label: &str) -> Option<Vec<Row>> {
 
 /// The ratios of the same run, per order, each taken per repetition and
 /// shown as median (min–max).
-fn print_ratios(out: &mut impl Write, per_job: &[JobRows], orders: &[u32], mss: &[u16]) {
+fn print_ratios(out: &mut impl Write, per_job: &[JobRows], a: &Args) {
+    let (orders, mss) = (&a.orders, &a.mss);
     let gbit = |r: &Row| Some(r.gbit_s);
     let driver = |r: &Row| r.driver_ns_per_pkt;
+    let cpu = |r: &Row| r.cpu_ns_per_gbit;
     for (o, m) in orders.iter().flat_map(|o| mss.iter().map(move |m| (o, m))) {
         let get = |p: &str, i: &str| reps_of(per_job, &format!("order {o} {p} {i} mss {m}"));
         let Some(persistent) = get("persistent", "strict") else {
@@ -468,8 +470,14 @@ fn print_ratios(out: &mut impl Write, per_job: &[JobRows], orders: &[u32], mss: 
         let lim = reps_of(per_job, "limit");
         add(
             "persistent/per-frag",
-            pf.and_then(|b| reps::ratio(&persistent, &b, gbit)),
+            pf.as_ref().and_then(|b| reps::ratio(&persistent, b, gbit)),
         );
+        if a.line_rate.is_some() {
+            add(
+                "CPU per Gbit persistent/per-frag",
+                pf.as_ref().and_then(|b| reps::ratio(&persistent, b, cpu)),
+            );
+        }
         add(
             "persistent/off",
             off.as_ref().and_then(|b| reps::ratio(&persistent, b, gbit)),

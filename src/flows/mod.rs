@@ -224,4 +224,6 @@ pub struct FlowsRow {
     /// ACKs that let frags go before they were due: always 0 (a run with
     /// any fails).
     pub early_acks: u64,
+    /// ACKs put off until their flow's stall ended (their frags held).
+    pub deferred_acks: u64,
 }

@@ -139,6 +139,8 @@ struct Sim<'a> {
     token: u64,
     /// ACKs that released frags before they were due (must stay 0).
     early_acks: u64,
+    /// ACKs put off to the end of their flow's stall.
+    deferred_acks: u64,
 }
 
 /// Runs one configuration. Fails on a bad setting, a device or pool
@@ -191,6 +193,7 @@ pub fn run(cfg: &FlowsConfig) -> Result<FlowsRow, RunError> {
         sim_ms: (s.now_ns - t0) / 1e6,
         stalled_flows,
         early_acks: s.early_acks,
+        deferred_acks: s.deferred_acks,
     };
     if n.bytes_verified != sent || n.faults + n.bad_payload + n.bad_desc > 0 || s.early_acks > 0 {
         return Err(RunError::Setting(format!(
@@ -250,6 +253,7 @@ impl<'a> Sim<'a> {
             scratch: Vec::with_capacity(4),
             token: 0,
             early_acks: 0,
+            deferred_acks: 0,
         })
     }
 
@@ -353,6 +357,7 @@ impl<'a> Sim<'a> {
                             due_ns,
                         };
                         self.schedule(until, e);
+                        self.deferred_acks += 1;
                         continue;
                     }
                     if self.now_ns < due_ns {

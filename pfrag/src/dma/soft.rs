@@ -69,9 +69,10 @@ pub struct SoftIommuConfig {
     /// Optional cost model.
     pub cost: Option<CostModel>,
     /// Spin the cost model's time on the thread that would wait for the
-    /// hardware (see [`latency`](super::latency)): the mapping caller for
-    /// map, unmap and a strict invalidation, the translating device for an
-    /// IOTLB miss. Off by default: the model's time is then only counted
+    /// hardware: the mapping caller for map, unmap and a strict
+    /// invalidation, the translating device for an IOTLB miss, each after
+    /// the IOMMU's lock is released. A model, not a measurement of any
+    /// IOMMU. Off by default: the model's time is then only counted
     /// ([`MapStats::model_ns`]).
     pub inject: bool,
     /// The IOVA space it accepts, inside the 48 bits the page table
