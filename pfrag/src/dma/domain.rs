@@ -363,10 +363,15 @@ impl<M: DmaMapper> Coherent<M> {
         unsafe { mem::read(at, dst) };
         Ok(())
     }
-    /// Volatile 32-bit load at `off` (4-byte aligned).
+    /// Atomic 32-bit load with acquire ordering at `off` (4-byte aligned):
+    /// how a driver polls a status word the device writes back, also when
+    /// a device model runs on another thread (it stores the word with
+    /// [`Translate::write_u32`](super::Translate::write_u32)).
     pub fn read_u32(&self, off: usize) -> Result<u32> {
         let at = self.at(off, 4, 4)?;
-        // SAFETY: in bounds and aligned (region base is page aligned).
+        // SAFETY: in bounds and aligned (region base is page aligned); a
+        // device model writes such a word only with a 32-bit atomic store
+        // (`Translate::write_u32`), so the load races with nothing else.
         Ok(unsafe { mem::read_u32(at) })
     }
     /// Volatile 32-bit store at `off` (4-byte aligned).
