@@ -18,56 +18,65 @@ pub(super) struct Outcome {
     pub(super) ok: bool,
 }
 
+/// The pieces `(iova, len)` of packet bytes `start..start + len` (offsets
+/// over the packet's buffers `bufs`), in order, each inside one buffer.
+fn pieces(
+    bufs: &[(Iova, usize)],
+    mut start: usize,
+    mut len: usize,
+) -> impl Iterator<Item = (Iova, usize)> + '_ {
+    bufs.iter().filter_map(move |&(iova, blen)| {
+        if len == 0 {
+            return None;
+        }
+        if start >= blen {
+            start -= blen;
+            return None;
+        }
+        let take = (blen - start).min(len);
+        let piece = (iova.offset(start as u64), take);
+        len -= take;
+        start = 0;
+        Some(piece)
+    })
+}
+
 /// Reads packet bytes `start..start + len` (offsets over the packet's
 /// buffers `bufs`) through `iommu`, piece by piece.
 pub(super) fn read_range<T: Translate>(
     iommu: &T,
     bufs: &[(Iova, usize)],
-    mut start: usize,
-    mut len: usize,
+    start: usize,
+    len: usize,
     f: &mut dyn FnMut(&[u8]),
 ) -> Result<(), Fault> {
-    for &(iova, blen) in bufs {
-        if len == 0 {
-            break;
-        }
-        if start >= blen {
-            start -= blen;
-            continue;
-        }
-        let take = (blen - start).min(len);
-        iommu.read(iova.offset(start as u64), take, f)?;
-        len -= take;
-        start = 0;
+    for (at, n) in pieces(bufs, start, len) {
+        iommu.read(at, n, f)?;
     }
     Ok(())
 }
 
 /// Distinct 4 KiB IOVA pages that packet bytes `start..start + len` (over
 /// the buffers `bufs`) span: what a DMA engine translates to fetch them.
-pub(super) fn range_pages(bufs: &[(Iova, usize)], mut start: usize, mut len: usize) -> u64 {
+pub(super) fn range_pages(bufs: &[(Iova, usize)], start: usize, len: usize) -> u64 {
     let mut pages = 0u64;
     let mut last: Option<u64> = None;
-    for &(iova, blen) in bufs {
-        if len == 0 {
-            break;
-        }
-        if start >= blen {
-            start -= blen;
-            continue;
-        }
-        let take = (blen - start).min(len);
-        let first = iova.offset(start as u64).page();
-        let end = iova.offset((start + take - 1) as u64).page();
+    for (at, n) in pieces(bufs, start, len) {
+        let (first, end) = (at.page(), at.offset(n as u64 - 1).page());
         pages += end - first + 1;
         if last == Some(first) {
             pages -= 1; // the previous buffer ended in this page
         }
         last = Some(end);
-        len -= take;
-        start = 0;
     }
     pages
+}
+
+/// The MSS segments of a payload of `paylen` bytes: `(offset, len)` each.
+pub(super) fn segments(paylen: usize, mss: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..paylen)
+        .step_by(mss.max(1))
+        .map(move |at| (at, mss.min(paylen - at)))
 }
 
 /// Cuts a payload stream into MSS-sized frames: verifies every byte against
@@ -96,7 +105,7 @@ impl<'a> Segmenter<'a> {
             pkt,
             hdr,
             id0: u16::from_be_bytes([hdr[m + 4], hdr[m + 5]]),
-            nseg: pkt.paylen.div_ceil(pkt.mss).max(1),
+            nseg: pkt.frames(),
             k: 0,
             len: 0,
             fill: 0,

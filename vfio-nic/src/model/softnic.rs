@@ -16,7 +16,7 @@ use pfrag::dma::{Fault, Translate};
 use pfrag::Iova;
 
 use super::ring::{read_desc, write_back, Ring};
-use super::segment::{range_pages, read_range, Outcome, Segmenter};
+use super::segment::{range_pages, read_range, segments, Outcome, Segmenter};
 use crate::desc::{Context, Data, Dcmd, Desc, Popts};
 use crate::device::TxDevice;
 use crate::error::Result;
@@ -194,6 +194,11 @@ impl Packet {
     /// Stream offset of the first payload byte (where its pattern starts).
     pub(super) fn stream0(&self) -> u32 {
         self.seq0.wrapping_sub(flow::isn(self.flow))
+    }
+
+    /// Frames the packet goes out as: one per MSS segment, at least one.
+    pub(super) fn frames(&self) -> usize {
+        self.paylen.div_ceil(self.mss).max(1)
     }
 }
 
@@ -400,7 +405,7 @@ impl<T: Translate> SoftNic<T> {
     /// Reads one cache line at the start of every 4 KiB page of the payload.
     fn touch_pages(&self, hlen: usize, pkt: &Packet) -> Result<(Outcome, Vec<Vec<u8>>), Fault> {
         let mut out = Outcome {
-            frames: pkt.paylen.div_ceil(pkt.mss).max(1) as u64,
+            frames: pkt.frames() as u64,
             ok: true,
             ..Outcome::default()
         };
@@ -435,27 +440,19 @@ impl<T: Translate> SoftNic<T> {
     /// segment's pages are translated for that segment.
     fn segment(&self, hdr: &[u8], pkt: &Packet) -> Result<(Outcome, Vec<Vec<u8>>), Fault> {
         let mut seg = Segmenter::new(pkt, hdr, self.cfg.capture);
-        let mut at = 0;
-        while at < pkt.paylen {
-            let len = pkt.mss.min(pkt.paylen - at);
+        for (at, len) in segments(pkt.paylen, pkt.mss) {
             read_range(&self.iommu, &self.bufs, hdr.len() + at, len, &mut |s| {
                 seg.feed(s)
             })?;
-            at += len;
         }
         Ok((seg.out, seg.frames))
     }
 
     /// Pages each MSS segment of the packet's payload spans, summed.
     fn segment_pages(&self, hlen: usize, pkt: &Packet) -> u64 {
-        let mut pages = 0;
-        let mut at = 0;
-        while at < pkt.paylen {
-            let len = pkt.mss.min(pkt.paylen - at);
-            pages += range_pages(&self.bufs, hlen + at, len);
-            at += len;
-        }
-        pages
+        segments(pkt.paylen, pkt.mss)
+            .map(|(at, len)| range_pages(&self.bufs, hlen + at, len))
+            .sum()
     }
 }
 
