@@ -262,11 +262,7 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
                     workload: Workload::Fixed,
                     limits: Limits::UNLIMITED,
                     model: a.model,
-                    device: DeviceSetup {
-                        thread: a.device_thread,
-                        line_rate_gbit: a.line_rate,
-                        iommu_latency: a.iommu_latency,
-                    },
+                    device: device_setup(a),
                     mss,
                 });
             }
@@ -328,6 +324,15 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Where the device runs, as the options say.
+fn device_setup(a: &Args) -> DeviceSetup {
+    DeviceSetup {
+        thread: a.device_thread,
+        line_rate_gbit: a.line_rate,
+        iommu_latency: a.iommu_latency,
+    }
+}
+
 /// Settings that do not go together, refused before anything runs.
 fn check_args(a: &Args) -> Result<(), String> {
     if a.queues == 0 || (a.queues > 1 && a.backend == Backend::Vfio) {
@@ -342,13 +347,7 @@ fn check_args(a: &Args) -> Result<(), String> {
             ));
         }
     }
-    if a.line_rate.is_some() && (!a.device_thread || a.queues > 1) {
-        return Err(
-            "--line-rate paces the device thread of one queue: add --device-thread, \
-                    and use --queues 1"
-                .into(),
-        );
-    }
+    device_setup(a).check(a.queues).map_err(|e| e.to_string())?;
     if a.backend == Backend::Vfio && (a.device_thread || a.iommu_latency) {
         return Err(
             "--device-thread and --iommu-latency model the software NIC and IOMMU; \
@@ -438,9 +437,12 @@ fn run_all(a: &Args, jobs: Vec<Job>, reps: usize, per_cfg: u64) -> Option<Vec<Jo
     Some(out)
 }
 
-/// The repetitions of the job labelled `label`.
-fn reps_of(per_job: &[JobRows], label: &str) -> Option<Vec<Row>> {
-    let (_, reps) = per_job.iter().find(|j| j.0 == label)?;
+/// The total rows, one per repetition, of the job whose total row is
+/// `is`.
+fn reps_of(per_job: &[JobRows], is: impl Fn(&Row) -> bool) -> Option<Vec<Row>> {
+    let (_, reps) = per_job
+        .iter()
+        .find(|j| j.1.first().and_then(|r| r.first()).is_some_and(&is))?;
     Some(reps.iter().filter_map(|r| r.first().cloned()).collect())
 }
 
@@ -452,7 +454,11 @@ fn print_ratios(out: &mut impl Write, per_job: &[JobRows], a: &Args) {
     let driver = |r: &Row| r.driver_ns_per_pkt;
     let cpu = |r: &Row| r.cpu_ns_per_gbit;
     for (o, m) in orders.iter().flat_map(|o| mss.iter().map(move |m| (o, m))) {
-        let get = |p: &str, i: &str| reps_of(per_job, &format!("order {o} {p} {i} mss {m}"));
+        let get = |p: &str, i: &str| {
+            reps_of(per_job, |r| {
+                r.order == o.to_string() && r.policy == p && r.iommu == i && r.mss == *m
+            })
+        };
         let Some(persistent) = get("persistent", "strict") else {
             continue;
         };
@@ -467,7 +473,7 @@ fn print_ratios(out: &mut impl Write, per_job: &[JobRows], a: &Args) {
         };
         let pf = get("per-frag", "strict");
         let off = get("persistent", "off");
-        let lim = reps_of(per_job, "limit");
+        let lim = reps_of(per_job, |r| r.policy == "limit");
         add(
             "persistent/per-frag",
             pf.as_ref().and_then(|b| reps::ratio(&persistent, b, gbit)),

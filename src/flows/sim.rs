@@ -17,26 +17,10 @@ use vfio_nic::offload::Offload;
 use vfio_nic::tx;
 
 use super::{CacheKind, FlowsConfig, FlowsRow};
-use crate::run::{RunError, MSS};
+use crate::run::{Rng, RunError, MSS};
 
 type M = Arc<SoftIommu>;
 type Queue = tx::Queue<M, SoftNic<M>>;
-
-/// A deterministic xorshift stream.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in (0, 1].
-    fn unit(&mut self) -> f64 {
-        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-}
 
 /// One flow's send state.
 struct FlowState {

@@ -58,17 +58,11 @@ fn ceiling(cfg: &RunConfig, device: bool) -> Row {
         backing: "small".into(),
         queues: 1,
         queue: "all".into(),
-        reps: 1,
         mss: cfg.mss,
-        ns_per_pkt_min: ns / p,
-        ns_per_pkt_max: ns / p,
-        gbit_s_min: gbit,
-        gbit_s_max: gbit,
         driver_ns_per_pkt: (!device).then_some(cpu / p),
-        driver_ns_per_pkt_min: (!device).then_some(cpu / p),
-        driver_ns_per_pkt_max: (!device).then_some(cpu / p),
         ..Row::default()
     }
+    .single()
 }
 
 /// The device's read of one payload whose pattern starts at stream offset

@@ -147,6 +147,25 @@ pub struct DeviceSetup {
     pub iommu_latency: bool,
 }
 
+impl DeviceSetup {
+    /// Checks the setup for a run of `queues` queues: a line rate paces
+    /// the device thread of one queue (one wire), and is a finite number
+    /// of Gbit/s above 0.
+    pub fn check(&self, queues: usize) -> Result<(), RunError> {
+        match self.line_rate_gbit {
+            Some(_) if !self.thread || queues > 1 => Err(RunError::Setting(
+                "a line rate paces the device thread of one queue: \
+                 --line-rate needs --device-thread and --queues 1"
+                    .into(),
+            )),
+            Some(g) if !(g.is_finite() && g > 0.0) => Err(RunError::Setting(format!(
+                "line rate {g} Gbit/s is not a finite number > 0"
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl RunConfig {
     /// The pool's settings: one pool for all the run's queues. The one
     /// place a run's pool is configured.
@@ -208,15 +227,21 @@ pub enum Workload {
     },
 }
 
-/// A deterministic xorshift stream per queue.
-struct Rng(u64);
+/// A deterministic xorshift stream (one per queue; the flows experiment's
+/// workload). The seed must not be 0.
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
+    }
+
+    /// Uniform in (0, 1].
+    pub(crate) fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
     }
 }
 
@@ -284,6 +309,7 @@ fn check(cfg: &RunConfig) -> Result<(), RunError> {
     if cfg.mss == 0 {
         return Err(RunError::Setting("mss must be > 0".into()));
     }
+    cfg.device.check(cfg.queues)?;
     if cfg.payload == 0 || cfg.packets == 0 || cfg.burst == 0 {
         return Err(RunError::Setting(format!(
             "payload {}, packets {} and burst {} must be > 0",
@@ -314,7 +340,7 @@ fn pump<M: DmaMapper, D: TxDevice>(
         let (flow, len) = cfg.workload.packet(cfg, i, rng);
         bytes += len as u64;
         let mut full_since: Option<Instant> = None;
-        let mut idle = 0u32;
+        let mut backoff = tx::Backoff::default();
         loop {
             match gen.send(q, flow, len) {
                 Ok(()) => break,
@@ -322,7 +348,7 @@ fn pump<M: DmaMapper, D: TxDevice>(
                     q.kick()?;
                     if q.reap()? > 0 {
                         full_since = None;
-                        idle = 0;
+                        backoff.reset();
                         continue;
                     }
                     if q.in_flight() == 0 {
@@ -342,12 +368,7 @@ fn pump<M: DmaMapper, D: TxDevice>(
                     // thread, paced): spin briefly, then sleep as a driver
                     // whose queue is stopped would, so that its CPU time
                     // counts work, not waiting.
-                    idle += 1;
-                    if idle < 64 {
-                        std::hint::spin_loop();
-                    } else {
-                        std::thread::sleep(Duration::from_micros(20));
-                    }
+                    backoff.pause();
                 }
                 Err(e) => return Err(e.into()),
             }

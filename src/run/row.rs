@@ -193,17 +193,13 @@ impl Measured {
             skipped_pressured_per_pkt: self.delta.skipped_pressured as f64 / p,
             reclaim_calls_per_pkt: self.delta.reclaim_calls as f64 / p,
             shared_pool_ops_per_pkt: self.delta.shared_ops as f64 / p,
-            reps: 1,
-            ns_per_pkt_min: self.ns / p,
-            ns_per_pkt_max: self.ns / p,
-            gbit_s_min: self.delivered as f64 * 8.0 / self.ns.max(1.0),
-            gbit_s_max: self.delivered as f64 * 8.0 / self.ns.max(1.0),
             device_thread: cfg.device.thread,
             line_rate_gbit: cfg.device.line_rate_gbit,
             iommu_latency: cfg.device.iommu_latency,
             mss: cfg.mss,
             ..self.cpu_columns(cfg)
         }
+        .single()
     }
 
     /// The CPU-time columns and the cost model's parameters.
@@ -218,16 +214,30 @@ impl Measured {
             ..Row::default()
         };
         if let Some(c) = self.cpu {
-            let driver = c.driver_ns as f64 / p;
-            r.driver_ns_per_pkt = Some(driver);
-            r.driver_ns_per_pkt_min = Some(driver);
-            r.driver_ns_per_pkt_max = Some(driver);
+            r.driver_ns_per_pkt = Some(c.driver_ns as f64 / p);
             r.device_ns_per_pkt = Some(c.device_ns as f64 / p);
             r.driver_cpu_share = Some(c.driver_ns as f64 / self.ns.max(1.0));
             let gbit = self.delivered as f64 * 8.0 / 1e9;
             r.cpu_ns_per_gbit = (gbit > 0.0).then(|| c.driver_ns as f64 / gbit);
         }
         r
+    }
+}
+
+impl Row {
+    /// The row as one repetition: `reps` 1, and each figure's range (the
+    /// `_min` and `_max` columns) the figure itself.
+    pub fn single(self) -> Row {
+        Row {
+            reps: 1,
+            ns_per_pkt_min: self.ns_per_pkt,
+            ns_per_pkt_max: self.ns_per_pkt,
+            gbit_s_min: self.gbit_s,
+            gbit_s_max: self.gbit_s,
+            driver_ns_per_pkt_min: self.driver_ns_per_pkt,
+            driver_ns_per_pkt_max: self.driver_ns_per_pkt,
+            ..self
+        }
     }
 }
 

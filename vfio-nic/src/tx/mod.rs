@@ -156,6 +156,33 @@ impl Default for Config {
     }
 }
 
+/// How a driver waits for a device that has completed nothing yet: it
+/// spins for a little, then sleeps, as a stopped queue would, so that a
+/// long wait costs little CPU. [`Queue::wait`] waits so; a send loop that
+/// meets a full ring can too.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    idle: u32,
+}
+
+impl Backoff {
+    /// Spins for the first 64 pauses since the last reset, then sleeps
+    /// 20 µs per pause.
+    pub fn pause(&mut self) {
+        self.idle = self.idle.saturating_add(1);
+        if self.idle < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// Progress was made: spin again before sleeping.
+    pub fn reset(&mut self) {
+        self.idle = 0;
+    }
+}
+
 /// Counters of a queue.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -388,13 +415,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     pub fn wait(&mut self, timeout: Duration) -> Result<usize> {
         let mut done = 0;
         let mut since = Instant::now();
-        let mut idle = 0u32;
+        let mut backoff = Backoff::default();
         while !self.pending.is_empty() {
             let n = self.reap()?;
             if n > 0 {
                 done += n;
                 since = Instant::now();
-                idle = 0;
+                backoff.reset();
                 continue;
             }
             if since.elapsed() >= timeout {
@@ -405,12 +432,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                     tail: self.tail,
                 });
             }
-            idle += 1;
-            if idle < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
+            backoff.pause();
         }
         Ok(done)
     }
