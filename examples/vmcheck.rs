@@ -60,9 +60,9 @@ fn read(path: &Path) -> Result<String, String> {
 fn pcap_lines(cap: &Capture) -> Vec<String> {
     let r = &cap.report;
     let mut v = vec![format!(
-        "pcap: {} frames of {} flows in {} streams, {} payload bytes matched, {} bad, {} foreign, {} truncated; {} of blocked flows, {} leaked",
+        "pcap: {} frames of {} flows in {} streams, {} payload bytes matched, {} bad, {} foreign, {} truncated; {} of blocked flows, {} leaked; {} of killed drivers, {} bad, {} stale",
         r.frames, r.flows, r.streams, r.payload_bytes, r.bad_frames, cap.foreign, cap.truncated,
-        cap.blocked_frames, cap.leaks
+        cap.blocked_frames, cap.leaks, cap.crash_frames, cap.crash_bad, cap.stale
     )];
     v.extend(r.first_errors.iter().map(|e| format!("pcap: {e}")));
     v
@@ -86,7 +86,7 @@ fn test(console: &Path, pcap: &Path) -> Result<bool, String> {
             c.exit, c.passed, c.failed
         ),
     );
-    match vm::check_pcap(pcap, &c.blocked_flows) {
+    match vm::check_pcap(pcap, &c) {
         Ok(cap) => {
             for l in pcap_lines(&cap) {
                 println!("{l}");
@@ -102,6 +102,15 @@ fn test(console: &Path, pcap: &Path) -> Result<bool, String> {
                     format!(
                         "no frame of a blocked flow carries the unmapped memory ({} such frames)",
                         cap.blocked_frames
+                    ),
+                );
+            }
+            if !c.crash_flows.is_empty() {
+                check(
+                    cap.crash_frames > 0 && cap.crash_bad == 0 && cap.stale == 0,
+                    format!(
+                        "the killed driver's {} frames valid, none after the fresh start's first ({} stale)",
+                        cap.crash_frames, cap.stale
                     ),
                 );
             }
@@ -210,7 +219,7 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, out: &Path) -> Result<bool, 
         );
     }
     println!("wrote {}", out.display());
-    let cap = vm::check_pcap(pcap, &[]).map_err(|e| e.to_string())?;
+    let cap = vm::check_pcap(pcap, &vm::Console::default()).map_err(|e| e.to_string())?;
     for l in pcap_lines(&cap) {
         println!("{l}");
     }

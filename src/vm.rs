@@ -28,6 +28,10 @@ pub struct Console {
     /// Flows whose payload the IOMMU must have blocked
     /// (`pcap-blocked-flow: F`).
     pub blocked_flows: Vec<u32>,
+    /// (killed, fresh) flow pairs of crash-recovery runs
+    /// (`pcap-crash-flows: K F`): the killed driver's frames are judged
+    /// apart, and none may follow the fresh start's first frame.
+    pub crash_flows: Vec<(u32, u32)>,
 }
 
 fn number_before(words: &[&str], what: &str) -> Option<u64> {
@@ -65,6 +69,14 @@ pub fn parse_console(text: &str) -> Console {
             if let Ok(f) = rest.trim().parse() {
                 c.blocked_flows.push(f);
             }
+        } else if let Some(rest) = after("pcap-crash-flows: ") {
+            let f: Vec<u32> = rest
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            if let [killed, fresh] = f[..] {
+                c.crash_flows.push((killed, fresh));
+            }
         } else if let Some(rest) = line.strip_prefix("guest-exit: ") {
             c.exit = rest.trim().parse().ok();
         } else if line.starts_with("test result:") {
@@ -91,6 +103,13 @@ pub struct Capture {
     /// Of those, frames that carried the real payload: the IOMMU let the
     /// device read unmapped memory.
     pub leaks: u64,
+    /// Frames of killed drivers' flows.
+    pub crash_frames: u64,
+    /// Of those, frames that failed the check.
+    pub crash_bad: u64,
+    /// Of those, frames after the fresh start's first frame: stale
+    /// descriptors of the dead run that reached the wire.
+    pub stale: u64,
 }
 
 /// Errors reading a capture.
@@ -115,15 +134,18 @@ pub enum CaptureError {
     },
 }
 
-/// Checks every pfrag frame of the pcap at `path`; frames of the `blocked`
-/// flows are judged apart: none may carry its flow's real payload.
-pub fn check_pcap(path: &Path, blocked: &[u32]) -> Result<Capture, CaptureError> {
+/// Checks every pfrag frame of the pcap at `path` against what the guest
+/// said on its `console`. Frames of blocked flows are judged apart: none
+/// may carry its flow's real payload. So are frames of killed drivers'
+/// flows: each must be valid, and none may come after the first frame of
+/// the fresh start that followed.
+pub fn check_pcap(path: &Path, console: &Console) -> Result<Capture, CaptureError> {
     let p = path.display().to_string();
     let f = std::fs::File::open(path).map_err(|source| CaptureError::Io {
         path: p.clone(),
         source,
     })?;
-    check_pcap_from(f, &p, blocked)
+    check_pcap_from(f, &p, console)
 }
 
 fn source_flow(fr: &[u8]) -> Option<u32> {
@@ -132,13 +154,16 @@ fn source_flow(fr: &[u8]) -> Option<u32> {
     vfio_nic::gen::flow::flow_of_port(u16::from_be_bytes([b[0], b[1]]))
 }
 
-fn check_pcap_from(r: impl Read, name: &str, blocked: &[u32]) -> Result<Capture, CaptureError> {
+fn check_pcap_from(r: impl Read, name: &str, c: &Console) -> Result<Capture, CaptureError> {
     let mut rd = PcapReader::new(r).map_err(|e| CaptureError::Pcap {
         path: name.into(),
         detail: e.to_string(),
     })?;
     let mut check = WireCheck::default();
     let mut leak_check = WireCheck::default();
+    let mut crash_check = WireCheck::default();
+    // Per crash pair: has the fresh start's first frame been seen?
+    let mut fresh_seen = vec![false; c.crash_flows.len()];
     let mut cap = Capture::default();
     while let Some(pkt) = rd.next_packet() {
         let pkt = pkt.map_err(|e| CaptureError::Pcap {
@@ -152,12 +177,22 @@ fn check_pcap_from(r: impl Read, name: &str, blocked: &[u32]) -> Result<Capture,
         if (pkt.data.len() as u32) < pkt.orig_len {
             cap.truncated += 1;
         }
-        if source_flow(&pkt.data).is_some_and(|f| blocked.contains(&f)) {
+        let flow = source_flow(&pkt.data);
+        if flow.is_some_and(|f| c.blocked_flows.contains(&f)) {
             cap.blocked_frames += 1;
             if leak_check.frame(&pkt.data).is_ok() {
                 cap.leaks += 1;
             }
             continue;
+        }
+        if let Some(i) = c.crash_flows.iter().position(|p| Some(p.0) == flow) {
+            cap.crash_frames += 1;
+            cap.crash_bad += u64::from(crash_check.frame(&pkt.data).is_err());
+            cap.stale += u64::from(fresh_seen[i]);
+            continue;
+        }
+        for (i, p) in c.crash_flows.iter().enumerate() {
+            fresh_seen[i] |= Some(p.1) == flow;
         }
         let _ = check.frame(&pkt.data);
     }
@@ -231,6 +266,9 @@ mod tests {
             test result: ok. 3 passed; 1 failed; 0 ignored; 0 measured; 2 filtered out\n\
             test result: ok. 1 passed; 0 failed; 0 ignored\n\
             test y ... pcap-blocked-flow: 98\n\
+            crash: killed\n\
+            pcap-crash-flows: 70 71\n\
+            pcap-crash-flows: 72\n\
             guest-exit: 101\n\
             === csv begin\nh1,h2\n1,2\n=== csv end\n";
         let c = parse_console(log);
@@ -238,6 +276,7 @@ mod tests {
         assert_eq!(c.expect_frames, 15);
         assert_eq!(c.exit, Some(101));
         assert_eq!(c.blocked_flows, vec![98]);
+        assert_eq!(c.crash_flows, vec![(70, 71)], "a pair, or nothing");
         assert_eq!(c.csv, "h1,h2\n1,2\n");
         assert!(!parse_console("kernel panic").finished);
     }
@@ -277,9 +316,63 @@ mod tests {
         );
     }
 
+    /// A valid frame of `flow` carrying `len` bytes at stream offset `off`.
+    fn frame(flow: u32, off: u32, len: usize) -> Vec<u8> {
+        use vfio_nic::gen::flow::{isn, BASE_PORT, DST_PORT};
+        let mut payload = vec![0u8; len];
+        vfio_nic::gen::pattern::fill(flow, off, &mut payload);
+        let b = etherparse::PacketBuilder::ethernet2(FLOW_MAC, [2, 0, 0, 0, 0, 2])
+            .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+            .tcp(
+                BASE_PORT + flow as u16,
+                DST_PORT,
+                isn(flow).wrapping_add(off),
+                1024,
+            );
+        let mut out = Vec::new();
+        b.write(&mut out, &payload).unwrap();
+        out
+    }
+
+    fn pcap(frames: &[Vec<u8>]) -> Vec<u8> {
+        use pcap_file::pcap::{PcapPacket, PcapWriter};
+        let mut w = PcapWriter::new(Vec::new()).unwrap();
+        for f in frames {
+            let p = PcapPacket::new(std::time::Duration::ZERO, f.len() as u32, f);
+            w.write_packet(&p).unwrap();
+        }
+        w.into_writer()
+    }
+
+    #[test]
+    fn crash_flows_are_judged_apart_and_stale_frames_counted() {
+        let c = Console {
+            crash_flows: vec![(70, 71)],
+            ..Console::default()
+        };
+        let mut bad = frame(70, 200, 100);
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let frames = [
+            frame(70, 0, 100),
+            frame(70, 100, 100),
+            bad,
+            frame(71, 0, 100),
+            frame(70, 300, 100), // the dead run's, after the fresh start
+            frame(71, 100, 100),
+        ];
+        let cap = check_pcap_from(&pcap(&frames)[..], "x", &c).unwrap();
+        assert_eq!((cap.crash_frames, cap.crash_bad, cap.stale), (4, 1, 1));
+        assert_eq!((cap.report.frames, cap.report.good_frames), (2, 2));
+        // Without the pair every frame is checked as one run.
+        let all = check_pcap_from(&pcap(&frames)[..], "x", &Console::default()).unwrap();
+        assert_eq!((all.crash_frames, all.report.frames), (0, 6));
+    }
+
     #[test]
     fn not_a_pcap_is_an_error() {
-        let e = check_pcap_from(&b"hello world, not a capture"[..], "x", &[]).unwrap_err();
+        let e = check_pcap_from(&b"hello world, not a capture"[..], "x", &Console::default())
+            .unwrap_err();
         assert!(e.to_string().starts_with("x: "), "{e}");
     }
 }

@@ -2,11 +2,17 @@
 # A QEMU guest with an emulated VT-d IOMMU and an emulated Intel 82576 bound
 # to vfio-pci, running pfrag's real-VFIO code.
 #
-#   vm/run.sh test            VFIO integration tests in the guest, then the
-#                             captured frames checked on the host
+#   vm/run.sh test [FILTER]   VFIO integration tests in the guest (those
+#                             matching FILTER), then the captured frames
+#                             checked on the host
 #   vm/run.sh sweep [ARGS]    the sweep with --backend vfio in the guest, plus
 #                             QEMU's IOMMU trace counts; writes target/vm/sweep.csv
 #   vm/run.sh setup           only install and unpack what the guest needs
+#
+# The environment picks the combination:
+#   VM_KERNEL=6.12|7.3   guest kernel: Debian's from bookworm-backports (6.12,
+#                        the default) or trixie-backports (7.3)
+#   VM_AW_BITS=39|48     the emulated VT-d's IOVA width (default 48)
 #
 # Needs root on Debian bookworm (QEMU 10 comes from bookworm-backports).
 # Everything is cached under target/vm/. Each boot runs under `timeout`.
@@ -17,6 +23,8 @@ vm="$root/target/vm"
 target=x86_64-unknown-linux-gnu
 bdf=0000:00:02.0
 boot_timeout=${PFRAG_VM_TIMEOUT:-1200}
+kernel_line=${VM_KERNEL:-6.12}
+aw_bits=${VM_AW_BITS:-48}
 mkdir -p "$vm"
 
 say() { printf 'vm: %s\n' "$*" >&2; }
@@ -41,6 +49,80 @@ ensure_backports() {
     apt-get update -q
 }
 
+# The guest kernel's own directory under target/vm.
+kdir() { echo "$vm/kernel-$kernel_line"; }
+
+# apt-get and apt-cache against one suite only, with their own state under
+# target/vm: trixie-backports is never added to the host's sources.
+suite_apt() {
+    local tool=$1 suite=$2
+    shift 2
+    local a="$vm/apt-$suite"
+    if [ ! -f "$a/updated" ]; then
+        mkdir -p "$a/lists/partial" "$a/cache/archives/partial"
+        local uri
+        uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+        [ -n "$uri" ] || uri=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+        [ -n "$uri" ] || die "no Debian archive found in /etc/apt"
+        echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri $suite main" \
+            > "$a/sources.list"
+        apt-get -q -o Dir::Etc::SourceList="$a/sources.list" -o Dir::Etc::SourceParts=/dev/null \
+            -o Dir::State::Lists="$a/lists" -o Dir::Cache="$a/cache" update >&2
+        touch "$a/updated"
+    fi
+    "$tool" -q -o Dir::Etc::SourceList="$a/sources.list" -o Dir::Etc::SourceParts=/dev/null \
+        -o Dir::State::Lists="$a/lists" -o Dir::Cache="$a/cache" "$@"
+}
+
+# Downloads and unpacks the guest kernel of $VM_KERNEL: the image and, for
+# kernels that ship them apart, its binary and modules packages.
+fetch_kernel() {
+    local k suite
+    k=$(kdir)
+    [ -f "$k/ok" ] && return
+    case "$kernel_line" in
+    6.12) suite=bookworm-backports ;;
+    7.3) suite=trixie-backports ;;
+    *) die "VM_KERNEL=$kernel_line: use 6.12 or 7.3" ;;
+    esac
+    local img pkgs
+    img=$(suite_apt apt-cache "$suite" depends linux-image-amd64 |
+        awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+    [ -n "$img" ] || die "no linux-image-amd64 in $suite"
+    case "$img" in
+    linux-image-"$kernel_line".*) ;;
+    *) die "$suite carries $img, not a $kernel_line kernel" ;;
+    esac
+    pkgs="$img $(suite_apt apt-cache "$suite" depends "$img" |
+        awk '/Depends: linux-(binary|modules)-[0-9]/{print $2}' | tr '\n' ' ')"
+    say "unpacking $pkgs"
+    rm -rf "$k"
+    mkdir -p "$k/dl"
+    # shellcheck disable=SC2086 # one word per package
+    (cd "$k/dl" && suite_apt apt-get "$suite" download $pkgs 2>/dev/null)
+    for deb in "$k"/dl/*.deb; do dpkg -x "$deb" "$k/root"; done
+    rm -rf "$k/dl"
+    touch "$k/ok"
+}
+
+# The unpacked kernel's module tree (lib/modules/VER or usr/lib/modules/VER).
+moddir() {
+    local d
+    for d in "$(kdir)"/root/lib/modules/* "$(kdir)"/root/usr/lib/modules/*; do
+        [ -d "$d/kernel" ] && { echo "$d"; return; }
+    done
+    die "no modules under $(kdir)"
+}
+
+# The unpacked kernel image.
+vmlinuz() {
+    local f
+    for f in "$(kdir)"/root/boot/vmlinuz-* "$(moddir)/vmlinuz"; do
+        [ -f "$f" ] && { echo "$f"; return; }
+    done
+    die "no vmlinuz under $(kdir)"
+}
+
 setup() {
     [ "$(id -u)" = 0 ] || die "run as root (apt-get, and the guest needs nothing else)"
     ensure_backports
@@ -56,18 +138,7 @@ setup() {
     done
     rustup target list --installed 2>/dev/null | grep -q "^$target\$" || rustup target add "$target" || true
 
-    if [ ! -f "$vm/kernel.ok" ]; then
-        local pkg
-        pkg=$(apt-cache depends -t bookworm-backports linux-image-amd64 2>/dev/null |
-            awk '/Depends: linux-image-[0-9]/{print $2; exit}')
-        [ -n "$pkg" ] || die "no linux-image-amd64 in bookworm-backports (apt-get update?)"
-        say "unpacking kernel $pkg"
-        rm -rf "$vm/dl" "$vm/kroot"
-        mkdir -p "$vm/dl"
-        (cd "$vm/dl" && apt-get download -q -t bookworm-backports "$pkg" 2>/dev/null)
-        dpkg -x "$vm"/dl/linux-image-*.deb "$vm/kroot"
-        touch "$vm/kernel.ok"
-    fi
+    fetch_kernel
     if [ ! -f "$vm/busybox.ok" ]; then
         say "unpacking busybox-static"
         rm -rf "$vm/bb"
@@ -92,17 +163,21 @@ build_static() {
         cargo build -q --release --target "$target" --example sweep >&2
         echo "$root/target/$target/release/examples/sweep"
         ;;
+    sender)
+        cargo build -q --release --target "$target" -p vfio-nic --example vfio_send >&2
+        echo "$root/target/$target/release/examples/vfio_send"
+        ;;
     esac
 }
 
 # Packs the initramfs: busybox, the VFIO modules, the guest binary as
-# /bin/guest, and an /init that runs "$@" after binding the NIC.
+# /bin/guest (and $send_bin, if set, as /bin/vfio_send), and an /init that
+# runs "$@" after binding the NIC.
 pack() {
     local bin=$1
     shift
-    local kver
-    kver=$(ls "$vm/kroot/lib/modules")
-    local mods="$vm/kroot/lib/modules/$kver/kernel"
+    local mods
+    mods="$(moddir)/kernel"
     local d="$vm/initrd.d"
     rm -rf "$d"
     mkdir -p "$d"/{bin,dev,proc,sys,tmp,lib/modules}
@@ -112,6 +187,7 @@ pack() {
         xz -dc "$mods/$m.ko.xz" > "$d/lib/modules/$(basename "$m").ko"
     done
     cp "$bin" "$d/bin/guest"
+    [ -z "${send_bin:-}" ] || cp "$send_bin" "$d/bin/vfio_send"
     {
         echo '#!/bin/busybox sh'
         echo '/bin/busybox --install -s /bin'
@@ -120,6 +196,10 @@ pack() {
         echo '  insmod /lib/modules/$m.ko || echo "guest: insmod $m failed"'
         echo 'done'
         echo "bdf=$bdf"
+        echo 'echo "guest kernel: $(uname -r)"'
+        # MGAW (bits 21:16 of the VT-d capability register) is the width less one.
+        echo 'cap=$(cat /sys/class/iommu/dmar*/intel-iommu/cap 2>/dev/null | head -1)'
+        echo 'if [ -n "$cap" ]; then echo "guest iommu: $(( ((0x$cap >> 16) & 63) + 1 ))-bit IOVA width (VT-d cap 0x$cap)"; else echo "guest iommu: no VT-d capability register"; fi'
         echo 'echo 8086 10c9 > /sys/bus/pci/drivers/vfio-pci/new_id'
         echo 'group=$(basename "$(readlink /sys/bus/pci/devices/$bdf/iommu_group)")'
         echo 'i=0; while [ ! -e /dev/vfio/$group ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done'
@@ -127,6 +207,7 @@ pack() {
         echo 'echo 64 > /proc/sys/vm/nr_hugepages'
         echo 'cd /tmp'
         echo "export PFRAG_VFIO_DEVICE=$bdf"
+        [ -z "${send_bin:-}" ] || echo 'export PFRAG_SEND_BIN=/bin/vfio_send'
         printf '/bin/guest'
         printf ' %q' "$@"
         echo
@@ -142,12 +223,12 @@ pack() {
 # NIC sent to target/vm/tx.pcap. Extra QEMU arguments follow.
 boot() {
     local kernel
-    kernel=$(ls "$vm"/kroot/boot/vmlinuz-*)
+    kernel=$(vmlinuz)
     rm -f "$vm/tx.pcap" "$vm/console.log"
-    say "booting (TCG, timeout ${boot_timeout}s)"
+    say "booting kernel $kernel_line, aw-bits $aw_bits (TCG, timeout ${boot_timeout}s)"
     timeout --foreground -k 10 "$boot_timeout" qemu-system-x86_64 \
         -accel tcg,thread=multi -cpu max -m 2048 -smp 2 \
-        -machine q35,kernel-irqchip=split -device intel-iommu,intremap=on \
+        -machine q35,kernel-irqchip=split -device intel-iommu,intremap=on,aw-bits="$aw_bits" \
         -kernel "$kernel" -initrd "$vm/initrd.gz" \
         -append "console=ttyS0 intel_iommu=on iommu.strict=1 quiet panic=-1" \
         -display none -serial "file:$vm/console.log" -monitor none -no-reboot \
@@ -156,6 +237,10 @@ boot() {
         "$@" </dev/null || say "qemu exited with status $?"
 }
 
+case "$aw_bits" in
+39 | 48) ;;
+*) die "VM_AW_BITS=$aw_bits: use 39 or 48" ;;
+esac
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -167,8 +252,10 @@ test)
     say "building the guest tests (static)"
     bin=$(build_static tests)
     [ -x "$bin" ] || die "test binary not built"
+    send_bin=$(build_static sender)
+    [ -x "$send_bin" ] || die "vfio_send not built"
     cargo build -q --release --example vmcheck
-    pack "$bin" --ignored --test-threads=1 --nocapture
+    pack "$bin" --ignored --test-threads=1 --nocapture "$@"
     boot
     cat "$vm/console.log"
     "$root/target/release/examples/vmcheck" test --console "$vm/console.log" --pcap "$vm/tx.pcap"

@@ -25,6 +25,11 @@ pub struct IovaAllocator {
 
 impl IovaAllocator {
     /// An allocator over `ranges` (each trimmed to 4 KiB boundaries).
+    ///
+    /// The page at IOVA 0 is never handed out, even when a range starts
+    /// there: devices read a zero buffer address as "no buffer" (QEMU's
+    /// 82576 skips such an RX descriptor and writes it back empty), and a
+    /// zero IOVA cannot be told from an unset field.
     pub fn new(ranges: &[Range<u64>]) -> IovaAllocator {
         let mut a = IovaAllocator {
             free: BTreeMap::new(),
@@ -32,7 +37,7 @@ impl IovaAllocator {
             in_use: 0,
         };
         for r in ranges {
-            let start = align_up(r.start, PAGE_SIZE);
+            let start = align_up(r.start, PAGE_SIZE).max(PAGE_SIZE);
             let end = r.end & !(PAGE_SIZE - 1);
             if start < end {
                 a.insert_free(start, end);
@@ -187,6 +192,23 @@ mod tests {
         assert_eq!(a.reclaim(4), 0);
         assert_eq!(a.reclaim(5), 1);
         assert_eq!(a.alloc(0x2000, 0x1000).unwrap(), x);
+    }
+
+    #[test]
+    fn page_zero_is_never_handed_out() {
+        let mut a = IovaAllocator::new(&[Range {
+            start: 0,
+            end: 0x3000,
+        }]);
+        assert_eq!(a.alloc(0x1000, 0x1000).unwrap(), Iova(0x1000));
+        assert_eq!(a.alloc(0x1000, 0x1000).unwrap(), Iova(0x2000));
+        assert!(a.alloc(0x1000, 0x1000).is_err());
+        // A range of page 0 alone holds nothing.
+        let mut b = IovaAllocator::new(&[Range {
+            start: 0,
+            end: 0x1000,
+        }]);
+        assert!(b.alloc(0x1000, 0x1000).is_err());
     }
 
     #[test]

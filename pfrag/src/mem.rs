@@ -166,6 +166,43 @@ impl Region {
     }
 }
 
+impl Region {
+    /// Gives every page of the region back to the kernel, huge pages
+    /// included (they return to the system's free huge pages), as
+    /// [`release`](Self::release) does for a part of it.
+    ///
+    /// # Safety
+    /// As [`release`](Self::release), for the whole region.
+    pub unsafe fn release_all(&self) -> Result<()> {
+        if cfg!(miri) {
+            // SAFETY: as in `release`; nothing uses the region.
+            return unsafe { self.release(0, self.len) };
+        }
+        let len = self.map.len();
+        // SAFETY: the caller guarantees nothing uses the region; DONTNEED
+        // on private anonymous (or huge) memory only discards its contents.
+        unsafe {
+            self.map
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, 0, len)
+        }
+        .map_err(|source| Error::Mmap { len, source })
+    }
+
+    /// Faults every page of the region in, writable, before it is used
+    /// again after [`release_all`](Self::release_all). For huge pages this
+    /// is where a shortage shows: as an error here
+    /// (`MADV_POPULATE_WRITE`), not as `SIGBUS` at the first write.
+    pub fn populate(&self) -> Result<()> {
+        if cfg!(miri) {
+            return Ok(());
+        }
+        let len = self.map.len();
+        self.map
+            .advise_range(memmap2::Advice::PopulateWrite, 0, len)
+            .map_err(|source| Error::Mmap { len, source })
+    }
+}
+
 /// Copies `src` to `addr`.
 ///
 /// # Safety
@@ -257,6 +294,25 @@ pub(crate) unsafe fn read_u64(addr: VirtAddr) -> u64 {
 pub(crate) unsafe fn write_u64(addr: VirtAddr, v: u64) {
     // SAFETY: per the contract above.
     unsafe { ptr::write_volatile(addr.0 as *mut u64, v) }
+}
+
+/// Whether every page of `addr..addr + len` is resident in RAM (`mincore`).
+/// False for a range that is not mapped into the process, or that the
+/// kernel reclaimed or never faulted in. Always true under Miri, which has
+/// no page tables to ask.
+pub fn resident(addr: VirtAddr, len: usize) -> bool {
+    if cfg!(miri) || len == 0 {
+        return true;
+    }
+    let page = PAGE_SIZE as usize;
+    let start = addr.0 & !(page - 1);
+    let len = addr.0 + len - start;
+    let mut vec = vec![0u8; len.div_ceil(page)];
+    // SAFETY: mincore reads only the process's page tables for the range
+    // (failing with ENOMEM where nothing is mapped) and writes one byte per
+    // page into `vec`, which has exactly that many.
+    let r = unsafe { libc::mincore(start as *mut libc::c_void, len, vec.as_mut_ptr()) };
+    r == 0 && vec.iter().all(|b| b & 1 == 1)
 }
 
 #[cfg(test)]

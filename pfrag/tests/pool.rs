@@ -394,3 +394,35 @@ fn frags_completed_on_another_thread_recycle_every_chunk() {
         assert_eq!(s.faults, 0);
     }
 }
+
+#[test]
+fn arenas_freed_out_of_order_still_go_back_whole() {
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let d = Arc::new(Domain::new(iommu.clone()));
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    cfg.grow_batch = 8;
+    cfg.high_watermark = 8;
+    cfg.shrink_batch = 8;
+    let pool = Pool::new(d, cfg).unwrap();
+    let mut c = FragCache::new(pool.clone());
+    let mut v: Vec<Option<_>> = (0..32)
+        .map(|_| Some(c.refill(4096, true).unwrap()))
+        .collect();
+    assert_eq!(iommu.mappings(), 4, "four arenas, one mapping each");
+    // Free column by column: no arena is whole until its last chunk goes,
+    // and a refill in between takes a chunk of a half-free arena.
+    for j in 0..8 {
+        for a in 0..4 {
+            v[a * 8 + j] = None;
+        }
+        if j == 3 {
+            v[0] = Some(c.refill(4096, true).unwrap());
+        }
+    }
+    v.clear();
+    c.release();
+    let st = pool.stats();
+    assert_eq!(st.chunks, 8, "all but one arena given back: {st:?}");
+    assert_eq!(st.released, 24);
+    assert_eq!(iommu.mappings(), 1);
+}

@@ -10,10 +10,12 @@
 mod domain;
 mod faulty;
 mod fence;
+mod granules;
 mod identity;
 mod iotlb;
 mod latency;
 mod soft;
+mod watch;
 
 use std::ops::Range;
 
@@ -24,6 +26,7 @@ pub use soft::{
     CostModel, FaultReason, FaultRecord, Invalidation, SoftIommu, SoftIommuConfig,
     MAX_IOTLB_ENTRIES,
 };
+pub use watch::{Watch, WatchStats};
 
 pub(crate) use fence::{device_read, device_store_u32, device_write, Fence};
 

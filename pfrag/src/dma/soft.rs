@@ -8,6 +8,7 @@ use std::io;
 use std::ops::Range;
 use std::sync::Mutex;
 
+use super::granules::{Granules, Refused};
 use super::iotlb::{Entry, Iotlb};
 use super::latency;
 use super::{
@@ -78,6 +79,10 @@ pub struct SoftIommuConfig {
     /// The IOVA space it accepts, inside the 48 bits the page table
     /// decodes. Default 1 MiB .. 2^48.
     pub iova_range: Range<u64>,
+    /// An unmap must cover whole earlier mappings, as VFIO type1 (v2)
+    /// demands: a range that splits one is refused with `EINVAL`, touching
+    /// nothing. Default on; off, any mapped pages may be unmapped.
+    pub whole_unmaps: bool,
 }
 
 /// Most IOTLB entries a [`SoftIommu`] accepts.
@@ -143,6 +148,7 @@ impl Default for SoftIommuConfig {
             cost: None,
             inject: false,
             iova_range: (1 << 20)..(1 << 48),
+            whole_unmaps: true,
         }
     }
 }
@@ -214,6 +220,8 @@ struct State {
     faults: VecDeque<FaultRecord>,
     /// 4 KiB pages mapped now (a superpage counts 512).
     live: u64,
+    /// The mappings as made, for `whole_unmaps` and the live count.
+    granules: Granules,
     /// Spin the modelled cost (`SoftIommuConfig::inject`).
     inject: bool,
 }
@@ -246,6 +254,7 @@ impl SoftIommu {
             stats: MapStats::default(),
             faults: VecDeque::with_capacity(RECORDED_FAULTS),
             live: 0,
+            granules: Granules::default(),
             inject: cfg.inject,
         };
         Ok(SoftIommu {
@@ -258,6 +267,12 @@ impl SoftIommu {
     /// 4 KiB pages mapped now (a 2 MiB superpage counts 512).
     pub fn mapped_pages(&self) -> u64 {
         self.lock().live
+    }
+
+    /// Mappings live now: one per successful map call not yet unmapped
+    /// (what type1 counts against `dma_entry_limit`).
+    pub fn mappings(&self) -> usize {
+        self.lock().granules.len()
     }
 
     /// Its settings.
@@ -427,6 +442,7 @@ impl DmaMapper for SoftIommu {
         st.stats.map_calls += 1;
         st.stats.ptes_written += n;
         st.live += m.len / PAGE_SIZE;
+        st.granules.insert(m.iova.raw(), m.len);
         st.cost(self.cfg.cost, 1, n, 0, 0);
         drop(st);
         latency::pay();
@@ -439,6 +455,19 @@ impl DmaMapper for SoftIommu {
             other => other,
         })?;
         let mut st = self.lock();
+        if self.cfg.whole_unmaps {
+            if let Err(r) = st.granules.check_unmap(iova.raw(), len) {
+                let code = match r {
+                    Refused::Splits => libc::EINVAL,
+                    Refused::Nothing => libc::ENOENT,
+                };
+                return Err(Error::Unmap {
+                    iova,
+                    len,
+                    source: errno(code),
+                });
+            }
+        }
         // First pass: everything must be mapped, superpages whole.
         let mut leaves = Vec::new();
         let mut off = 0;
@@ -470,6 +499,7 @@ impl DmaMapper for SoftIommu {
         for s in &leaves {
             st.nodes[s.node][s.idx] = 0;
         }
+        st.granules.remove(iova.raw(), len);
         let n = leaves.len() as u64;
         st.live -= len / PAGE_SIZE;
         st.stats.unmap_calls += 1;

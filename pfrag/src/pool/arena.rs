@@ -15,7 +15,48 @@ use crate::error::{Error, Result};
 use crate::mem::{Backing, Region};
 use crate::sync::{lock, AtomicBool, AtomicU32, AtomicU64, Ordering};
 
+/// Keeps shrink from scanning the free list on every completion when no
+/// arena can be whole yet. A scan that takes nothing records how many more
+/// chunks the closest arena still misses; each push to the free list adds
+/// at most one, so no scan can succeed before that many pushes. Written
+/// only by the thread holding `Shared::shrinking`.
+#[derive(Default)]
+pub(super) struct Gate {
+    /// Chunks ever pushed to the free list.
+    pushes: AtomicU64,
+    /// `pushes` at which a scan may next take an arena.
+    next: AtomicU64,
+    /// The watermark the gate was set under: a lower one (pressure)
+    /// opens it.
+    mark: AtomicU64,
+}
+
+impl Gate {
+    fn shut(&self, mark: usize) -> bool {
+        self.pushes.load(Ordering::Relaxed) < self.next.load(Ordering::Relaxed)
+            && mark as u64 >= self.mark.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, missing: u64, mark: usize) {
+        let now = self.pushes.load(Ordering::Relaxed);
+        self.next
+            .store(now.saturating_add(missing), Ordering::Relaxed);
+        self.mark.store(mark as u64, Ordering::Relaxed);
+    }
+
+    /// Lets the next shrink scan (an explicit trim).
+    pub(super) fn open(&self) {
+        self.next.store(0, Ordering::Relaxed);
+    }
+}
+
 impl<M: DmaMapper> Shared<M> {
+    /// Puts a free chunk on the free list, counted for the shrink gate.
+    pub(super) fn push_free(&self, c: ChunkPtr<M>) {
+        self.free.push(c);
+        self.gate.pushes.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Adds one batch of chunks to the free list: released chunks first,
     /// else a new arena. Persistent pools map the batch with one call per
     /// contiguous run (one for a new arena). All or nothing: on error the
@@ -46,11 +87,13 @@ impl<M: DmaMapper> Shared<M> {
                 }
             }
         } else {
-            let at = released.len() - reuse;
-            self.counters
-                .released
-                .fetch_sub(reuse as u64, Ordering::Relaxed);
-            (released.drain(at..).collect(), false)
+            match self.reuse(&arenas, &mut released, reuse) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.uncharge(charge);
+                    return Err(e);
+                }
+            }
         };
         if self.cfg.policy == Policy::Persistent {
             if let Err(e) = self.map_batch(&chunks, huge) {
@@ -75,9 +118,37 @@ impl<M: DmaMapper> Shared<M> {
             .fetch_add(count as u64, Ordering::Relaxed);
         self.counters.grows.fetch_add(1, Ordering::Relaxed);
         for c in chunks {
-            self.free.push(c);
+            self.push_free(c);
         }
         Ok(())
+    }
+
+    /// The last `n` released chunks (whole arenas, as shrink released
+    /// them), their huge pages faulted in again first, and whether they
+    /// are huge. A shortage of huge pages is an error here, with the
+    /// chunks still released.
+    fn reuse(
+        &self,
+        arenas: &[Arena<M>],
+        released: &mut Vec<ChunkPtr<M>>,
+        n: usize,
+    ) -> Result<(Vec<ChunkPtr<M>>, bool)> {
+        let at = released.len() - n;
+        let mut idx: Vec<u32> = released[at..].iter().map(|c| c.get().arena).collect();
+        idx.dedup();
+        let mut huge = true;
+        for &i in &idx {
+            let region = &arenas[i as usize].region;
+            if region.backing() == Backing::Huge {
+                region.populate()?;
+            } else {
+                huge = false;
+            }
+        }
+        self.counters
+            .released
+            .fetch_sub(n as u64, Ordering::Relaxed);
+        Ok((released.drain(at..).collect(), huge))
     }
 
     fn check_limit(&self, count: usize) -> Result<()> {
@@ -185,38 +256,42 @@ impl<M: DmaMapper> Shared<M> {
         } else {
             self.cfg.high_watermark
         };
-        if self.free.len() <= mark {
+        let free = self.free.len();
+        if free <= mark || self.gate.shut(mark) {
             return Ok(0);
         }
         let arenas = lock(&self.arenas);
-        let size = self.cfg.order.size();
-        let mut out: Vec<ChunkPtr<M>> = Vec::with_capacity(self.cfg.shrink_batch);
-        while out.len() < self.cfg.shrink_batch {
-            match self.free.pop() {
-                Some(c) => out.push(c),
-                None => break,
-            }
+        let (out, missing) = self.take_whole_arenas(&arenas, free - mark);
+        self.gate.set(missing, mark);
+        if out.is_empty() {
+            return Ok(0);
         }
-        out.sort_unstable_by_key(|c| c.get().addr);
+        let size = self.cfg.order.size();
         let (stuck, first_err) = self.retire(&out);
         let mut released = Vec::with_capacity(out.len());
+        let mut keep_memory = Vec::new();
         for c in out {
             if stuck(c) {
+                keep_memory.push(c.get().arena);
                 self.pin_listed(c);
-                continue;
+            } else {
+                released.push(c);
             }
-            let ch = c.get();
-            let a = &arenas[ch.arena as usize];
-            let off = ch.addr.raw() - a.region.addr().raw();
-            // SAFETY: the chunk is unmapped and its invalidation complete,
-            // and it is in no list or frag: nobody can reach its memory
+        }
+        let mut gone: Vec<u32> = released.iter().map(|c| c.get().arena).collect();
+        gone.dedup();
+        for idx in gone {
+            if keep_memory.contains(&idx) {
+                continue; // part of it stays reachable: keep its pages
+            }
+            // SAFETY: every chunk of the arena is unmapped, its invalidation
+            // complete, and in no list or frag: nobody can reach its memory
             // until it is grown again.
-            if unsafe { a.region.release(off, size) }.is_err() {
-                // Memory stays resident; the chunk is still released and
+            if unsafe { arenas[idx as usize].region.release_all() }.is_err() {
+                // Memory stays resident; the chunks are still released and
                 // unmapped, so this is only a missed saving.
                 self.note_unmap_error();
             }
-            released.push(c);
         }
         let n = released.len();
         lock(&self.released).extend(released);
@@ -227,6 +302,53 @@ impl<M: DmaMapper> Shared<M> {
         self.counters.shrinks.fetch_add(1, Ordering::Relaxed);
         self.uncharge((n * size) as u64);
         first_err.map_or(Ok(n), Err)
+    }
+
+    /// Memory goes back a whole arena at a time: an arena is one mapping
+    /// (VFIO refuses an unmap that splits a mapping) and, with huge pages,
+    /// whole 2 MiB pages. Pops the free list, keeps the chunks of arenas
+    /// whose every chunk is free, up to `want` chunks and about one shrink
+    /// batch, and pushes the rest back. The kept chunks come sorted by
+    /// arena and address. Also returns how many pushes to the free list
+    /// must come before another call can take an arena (0 if this one took
+    /// any).
+    fn take_whole_arenas(&self, arenas: &[Arena<M>], want: usize) -> (Vec<ChunkPtr<M>>, u64) {
+        let mut all = Vec::with_capacity(self.free.len());
+        while let Some(c) = self.free.pop() {
+            all.push(c);
+        }
+        let mut free_in = vec![0usize; arenas.len()];
+        for c in &all {
+            free_in[c.get().arena as usize] += 1;
+        }
+        let mut take = vec![false; arenas.len()];
+        let mut chosen = 0;
+        let mut missing = u64::MAX;
+        for (i, a) in arenas.iter().enumerate() {
+            let n = a.chunks.len();
+            if chosen >= self.cfg.shrink_batch {
+                break;
+            }
+            if free_in[i] < n {
+                missing = missing.min((n - free_in[i]) as u64);
+            } else if chosen + n > want {
+                // Whole, but taking it would go below the watermark.
+                missing = missing.min((chosen + n - want) as u64);
+            } else {
+                take[i] = true;
+                chosen += n;
+            }
+        }
+        if chosen > 0 || missing == u64::MAX {
+            missing = 0;
+        }
+        let (mut out, back): (Vec<_>, Vec<_>) =
+            all.into_iter().partition(|c| take[c.get().arena as usize]);
+        for c in back {
+            self.free.push(c);
+        }
+        out.sort_unstable_by_key(|c| (c.get().arena, c.get().addr));
+        (out, missing)
     }
 
     /// Unmaps the mapped chunks of `chunks` and completes the invalidation.

@@ -224,6 +224,9 @@ pub(crate) struct Shared<M: DmaMapper> {
     arenas: Mutex<Vec<Arena<M>>>,
     /// Set while one thread shrinks, so completions never queue behind it.
     shrinking: AtomicBool,
+    /// When the next shrink can find a whole free arena (see
+    /// [`arena::Gate`]).
+    gate: arena::Gate,
     counters: Counters,
     /// One reserve per queue.
     reserves: Box<[Reserve<M>]>,
@@ -296,6 +299,7 @@ impl<M: DmaMapper> Pool<M> {
                 released: Mutex::new(Vec::new()),
                 arenas: Mutex::new(Vec::new()),
                 shrinking: AtomicBool::new(false),
+                gate: arena::Gate::default(),
                 counters: Counters::default(),
                 reserves: (0..cfg.queues).map(|_| Reserve::new()).collect(),
                 account,
@@ -437,7 +441,7 @@ impl<M: DmaMapper> Pool<M> {
         };
         c.get().owner.store(q as u32, Ordering::Relaxed);
         if let Err(e) = sh.map_taken(c) {
-            sh.free.push(c);
+            sh.push_free(c);
             r.shared_op(1);
             return Err(e);
         }
@@ -455,6 +459,7 @@ impl<M: DmaMapper> Pool<M> {
     /// under memory pressure) now; normally done by completions. Returns the
     /// number of chunks released.
     pub fn trim(&self) -> Result<usize> {
+        self.shared.gate.open();
         self.shared.shrink()
     }
 }
@@ -503,7 +508,7 @@ impl<M: DmaMapper> Shared<M> {
         while moved < bytes.max(size) {
             let Some(c) = r.free.pop() else { break };
             r.held.fetch_sub(size, Ordering::Relaxed);
-            self.free.push(c);
+            self.push_free(c);
             moved += size;
         }
         if moved > 0 {

@@ -129,7 +129,7 @@ impl<M: DmaMapper> Shared<M> {
         let pressure = self.under_pressure();
         match self.cfg.reclaim {
             Reclaim::Eager => {
-                self.free.push(c);
+                self.push_free(c);
                 r.shared_op(1);
                 r.c.reclaim_calls.fetch_add(1, Ordering::Relaxed);
                 r.c.reclaimed_bytes.fetch_add(size, Ordering::Relaxed);
@@ -209,7 +209,7 @@ impl<M: DmaMapper> Shared<M> {
                 break;
             }
             parked.pop_front();
-            self.free.push(c);
+            self.push_free(c);
             n += 1;
         }
         n

@@ -23,21 +23,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use pfrag::dma::{DmaMapper, IovaSpace, MapStats, Mapping, PageSizes, Unmapped};
+use pfrag::dma::{Dir, DmaMapper, IovaSpace, MapStats, Mapping, PageSizes, Unmapped};
 use pfrag::{Iova, OsAdvice};
 use vfio_bindings::bindings::vfio::{
-    vfio_info_cap_header, vfio_iommu_type1_info, vfio_iova_range, VFIO_BASE, VFIO_IOMMU_INFO_CAPS,
-    VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE, VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL,
     VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
-    VFIO_TYPE,
 };
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError};
 
 use crate::error::{Error, Result};
+use crate::hw::ioctl::{self, Access};
 use crate::hw::mmio::{Bar, Reg, Regs};
 
-/// `VFIO_IOMMU_GET_INFO`: `_IO(VFIO_TYPE, VFIO_BASE + 12)`.
-const VFIO_IOMMU_GET_INFO: u64 = ((VFIO_TYPE as u64) << 8) | (VFIO_BASE as u64 + 12);
+pub use crate::hw::info::{iommu_info, parse_iommu_info, IommuInfo};
 
 /// PCI command register offset in config space, and its bits.
 const PCI_COMMAND: u64 = 0x04;
@@ -182,107 +179,6 @@ fn map_bar0(device: &VfioDevice) -> Result<Bar> {
     )
 }
 
-/// What `VFIO_IOMMU_GET_INFO` reports about a container.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct IommuInfo {
-    /// Page sizes the IOMMU maps (bit n set: 2^n bytes).
-    pub page_sizes: u64,
-    /// Usable IOVA ranges, end exclusive (reserved regions such as the MSI
-    /// window are holes between them).
-    pub ranges: Vec<Range<u64>>,
-    /// Mappings the container may still create (`dma_entry_limit` minus
-    /// those in use), when the kernel reports it.
-    pub dma_avail: Option<u32>,
-}
-
-/// Reads `VFIO_IOMMU_GET_INFO` of `container`, with its capability chain.
-pub fn iommu_info(container: &VfioContainer) -> Result<IommuInfo> {
-    let hdr = std::mem::size_of::<vfio_iommu_type1_info>();
-    // u64 words keep the buffer 8-byte aligned, as the kernel's structs are.
-    let mut buf: Vec<u64> = vec![0; 512];
-    loop {
-        let argsz = (buf.len() * 8) as u32;
-        buf.iter_mut().for_each(|w| *w = 0);
-        buf[0] = u64::from(argsz);
-        // SAFETY: the ioctl number is VFIO_IOMMU_GET_INFO, whose argument is
-        // a vfio_iommu_type1_info of `argsz` bytes that the kernel fills in
-        // and never writes past; `buf` is that many bytes, aligned to 8.
-        let ret = unsafe {
-            libc::ioctl(
-                container.as_raw_fd(),
-                VFIO_IOMMU_GET_INFO as _,
-                buf.as_mut_ptr(),
-            )
-        };
-        if ret != 0 {
-            return Err(Error::IommuInfo {
-                errno: std::io::Error::last_os_error().raw_os_error(),
-            });
-        }
-        let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let need = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
-        if need as usize > bytes.len() {
-            buf = vec![0; (need as usize).div_ceil(8)];
-            continue;
-        }
-        return Ok(parse_iommu_info(&bytes[..need.max(hdr as u32) as usize]));
-    }
-}
-
-fn le32(b: &[u8], off: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?))
-}
-
-fn le64(b: &[u8], off: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
-}
-
-/// Parses the bytes `VFIO_IOMMU_GET_INFO` returned: a
-/// `vfio_iommu_type1_info` with its capability chain (IOVA ranges,
-/// DMA-avail count). Never panics, and bounded in time, on any input: a
-/// looping or truncated chain ends the parse, and a range count larger
-/// than the buffer holds reads only what is there.
-pub fn parse_iommu_info(b: &[u8]) -> IommuInfo {
-    let flags = le32(b, 4).unwrap_or(0);
-    let mut info = IommuInfo {
-        page_sizes: le64(b, 8).unwrap_or(0),
-        ..IommuInfo::default()
-    };
-    if flags & VFIO_IOMMU_INFO_CAPS == 0 {
-        return info;
-    }
-    let caph = std::mem::size_of::<vfio_info_cap_header>();
-    let mut at = le32(b, 16).unwrap_or(0) as usize;
-    let mut hops = 0;
-    while at != 0 && at + caph <= b.len() && hops < 64 {
-        hops += 1;
-        let id = u32::from(u16::from_le_bytes([b[at], b[at + 1]]));
-        let next = le32(b, at + 4).unwrap_or(0) as usize;
-        if id == VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE && info.ranges.is_empty() {
-            // The kernel reports one range capability; a repeated one is
-            // malformed and ignored.
-            let first = at + caph + 8;
-            let step = std::mem::size_of::<vfio_iova_range>();
-            let room = b.len().saturating_sub(first) / step;
-            let n = (le32(b, at + caph).unwrap_or(0) as usize).min(room);
-            for i in 0..n {
-                let off = first + i * step;
-                if let (Some(s), Some(e)) = (le64(b, off), le64(b, off + 8)) {
-                    // The kernel's ranges are inclusive.
-                    info.ranges.push(s..e.saturating_add(1));
-                }
-            }
-        } else if id == VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL {
-            info.dma_avail = le32(b, at + caph);
-        }
-        if next <= at {
-            break;
-        }
-        at = next;
-    }
-    info
-}
-
 /// Reads the type1 module's `dma_entry_limit`.
 pub fn dma_entry_limit() -> std::io::Result<u32> {
     let s = std::fs::read_to_string(DMA_ENTRY_LIMIT)?;
@@ -304,6 +200,34 @@ struct Counters {
     pages: AtomicU64,
 }
 
+/// How a [`VfioMapper`] sets a mapping's access.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MapAccess {
+    /// As the mapping's direction asks, and no more: `TO_DEVICE` read-only,
+    /// `FROM_DEVICE` write-only, both only for `BIDIRECTIONAL` (descriptor
+    /// rings). A device write into TX memory is then an IOMMU fault.
+    #[default]
+    Narrow,
+    /// Every range readable and writable, whatever its direction, as
+    /// `vfio-ioctls`' own map does. Only for showing what [`Narrow`]
+    /// protects (the guest suite's control run).
+    ///
+    /// [`Narrow`]: MapAccess::Narrow
+    ReadWrite,
+}
+
+impl MapAccess {
+    /// The access a mapping of direction `dir` gets.
+    pub fn access(self, dir: Dir) -> Access {
+        match self {
+            MapAccess::ReadWrite => Access::ReadWrite,
+            MapAccess::Narrow if dir == Dir::TO_DEVICE => Access::Read,
+            MapAccess::Narrow if dir == Dir::FROM_DEVICE => Access::Write,
+            MapAccess::Narrow => Access::ReadWrite,
+        }
+    }
+}
+
 /// A [`DmaMapper`] over a VFIO type1 container: every `map` is one
 /// `VFIO_IOMMU_MAP_DMA` ioctl, every `unmap` one `VFIO_IOMMU_UNMAP_DMA`,
 /// and a batch is one ioctl per contiguous run.
@@ -314,11 +238,13 @@ struct Counters {
 /// (what the IOMMU itself did is read from QEMU's trace in `vm/run.sh
 /// sweep`). The IOTLB is in the IOMMU, out of sight: hits and misses stay 0.
 ///
-/// The container maps every range readable and writable by the device
-/// (`vfio-ioctls` sets both flags); the requested direction is not narrowed.
+/// Each range is mapped with the narrowest access its direction allows
+/// ([`MapAccess::Narrow`]): TX payloads and header slots read-only, RX
+/// buffers write-only, rings both.
 pub struct VfioMapper {
     container: Arc<VfioContainer>,
     info: IommuInfo,
+    access: MapAccess,
     c: Counters,
 }
 
@@ -326,19 +252,32 @@ impl std::fmt::Debug for VfioMapper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VfioMapper")
             .field("info", &self.info)
+            .field("access", &self.access)
             .finish()
     }
 }
 
 impl VfioMapper {
-    /// A mapper over `pci`'s container, reading its usable IOVA ranges.
+    /// A mapper over `pci`'s container, reading its usable IOVA ranges;
+    /// every mapping as narrow as its direction allows.
     pub fn new(pci: &VfioPci) -> Result<VfioMapper> {
+        VfioMapper::with_access(pci, MapAccess::Narrow)
+    }
+
+    /// As [`new`](Self::new), with the access policy `access`.
+    pub fn with_access(pci: &VfioPci, access: MapAccess) -> Result<VfioMapper> {
         let info = iommu_info(&pci.container)?;
         Ok(VfioMapper {
             container: pci.container.clone(),
             info,
+            access,
             c: Counters::default(),
         })
+    }
+
+    /// The access policy.
+    pub fn map_access(&self) -> MapAccess {
+        self.access
     }
 
     /// Usable IOVA ranges, end exclusive.
@@ -393,18 +332,25 @@ impl DmaMapper for VfioMapper {
             min: 1,
             max: usize::MAX as u64,
         })?;
-        // SAFETY: vfio_dma_map lets the device reach `m.addr..+len` until
-        // the unmap. Our caller promised (`DmaMapper::map`'s contract) that
-        // the memory stays allocated until then: pfrag's pools and
-        // `Coherent` regions retire the mapping before freeing or releasing
-        // it, and keep it for good if the unmap fails. Rings and bounce slots are touched only with volatile
-        // accesses. A frag's slice is written by the driver before its IOVA
-        // is put in a descriptor and not touched again until completion;
-        // a TX device only reads it in between, and the IOMMU confines any
-        // device access to these ranges.
+        // SAFETY: the map lets the device reach `m.addr..+len` until the
+        // unmap, with the access of `m.dir` (narrowed by `self.access`).
+        // Our caller promised (`DmaMapper::map`'s contract) that the memory
+        // stays allocated until then: pfrag's pools and `Coherent` regions
+        // retire the mapping before freeing or releasing it, and keep it for
+        // good if the unmap fails. Rings and bounce slots are touched only
+        // with volatile accesses. A frag's slice is written by the driver
+        // before its IOVA is put in a descriptor and not touched again until
+        // completion; a TX device only reads it in between (a TO_DEVICE
+        // range is read-only to it), and the IOMMU confines any device
+        // access to these ranges.
         let r = unsafe {
-            self.container
-                .vfio_dma_map(m.iova.raw(), len, m.addr.raw() as *mut u8)
+            ioctl::dma_map(
+                self.container.as_raw_fd(),
+                m.iova.raw(),
+                m.addr.raw() as u64,
+                len as u64,
+                self.access.access(m.dir),
+            )
         };
         self.c.map_calls.fetch_add(1, Ordering::Relaxed);
         match r {
@@ -414,14 +360,11 @@ impl DmaMapper for VfioMapper {
                     .fetch_add(m.len.div_ceil(pfrag::PAGE_SIZE), Ordering::Relaxed);
                 Ok(())
             }
-            Err(e) => {
-                let n = errno(&e);
-                Err(pfrag::Error::Map {
-                    iova: m.iova,
-                    len: m.len,
-                    source: OsAdvice::io(n, map_hint(n)),
-                })
-            }
+            Err(n) => Err(pfrag::Error::Map {
+                iova: m.iova,
+                len: m.len,
+                source: OsAdvice::io(n, map_hint(n)),
+            }),
         }
     }
 
@@ -498,77 +441,6 @@ impl DmaMapper for VfioMapper {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn push32(v: &mut Vec<u8>, x: u32) {
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    fn push64(v: &mut Vec<u8>, x: u64) {
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-
-    /// A GET_INFO answer laid out as the kernel writes it: header, then an
-    /// IOVA-range capability with two ranges, then a DMA-avail capability.
-    #[test]
-    fn parses_capability_chain() {
-        let mut b = Vec::new();
-        push32(&mut b, 0); // argsz, patched below
-        push32(&mut b, VFIO_IOMMU_INFO_CAPS | 1);
-        push64(&mut b, (1 << 12) | (1 << 21) | (1 << 30));
-        push32(&mut b, 24); // cap_offset
-        push32(&mut b, 0);
-        // IOVA range cap at 24: header(8) + nr(4) + reserved(4) + 2*16.
-        let dma_at = 24 + 16 + 32;
-        b.extend_from_slice(&(VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE as u16).to_le_bytes());
-        b.extend_from_slice(&1u16.to_le_bytes());
-        push32(&mut b, dma_at as u32);
-        push32(&mut b, 2);
-        push32(&mut b, 0);
-        push64(&mut b, 0);
-        push64(&mut b, 0xfedf_ffff);
-        push64(&mut b, 0xfef0_0000);
-        push64(&mut b, (1 << 39) - 1);
-        b.extend_from_slice(&(VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL as u16).to_le_bytes());
-        b.extend_from_slice(&1u16.to_le_bytes());
-        push32(&mut b, 0);
-        push32(&mut b, 65_530);
-        push32(&mut b, 0);
-        let n = b.len() as u32;
-        b[0..4].copy_from_slice(&n.to_le_bytes());
-        let info = parse_iommu_info(&b);
-        assert_eq!(info.page_sizes, (1 << 12) | (1 << 21) | (1 << 30));
-        assert_eq!(info.ranges, vec![0..0xfee0_0000, 0xfef0_0000..(1 << 39)]);
-        assert_eq!(info.dma_avail, Some(65_530));
-    }
-
-    #[test]
-    fn no_caps_flag_means_no_ranges() {
-        let mut b = Vec::new();
-        push32(&mut b, 24);
-        push32(&mut b, 1);
-        push64(&mut b, 1 << 12);
-        push32(&mut b, 24);
-        push32(&mut b, 0);
-        let info = parse_iommu_info(&b);
-        assert!(info.ranges.is_empty());
-        assert_eq!(info.dma_avail, None);
-    }
-
-    #[test]
-    fn looping_chain_stops() {
-        let mut b = Vec::new();
-        push32(&mut b, 40);
-        push32(&mut b, VFIO_IOMMU_INFO_CAPS);
-        push64(&mut b, 1 << 12);
-        push32(&mut b, 24);
-        push32(&mut b, 0);
-        b.extend_from_slice(&(VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL as u16).to_le_bytes());
-        b.extend_from_slice(&1u16.to_le_bytes());
-        push32(&mut b, 24); // points at itself
-        push32(&mut b, 7);
-        push32(&mut b, 0);
-        let info = parse_iommu_info(&b);
-        assert_eq!(info.dma_avail, Some(7));
-    }
 
     #[test]
     fn hints_name_the_cause() {

@@ -361,6 +361,17 @@ impl<R: Regs> Igb<R> {
     }
 }
 
+/// Accepts an RX ring length the 82576 takes: a multiple of 8, 8..=4096.
+fn check_rx_len(len: u16) -> Result<()> {
+    if !(8..=4096).contains(&len) || len % 8 != 0 {
+        return Err(Error::BadConfig {
+            what: "RX ring length (multiple of 8, 8..=4096)",
+            value: u64::from(len),
+        });
+    }
+    Ok(())
+}
+
 /// Receive queue 0 with advanced one-buffer descriptors and one 2 KiB
 /// buffer each, all
 /// in two coherent regions mapped through the IOMMU. Used with MAC
@@ -385,12 +396,7 @@ impl<M: DmaMapper> RxRing<M> {
     /// A ring of `len` descriptors (a multiple of 8, 8..=4096), each with
     /// its buffer, mapped in `domain`.
     pub fn new(domain: Arc<Domain<M>>, len: u16) -> Result<RxRing<M>> {
-        if !(8..=4096).contains(&len) || len % 8 != 0 {
-            return Err(Error::BadConfig {
-                what: "RX ring length (multiple of 8, 8..=4096)",
-                value: u64::from(len),
-            });
-        }
+        check_rx_len(len)?;
         let n = usize::from(len);
         let ring = Coherent::new(domain.clone(), n * crate::desc::SIZE, Dir::BIDIRECTIONAL)?;
         let bufs = Coherent::new(domain, n * RX_BUF, Dir::FROM_DEVICE)?;
@@ -458,12 +464,22 @@ impl<R: Regs> Igb<R> {
     /// queue instead of going to the wire. Call [`stop_rx`](Self::stop_rx)
     /// before dropping `rx` (dropping the `Igb` also stops it).
     pub fn start_rx<M: DmaMapper>(&mut self, rx: &RxRing<M>, loopback: bool) -> Result<()> {
-        let base = rx.ring.iova().raw();
+        self.start_rx_at(rx.ring.iova(), rx.len, loopback)
+    }
+
+    /// As [`start_rx`](Self::start_rx), for a ring the caller built: `len`
+    /// advanced one-buffer RX descriptors (a multiple of 8, 8..=4096) at
+    /// `ring`, each pointing at a 2 KiB buffer ([`RX_BUF`]). The ring and
+    /// every buffer must stay mapped, writable by the device, until
+    /// [`stop_rx`](Self::stop_rx).
+    pub fn start_rx_at(&mut self, ring: Iova, len: u16, loopback: bool) -> Result<()> {
+        check_rx_len(len)?;
+        let base = ring.raw();
         self.write(regs::RCTL, 0)?;
         self.write(regs::rxdctl(0), 0)?;
         self.write(regs::rdbal(0), base as u32)?;
         self.write(regs::rdbah(0), (base >> 32) as u32)?;
-        self.write(regs::rdlen(0), u32::from(rx.len) * crate::desc::SIZE as u32)?;
+        self.write(regs::rdlen(0), u32::from(len) * crate::desc::SIZE as u32)?;
         self.write(
             regs::srrctl(0),
             SRRCTL_BSIZEPKT_2K | SRRCTL_DESCTYPE_ADV_ONEBUF,
@@ -474,7 +490,7 @@ impl<R: Regs> Igb<R> {
             Ok(self.read(regs::rxdctl(0))? & Rxdctl::ENABLE.bits() != 0)
         })?;
         fence(Ordering::SeqCst);
-        self.write(regs::rdt(0), u32::from(rx.len - 1))?;
+        self.write(regs::rdt(0), u32::from(len - 1))?;
         let mut rctl = Rctl::EN | Rctl::UPE | Rctl::MPE | Rctl::BAM | Rctl::SECRC;
         if loopback {
             rctl |= Rctl::LBM_MAC;

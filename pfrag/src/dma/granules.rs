@@ -1,0 +1,102 @@
+//! The mappings a domain holds, as the caller made them: VFIO type1 (v2)
+//! remembers each `VFIO_IOMMU_MAP_DMA` and refuses an unmap that would
+//! split one. The software IOMMU keeps the same record, so the pool's
+//! paths are checked against the rule the kernel enforces, and it can
+//! report how many mappings are live (type1 caps them at
+//! `dma_entry_limit`, 65,535 by default).
+
+use std::collections::BTreeMap;
+
+/// Why an unmap was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The range splits a mapping (starts or ends inside one).
+    Splits,
+    /// No mapping lies in the range.
+    Nothing,
+}
+
+/// Live mappings by first IOVA: `start -> len`. Never overlapping.
+#[derive(Debug, Default)]
+pub(crate) struct Granules {
+    map: BTreeMap<u64, u64>,
+}
+
+impl Granules {
+    /// Records a mapping the page table accepted (so it overlaps none).
+    pub(crate) fn insert(&mut self, start: u64, len: u64) {
+        self.map.insert(start, len);
+    }
+
+    /// Live mappings.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Checks that `start..start+len` covers whole mappings only, and at
+    /// least one, as type1 v2 does; changes nothing.
+    pub(crate) fn check_unmap(&self, start: u64, len: u64) -> Result<(), Refused> {
+        let end = start.saturating_add(len);
+        // A mapping that begins before the range and reaches into it.
+        if let Some((&s, &l)) = self.map.range(..start).next_back() {
+            if s + l > start {
+                return Err(Refused::Splits);
+            }
+        }
+        let mut any = false;
+        for (&s, &l) in self.map.range(start..end) {
+            if s + l > end {
+                return Err(Refused::Splits);
+            }
+            any = true;
+        }
+        if any {
+            Ok(())
+        } else {
+            Err(Refused::Nothing)
+        }
+    }
+
+    /// Forgets the mappings inside `start..start+len` (after a successful
+    /// [`check_unmap`](Self::check_unmap)).
+    pub(crate) fn remove(&mut self, start: u64, len: u64) {
+        let end = start.saturating_add(len);
+        let inside: Vec<u64> = self.map.range(start..end).map(|(&s, _)| s).collect();
+        for s in inside {
+            self.map.remove(&s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn three() -> Granules {
+        let mut g = Granules::default();
+        g.insert(0x1000, 0x3000);
+        g.insert(0x4000, 0x1000);
+        g.insert(0x8000, 0x2000);
+        g
+    }
+
+    #[test]
+    fn whole_mappings_may_go_together() {
+        let mut g = three();
+        assert_eq!(g.check_unmap(0x1000, 0x4000), Ok(()));
+        // A range may also span holes, as long as it splits nothing.
+        assert_eq!(g.check_unmap(0x0, 0x20000), Ok(()));
+        g.remove(0x1000, 0x4000);
+        assert_eq!(g.len(), 1);
+    }
+
+    #[test]
+    fn a_range_that_splits_a_mapping_is_refused() {
+        let g = three();
+        assert_eq!(g.check_unmap(0x2000, 0x1000), Err(Refused::Splits));
+        assert_eq!(g.check_unmap(0x1000, 0x1000), Err(Refused::Splits));
+        assert_eq!(g.check_unmap(0x4000, 0x5000), Err(Refused::Splits));
+        assert_eq!(g.check_unmap(0x5000, 0x2000), Err(Refused::Nothing));
+        assert_eq!(g.len(), 3);
+    }
+}

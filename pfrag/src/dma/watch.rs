@@ -1,0 +1,241 @@
+//! A mapper that watches the release rule: memory goes back to the OS only
+//! after the unmap *and* the invalidation that cover it have completed.
+//!
+//! [`Watch`] wraps any mapper and remembers where each mapping's memory
+//! lives. When an unmap returns, and when a flush completes the
+//! invalidations of deferred unmaps, it asks the kernel (`mincore`) whether
+//! that memory is still resident. Memory a pool released too early (with
+//! `MADV_DONTNEED`, or by unmapping it from the process) would not be, and
+//! [`WatchStats::early`] counts it. Wrap the mapper of a test or a debug
+//! build; the checks cost a system call per unmap.
+//!
+//! Memory the device may reach is resident when the mapper pins it (VFIO
+//! does); with a mapper that does not, write every page of a mapping before
+//! it is unmapped, or the check reports pages that were never faulted in.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig, Watch};
+//! use pfrag::frag::FragCache;
+//! use pfrag::pool::{self, Policy, Pool};
+//! use pfrag::Order;
+//!
+//! let domain = Arc::new(Domain::new(Watch::new(SoftIommu::new(SoftIommuConfig::default())?)));
+//! let pool = Pool::new(domain.clone(), pool::Config::new(Order::new(0)?, Policy::PerChunk))?;
+//! let mut cache = FragCache::new(pool);
+//! let mut f = cache.refill(4096, true)?;
+//! f.as_mut_slice().fill(1); // resident
+//! cache.complete(f)?; // per-chunk: unmapped now, while still resident
+//! cache.release();
+//! let st = domain.mapper().watch_stats();
+//! assert!(st.checked >= 1);
+//! assert_eq!(st.early, 0);
+//! # Ok::<(), pfrag::Error>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use super::{DmaMapper, IovaSpace, MapStats, Mapping, PageSizes, Unmapped};
+use crate::addr::{Iova, VirtAddr};
+use crate::error::Result;
+use crate::mem;
+
+/// What a [`Watch`] has checked so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchStats {
+    /// Ranges checked, at unmaps and at flushes.
+    pub checked: u64,
+    /// Ranges whose memory was no longer resident when checked: released
+    /// before their unmap or invalidation completed.
+    pub early: u64,
+    /// Deferred unmaps whose flush has not been seen yet.
+    pub pending: usize,
+    /// Mappings installed and not yet unmapped.
+    pub live: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Live mappings: IOVA → (address, length).
+    live: BTreeMap<u64, (usize, u64)>,
+    /// (address, length) of unmapped ranges whose flush is outstanding.
+    pending: Vec<(usize, usize)>,
+    checked: u64,
+    early: u64,
+}
+
+impl State {
+    fn check(&mut self, ranges: &[(usize, usize)]) {
+        for &(addr, len) in ranges {
+            self.checked += 1;
+            if !mem::resident(VirtAddr(addr), len) {
+                self.early += 1;
+            }
+        }
+    }
+
+    /// Removes the live mappings inside `iova..iova + len` and returns the
+    /// memory behind the part of each that the range covers.
+    fn take(&mut self, iova: Iova, len: u64) -> Vec<(usize, usize)> {
+        let (start, end) = (iova.raw(), iova.raw() + len);
+        let first = self
+            .live
+            .range(..=start)
+            .next_back()
+            .map_or(start, |(&k, _)| k);
+        let hits: Vec<(u64, (usize, u64))> = self
+            .live
+            .range(first..end)
+            .map(|(&k, &v)| (k, v))
+            .filter(|&(k, (_, l))| k + l > start)
+            .collect();
+        let mut out = Vec::with_capacity(hits.len());
+        for (k, (addr, l)) in hits {
+            let (s, e) = (k.max(start), (k + l).min(end));
+            out.push((addr + (s - k) as usize, (e - s) as usize));
+            if s == k && e == k + l {
+                self.live.remove(&k);
+            }
+        }
+        out
+    }
+}
+
+/// A mapper wrapper that checks, at every unmap and every flush, that the
+/// memory behind the ranges is still resident: memory released before its
+/// unmap and invalidation completed shows up in [`WatchStats::early`].
+#[derive(Debug)]
+pub struct Watch<M> {
+    inner: M,
+    state: Mutex<State>,
+}
+
+impl<M: DmaMapper> Watch<M> {
+    /// Watches `inner`.
+    pub fn new(inner: M) -> Watch<M> {
+        Watch {
+            inner,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The wrapped mapper.
+    pub fn inner(&self) -> &M {
+        &self.inner
+    }
+
+    /// What has been checked so far.
+    pub fn watch_stats(&self) -> WatchStats {
+        let s = self.lock();
+        WatchStats {
+            checked: s.checked,
+            early: s.early,
+            pending: s.pending.len(),
+            live: s.live.len(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<M: DmaMapper> DmaMapper for Watch<M> {
+    unsafe fn map(&self, m: &Mapping) -> Result<()> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.map(m) }?;
+        self.lock().live.insert(m.iova.raw(), (m.addr.0, m.len));
+        Ok(())
+    }
+    fn unmap(&self, iova: Iova, len: u64) -> Result<Unmapped> {
+        let how = self.inner.unmap(iova, len)?;
+        let mut s = self.lock();
+        let ranges = s.take(iova, len);
+        s.check(&ranges);
+        if matches!(how, Unmapped::Deferred { .. }) {
+            s.pending.extend(ranges);
+        }
+        Ok(how)
+    }
+    // `map_batch` and `unmap_batch` keep the trait's defaults, so every run
+    // goes through the watching `map` and `unmap` above.
+    fn page_sizes(&self) -> PageSizes {
+        self.inner.page_sizes()
+    }
+    fn iova_space(&self) -> IovaSpace {
+        self.inner.iova_space()
+    }
+    fn flushed_seq(&self) -> u64 {
+        self.inner.flushed_seq()
+    }
+    fn flush(&self) -> Result<()> {
+        self.inner.flush()?;
+        let mut s = self.lock();
+        let pending = std::mem::take(&mut s.pending);
+        s.check(&pending);
+        Ok(())
+    }
+    fn stats(&self) -> MapStats {
+        self.inner.stats()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dma::{Dir, SoftIommu, SoftIommuConfig};
+    use crate::mem::Region;
+
+    fn mapping(r: &Region, iova: u64, off: usize, len: u64) -> Mapping {
+        Mapping {
+            iova: Iova(iova),
+            addr: r.addr().offset(off),
+            len,
+            dir: Dir::TO_DEVICE,
+            huge: false,
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "mincore: Miri has no page tables to ask")]
+    fn memory_not_resident_at_its_unmap_is_caught() {
+        let w = Watch::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+        let r = Region::new(4 * 4096, 4096, false).unwrap();
+        // The first half is written (resident); the second never touched,
+        // so it reads to `mincore` like memory given back too early.
+        r.write(0, &[1u8; 2 * 4096]).unwrap();
+        let (a, b) = (
+            mapping(&r, 0x10_0000, 0, 8192),
+            mapping(&r, 0x10_4000, 8192, 8192),
+        );
+        // SAFETY: `r` outlives both mappings; the test unmaps them before
+        // dropping it.
+        unsafe { w.map_batch(&[a, b]).unwrap() };
+        assert_eq!(w.watch_stats().live, 2);
+        w.unmap(Iova(0x10_0000), 8192).unwrap();
+        assert_eq!(w.watch_stats().early, 0);
+        w.unmap(Iova(0x10_4000), 8192).unwrap();
+        let st = w.watch_stats();
+        assert_eq!((st.checked, st.early, st.live), (2, 1, 0));
+    }
+
+    #[test]
+    fn one_unmap_across_two_mappings_checks_both_parts() {
+        let w = Watch::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+        let r = Region::new(4 * 4096, 4096, false).unwrap();
+        r.write(0, &[1u8; 4 * 4096]).unwrap();
+        let (a, b) = (
+            mapping(&r, 0x20_0000, 0, 8192),
+            mapping(&r, 0x20_2000, 8192, 8192),
+        );
+        // SAFETY: `r` outlives both mappings.
+        unsafe {
+            w.map(&a).unwrap();
+            w.map(&b).unwrap();
+        }
+        w.unmap(Iova(0x20_0000), 4 * 4096).unwrap();
+        let st = w.watch_stats();
+        assert_eq!((st.checked, st.early, st.live), (2, 0, 0));
+    }
+}

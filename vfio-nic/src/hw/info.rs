@@ -1,0 +1,180 @@
+//! What `VFIO_IOMMU_GET_INFO` says about a type1 container: the page
+//! sizes, the usable IOVA ranges (the IOMMU's address width and the
+//! reserved regions such as the MSI window shape them) and how many more
+//! mappings it accepts.
+
+use std::ops::Range;
+use std::os::fd::AsRawFd;
+
+use vfio_bindings::bindings::vfio::{
+    vfio_info_cap_header, vfio_iommu_type1_info, vfio_iova_range, VFIO_IOMMU_INFO_CAPS,
+    VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE, VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL,
+};
+use vfio_ioctls::VfioContainer;
+
+use crate::error::{Error, Result};
+use crate::hw::ioctl;
+
+/// What `VFIO_IOMMU_GET_INFO` reports about a container.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IommuInfo {
+    /// Page sizes the IOMMU maps (bit n set: 2^n bytes).
+    pub page_sizes: u64,
+    /// Usable IOVA ranges, end exclusive (reserved regions such as the MSI
+    /// window are holes between them).
+    pub ranges: Vec<Range<u64>>,
+    /// Mappings the container may still create (`dma_entry_limit` minus
+    /// those in use), when the kernel reports it.
+    pub dma_avail: Option<u32>,
+}
+
+/// Reads `VFIO_IOMMU_GET_INFO` of `container`, with its capability chain.
+pub fn iommu_info(container: &VfioContainer) -> Result<IommuInfo> {
+    let hdr = std::mem::size_of::<vfio_iommu_type1_info>();
+    // u64 words keep the buffer 8-byte aligned, as the kernel's structs are.
+    let mut buf: Vec<u64> = vec![0; 512];
+    loop {
+        let argsz = (buf.len() * 8) as u32;
+        buf.iter_mut().for_each(|w| *w = 0);
+        buf[0] = u64::from(argsz);
+        ioctl::iommu_get_info(container.as_raw_fd(), &mut buf)
+            .map_err(|errno| Error::IommuInfo { errno: Some(errno) })?;
+        let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let need = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
+        if need as usize > bytes.len() {
+            buf = vec![0; (need as usize).div_ceil(8)];
+            continue;
+        }
+        return Ok(parse_iommu_info(&bytes[..need.max(hdr as u32) as usize]));
+    }
+}
+
+fn le32(b: &[u8], off: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?))
+}
+
+fn le64(b: &[u8], off: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(off..off + 8)?.try_into().ok()?))
+}
+
+/// Parses the bytes `VFIO_IOMMU_GET_INFO` returned: a
+/// `vfio_iommu_type1_info` with its capability chain (IOVA ranges,
+/// DMA-avail count). Never panics, and bounded in time, on any input: a
+/// looping or truncated chain ends the parse, and a range count larger
+/// than the buffer holds reads only what is there.
+pub fn parse_iommu_info(b: &[u8]) -> IommuInfo {
+    let flags = le32(b, 4).unwrap_or(0);
+    let mut info = IommuInfo {
+        page_sizes: le64(b, 8).unwrap_or(0),
+        ..IommuInfo::default()
+    };
+    if flags & VFIO_IOMMU_INFO_CAPS == 0 {
+        return info;
+    }
+    let caph = std::mem::size_of::<vfio_info_cap_header>();
+    let mut at = le32(b, 16).unwrap_or(0) as usize;
+    let mut hops = 0;
+    while at != 0 && at + caph <= b.len() && hops < 64 {
+        hops += 1;
+        let id = u32::from(u16::from_le_bytes([b[at], b[at + 1]]));
+        let next = le32(b, at + 4).unwrap_or(0) as usize;
+        if id == VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE && info.ranges.is_empty() {
+            // The kernel reports one range capability; a repeated one is
+            // malformed and ignored.
+            let first = at + caph + 8;
+            let step = std::mem::size_of::<vfio_iova_range>();
+            let room = b.len().saturating_sub(first) / step;
+            let n = (le32(b, at + caph).unwrap_or(0) as usize).min(room);
+            for i in 0..n {
+                let off = first + i * step;
+                if let (Some(s), Some(e)) = (le64(b, off), le64(b, off + 8)) {
+                    // The kernel's ranges are inclusive.
+                    info.ranges.push(s..e.saturating_add(1));
+                }
+            }
+        } else if id == VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL {
+            info.dma_avail = le32(b, at + caph);
+        }
+        if next <= at {
+            break;
+        }
+        at = next;
+    }
+    info
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn push32(v: &mut Vec<u8>, x: u32) {
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    fn push64(v: &mut Vec<u8>, x: u64) {
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+
+    /// A GET_INFO answer laid out as the kernel writes it: header, then an
+    /// IOVA-range capability with two ranges, then a DMA-avail capability.
+    #[test]
+    fn parses_capability_chain() {
+        let mut b = Vec::new();
+        push32(&mut b, 0); // argsz, patched below
+        push32(&mut b, VFIO_IOMMU_INFO_CAPS | 1);
+        push64(&mut b, (1 << 12) | (1 << 21) | (1 << 30));
+        push32(&mut b, 24); // cap_offset
+        push32(&mut b, 0);
+        // IOVA range cap at 24: header(8) + nr(4) + reserved(4) + 2*16.
+        let dma_at = 24 + 16 + 32;
+        b.extend_from_slice(&(VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE as u16).to_le_bytes());
+        b.extend_from_slice(&1u16.to_le_bytes());
+        push32(&mut b, dma_at as u32);
+        push32(&mut b, 2);
+        push32(&mut b, 0);
+        push64(&mut b, 0);
+        push64(&mut b, 0xfedf_ffff);
+        push64(&mut b, 0xfef0_0000);
+        push64(&mut b, (1 << 39) - 1);
+        b.extend_from_slice(&(VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL as u16).to_le_bytes());
+        b.extend_from_slice(&1u16.to_le_bytes());
+        push32(&mut b, 0);
+        push32(&mut b, 65_530);
+        push32(&mut b, 0);
+        let n = b.len() as u32;
+        b[0..4].copy_from_slice(&n.to_le_bytes());
+        let info = parse_iommu_info(&b);
+        assert_eq!(info.page_sizes, (1 << 12) | (1 << 21) | (1 << 30));
+        assert_eq!(info.ranges, vec![0..0xfee0_0000, 0xfef0_0000..(1 << 39)]);
+        assert_eq!(info.dma_avail, Some(65_530));
+    }
+
+    #[test]
+    fn no_caps_flag_means_no_ranges() {
+        let mut b = Vec::new();
+        push32(&mut b, 24);
+        push32(&mut b, 1);
+        push64(&mut b, 1 << 12);
+        push32(&mut b, 24);
+        push32(&mut b, 0);
+        let info = parse_iommu_info(&b);
+        assert!(info.ranges.is_empty());
+        assert_eq!(info.dma_avail, None);
+    }
+
+    #[test]
+    fn looping_chain_stops() {
+        let mut b = Vec::new();
+        push32(&mut b, 40);
+        push32(&mut b, VFIO_IOMMU_INFO_CAPS);
+        push64(&mut b, 1 << 12);
+        push32(&mut b, 24);
+        push32(&mut b, 0);
+        b.extend_from_slice(&(VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL as u16).to_le_bytes());
+        b.extend_from_slice(&1u16.to_le_bytes());
+        push32(&mut b, 24); // points at itself
+        push32(&mut b, 7);
+        push32(&mut b, 0);
+        let info = parse_iommu_info(&b);
+        assert_eq!(info.dma_avail, Some(7));
+    }
+}
