@@ -148,12 +148,22 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, out: &Path) -> Result<bool, 
         .records()
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
-    if rows.len() != windows.len() {
+    // The sweep numbers its windows `rep * rows + row`: every repetition
+    // of a row adds to that row, whose CSV counts are per repetition.
+    if rows.is_empty() || windows.len() % rows.len() != 0 {
         return Err(format!(
-            "{} CSV rows but {} marked windows in the trace",
+            "{} CSV rows but {} marked windows in the trace (not a whole number of repetitions)",
             rows.len(),
             windows.len()
         ));
+    }
+    let reps = (windows.len() / rows.len()) as u64;
+    let mut per_row = vec![vm::VtdCounts::default(); rows.len()];
+    for (i, w) in windows.iter().enumerate() {
+        let s = &mut per_row[i % rows.len()];
+        s.invalidations += w.invalidations;
+        s.iotlb_fills += w.iotlb_fills;
+        s.iotlb_hits += w.iotlb_hits;
     }
     for h in [
         "vtd_inv_per_pkt",
@@ -168,21 +178,22 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, out: &Path) -> Result<bool, 
     let col_of = |name: &str| headers.iter().position(|h| h == name);
     let (warm_col, pay_col) = (col_of("warmup"), col_of("payload_bytes"));
     let mut expect_frames = 0u64;
-    for (row, win) in rows.iter().zip(&windows) {
+    for (row, win) in rows.iter().zip(&per_row) {
         let field = |c: Option<usize>| -> u64 {
             c.and_then(|i| row.get(i))
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0)
         };
         let payload = field(pay_col);
-        expect_frames += (field(Some(packets_col)) + field(warm_col)) * payload.div_ceil(1448);
+        expect_frames +=
+            reps * (field(Some(packets_col)) + field(warm_col)) * payload.div_ceil(1448);
         let p: f64 = row
             .get(packets_col)
             .and_then(|s| s.parse().ok())
             .filter(|&p: &f64| p > 0.0)
             .ok_or("a row without packets")?;
         let mut r = row.clone();
-        let per = |n: u64| format!("{:.4}", n as f64 / p);
+        let per = |n: u64| format!("{:.4}", n as f64 / (p * reps as f64));
         r.push_field(&per(win.invalidations));
         r.push_field(&per(win.iotlb_fills));
         r.push_field(&per(win.iotlb_hits));

@@ -160,7 +160,9 @@ build_static() {
             sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1
         ;;
     sweep)
-        cargo build -q --release --target "$target" --example sweep >&2
+        # The guest needs no DPDK (it is only the peers example's), and
+        # Debian's static DPDK archives do not link into a static binary.
+        PFRAG_NO_DPDK=1 cargo build -q --release --target "$target" --example sweep >&2
         echo "$root/target/$target/release/examples/sweep"
         ;;
     sender)
