@@ -150,7 +150,7 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, out: &Path) -> Result<bool, 
         .map_err(|e| e.to_string())?;
     // The sweep numbers its windows `rep * rows + row`: every repetition
     // of a row adds to that row, whose CSV counts are per repetition.
-    if rows.is_empty() || windows.len() % rows.len() != 0 {
+    if rows.is_empty() || !windows.len().is_multiple_of(rows.len()) {
         return Err(format!(
             "{} CSV rows but {} marked windows in the trace (not a whole number of repetitions)",
             rows.len(),
