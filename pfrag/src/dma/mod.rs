@@ -15,7 +15,7 @@ mod identity;
 mod iotlb;
 mod latency;
 mod soft;
-mod watch;
+pub mod watch;
 
 use std::ops::Range;
 
