@@ -148,23 +148,13 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, out: &Path) -> Result<bool, 
         .records()
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
-    // The sweep numbers its windows `rep * rows + row`: every repetition
-    // of a row adds to that row, whose CSV counts are per repetition.
-    if rows.is_empty() || !windows.len().is_multiple_of(rows.len()) {
-        return Err(format!(
+    let (per_row, reps) = vm::windows_per_row(&windows, rows.len()).ok_or_else(|| {
+        format!(
             "{} CSV rows but {} marked windows in the trace (not a whole number of repetitions)",
             rows.len(),
             windows.len()
-        ));
-    }
-    let reps = (windows.len() / rows.len()) as u64;
-    let mut per_row = vec![vm::VtdCounts::default(); rows.len()];
-    for (i, w) in windows.iter().enumerate() {
-        let s = &mut per_row[i % rows.len()];
-        s.invalidations += w.invalidations;
-        s.iotlb_fills += w.iotlb_fills;
-        s.iotlb_hits += w.iotlb_hits;
-    }
+        )
+    })?;
     for h in [
         "vtd_inv_per_pkt",
         "vtd_iotlb_fills_per_pkt",

@@ -253,6 +253,24 @@ pub fn count_windows(trace: &str, mark_reg: u32) -> Vec<VtdCounts> {
     out
 }
 
+/// Sums windows into `rows` rows. The sweep numbers its windows
+/// `repetition * rows + row`, in trace order, so window `i` belongs to row
+/// `i % rows`. Returns the sums and the repetitions, or `None` when the
+/// windows are not a whole number of repetitions of `rows`.
+pub fn windows_per_row(windows: &[VtdCounts], rows: usize) -> Option<(Vec<VtdCounts>, u64)> {
+    if rows == 0 || !windows.len().is_multiple_of(rows) {
+        return None;
+    }
+    let mut out = vec![VtdCounts::default(); rows];
+    for (i, w) in windows.iter().enumerate() {
+        let s = &mut out[i % rows];
+        s.invalidations += w.invalidations;
+        s.iotlb_fills += w.iotlb_fills;
+        s.iotlb_hits += w.iotlb_hits;
+    }
+    Some((out, (windows.len() / rows) as u64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,6 +385,20 @@ mod tests {
         // Without the pair every frame is checked as one run.
         let all = check_pcap_from(&pcap(&frames)[..], "x", &Console::default()).unwrap();
         assert_eq!((all.crash_frames, all.report.frames), (0, 6));
+    }
+
+    #[test]
+    fn repetitions_add_up_per_row() {
+        let w = |n| VtdCounts {
+            invalidations: n,
+            iotlb_fills: 2 * n,
+            iotlb_hits: 3 * n,
+        };
+        let (rows, reps) = windows_per_row(&[w(1), w(10), w(2), w(20)], 2).unwrap();
+        assert_eq!(reps, 2);
+        assert_eq!(rows, vec![w(3), w(30)]);
+        assert!(windows_per_row(&[w(1), w(2), w(3)], 2).is_none());
+        assert!(windows_per_row(&[], 0).is_none());
     }
 
     #[test]

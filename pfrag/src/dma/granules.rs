@@ -16,6 +16,16 @@ pub(crate) enum Refused {
     Nothing,
 }
 
+impl Refused {
+    /// The errno type1 returns for it.
+    pub(crate) fn errno(self) -> i32 {
+        match self {
+            Refused::Splits => libc::EINVAL,
+            Refused::Nothing => libc::ENOENT,
+        }
+    }
+}
+
 /// Live mappings by first IOVA: `start -> len`. Never overlapping.
 #[derive(Debug, Default)]
 pub(crate) struct Granules {

@@ -8,7 +8,7 @@ use std::io;
 use std::ops::Range;
 use std::sync::Mutex;
 
-use super::granules::{Granules, Refused};
+use super::granules::Granules;
 use super::iotlb::{Entry, Iotlb};
 use super::latency;
 use super::{
@@ -457,14 +457,10 @@ impl DmaMapper for SoftIommu {
         let mut st = self.lock();
         if self.cfg.whole_unmaps {
             if let Err(r) = st.granules.check_unmap(iova.raw(), len) {
-                let code = match r {
-                    Refused::Splits => libc::EINVAL,
-                    Refused::Nothing => libc::ENOENT,
-                };
                 return Err(Error::Unmap {
                     iova,
                     len,
-                    source: errno(code),
+                    source: errno(r.errno()),
                 });
             }
         }

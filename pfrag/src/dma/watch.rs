@@ -78,7 +78,7 @@ impl State {
     /// Removes the live mappings inside `iova..iova + len` and returns the
     /// memory behind the part of each that the range covers.
     fn take(&mut self, iova: Iova, len: u64) -> Vec<(usize, usize)> {
-        let (start, end) = (iova.raw(), iova.raw() + len);
+        let (start, end) = (iova.raw(), iova.raw().saturating_add(len));
         let first = self
             .live
             .range(..=start)
