@@ -113,10 +113,13 @@ impl<M: DmaMapper> Frag<M> {
     /// is acknowledged (TCP's retransmit queue keeps its pages referenced
     /// so). While any hold lives, the chunk is neither reused in place nor
     /// recycled. One atomic increment.
+    ///
+    /// # Panics
+    /// If the chunk already carries about two billion references (holds
+    /// leaked with `mem::forget`): the count never wraps, as
+    /// `std::sync::Arc` guards its own.
     pub fn hold(&self) -> FragHold<M> {
-        // Relaxed, as `Arc::clone`: the caller's frag keeps the count above
-        // zero, and the release of the hold synchronises on its decrement.
-        self.chunk.get().refcnt.fetch_add(1, Ordering::Relaxed);
+        self.chunk.get().acquire();
         FragHold {
             chunk: self.chunk,
             len: self.len,
@@ -235,4 +238,42 @@ pub(super) fn complete_runs<M: DmaMapper>(
         put(c, n);
     }
     first_err
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::dma::{Domain, Identity};
+    use crate::frag::FragCache;
+    use crate::pool::{self, Policy, Pool, MAX_REFCNT};
+    use crate::Order;
+
+    fn cache() -> FragCache<Identity> {
+        let cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+        FragCache::new(Pool::new(Arc::new(Domain::new(Identity::new())), cfg).unwrap())
+    }
+
+    /// Leaked holds (`mem::forget` is safe) must not wrap the chunk's
+    /// count: past the limit a hold panics, with the count as it was.
+    #[test]
+    fn hold_past_the_refcount_limit_panics_without_wrapping() {
+        let mut c = cache();
+        let f = c.refill(64, true).unwrap();
+        let rc = &f.chunk.get().refcnt;
+        let before = rc.load(Ordering::Relaxed);
+        // As if about two billion holds had been leaked.
+        rc.store(MAX_REFCNT, Ordering::Relaxed);
+        let r = catch_unwind(AssertUnwindSafe(|| std::mem::forget(f.hold())));
+        assert!(r.is_err(), "a hold past the limit was granted");
+        assert_eq!(rc.load(Ordering::Relaxed), MAX_REFCNT);
+        // One below the limit a hold is still granted.
+        rc.store(MAX_REFCNT - 1, Ordering::Relaxed);
+        drop(f.hold());
+        assert_eq!(rc.load(Ordering::Relaxed), MAX_REFCNT - 1);
+        rc.store(before, Ordering::Relaxed);
+        c.complete(f).unwrap();
+    }
 }

@@ -26,7 +26,7 @@ use std::mem::ManuallyDrop;
 use crate::addr::{Iova, VirtAddr};
 use crate::dma::DmaMapper;
 use crate::error::{Error, Result};
-use crate::pool::{ChunkPtr, Pool, Shared};
+use crate::pool::{ChunkPtr, Pool, Shared, MAX_REFCNT};
 use crate::sync::Ordering;
 
 pub use handle::{complete_burst, Frag, FragHold};
@@ -37,8 +37,10 @@ pub const FRAG_ALIGN: usize = 64;
 /// Without fit-whole, a chunk tail smaller than this is abandoned rather than
 /// handed out as a sliver.
 pub const MIN_SPLIT: usize = 64;
-/// The refcount bias a cache charges when it takes a chunk.
+/// The refcount bias a cache charges when it takes a chunk. Far below the
+/// limit holds may raise the count to ([`MAX_REFCNT`]).
 const BIAS: u32 = 1 << 24;
+const _: () = assert!(BIAS < MAX_REFCNT / 2);
 
 /// Counters of one cache (plain integers: a cache belongs to one queue).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -348,6 +350,10 @@ impl<M: DmaMapper> FragCache<M> {
     #[inline(always)]
     fn put_local(&mut self, c: ChunkPtr<M>, n: u32) {
         if self.cur == Some(c) {
+            // Cannot pass `BIAS`: the frags of `cur` were carved since the
+            // cache charged it (a chunk is taken again only at count zero,
+            // which `Chunk::acquire` keeps from wrapping), and each gives
+            // back the one reference it took from the bias.
             self.bias += n;
         } else {
             put(c, n);

@@ -83,6 +83,14 @@ impl<M: DmaMapper> Reserve<M> {
     }
 }
 
+/// The most references a chunk may carry. Past it, taking one more
+/// panics, after undoing the increment, so the count never wraps (leaked
+/// holds could otherwise bring it back to zero while frags are live, as
+/// `std::sync::Arc` guards against by aborting). Half the `u32` range: any
+/// number of threads racing past the check together stays far below the
+/// wrap.
+pub(crate) const MAX_REFCNT: u32 = i32::MAX as u32;
+
 /// Sentinel for "no IOVA".
 const NO_IOVA: u64 = u64::MAX;
 
@@ -114,6 +122,32 @@ pub(crate) struct Chunk<M: DmaMapper> {
     /// waits for; 0 if none. The chunk is reused only once the mapper's
     /// flush reached it.
     pub(crate) flush_seq: AtomicU64,
+}
+
+impl<M: DmaMapper> Chunk<M> {
+    /// Takes one more reference on a chunk the caller already holds one
+    /// on: the one path that adds to a live count (a cache charges its
+    /// bias with a store, on a chunk it holds alone).
+    ///
+    /// # Panics
+    /// Past [`MAX_REFCNT`], after giving the reference back: the count is
+    /// left as it was, and can never wrap.
+    #[inline]
+    pub(crate) fn acquire(&self) {
+        // Relaxed, as `Arc::clone`: the caller's reference keeps the count
+        // above zero, and each release synchronises on its decrement.
+        let old = self.refcnt.fetch_add(1, Ordering::Relaxed);
+        if old >= MAX_REFCNT {
+            self.refcnt.fetch_sub(1, Ordering::Relaxed);
+            refcount_overflow(old);
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn refcount_overflow(old: u32) -> ! {
+    panic!("chunk reference count at its limit ({old} >= {MAX_REFCNT}): references leaked")
 }
 
 // SAFETY: the fields are atomics or immutable after construction; `pool`
