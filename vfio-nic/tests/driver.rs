@@ -293,3 +293,24 @@ fn context_is_written_only_when_the_offload_changes() {
     assert_eq!(payload(&frames[8]), 1000);
     assert_eq!(tcp_stream(&frames), data);
 }
+
+#[test]
+fn wait_hands_back_the_tokens_it_reaps() {
+    let mut q = queue(2);
+    let payload = bytes(3000, 6);
+    let hdr = udp_headers(&payload);
+    let n = 20u64;
+    for t in 0..n {
+        q.send(&hdr, &payload, Offload::Checksum, t).unwrap();
+    }
+    q.kick().unwrap();
+    // Nothing reaped before the wait: every token comes back from it.
+    let mut tokens = Vec::new();
+    assert_eq!(
+        q.wait_tokens(std::time::Duration::from_secs(60), &mut tokens)
+            .unwrap(),
+        n as usize
+    );
+    assert_eq!(tokens, (0..n).collect::<Vec<_>>());
+    assert_eq!(q.in_flight(), 0);
+}

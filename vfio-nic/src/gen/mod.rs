@@ -115,23 +115,26 @@ impl<M: DmaMapper> Traffic<M> {
     /// [`send`](Self::send), kicking and reaping (or waiting up to
     /// `timeout` for a device that completes later) while the ring or the
     /// memory is full; any other error, or a back-off with nothing in
-    /// flight, is returned.
+    /// flight, is returned. The tokens of the packets it reaps are appended
+    /// to `done`, oldest first, as [`tx::Queue::reap_tokens`] does: with
+    /// the caller's own reaping, every packet's token comes back once.
     pub fn send_waiting<D: TxDevice>(
         &mut self,
         q: &mut tx::Queue<M, D>,
         flow: usize,
         len: usize,
         timeout: std::time::Duration,
+        done: &mut Vec<u64>,
     ) -> Result<()> {
         loop {
             match self.send(q, flow, len) {
                 Err(e) if e.is_backoff() => {
                     q.kick()?;
-                    if q.reap()? == 0 {
+                    if q.reap_tokens(done)? == 0 {
                         if q.in_flight() == 0 {
                             return Err(e);
                         }
-                        q.wait(timeout)?;
+                        q.wait_tokens(timeout, done)?;
                     }
                 }
                 other => return other,

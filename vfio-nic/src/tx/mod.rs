@@ -411,13 +411,28 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// Reaps until nothing is in flight. Fails with [`Error::Timeout`] if
     /// `timeout` passes without any packet completing (the device stopped:
     /// a blocked DMA, a disabled queue), instead of spinning forever.
-    /// Returns how many completed.
+    /// Returns how many completed. Like [`reap`](Self::reap) it drops the
+    /// completed packets' tokens: a driver that needs them (at shutdown,
+    /// before [`into_device`](Self::into_device)) calls
+    /// [`wait_tokens`](Self::wait_tokens).
     pub fn wait(&mut self, timeout: Duration) -> Result<usize> {
+        self.wait_with(timeout, |_| {})
+    }
+
+    /// [`wait`](Self::wait), appending each completed packet's token to
+    /// `out`, oldest first, as [`reap_tokens`](Self::reap_tokens) does. On
+    /// a timeout `out` still holds the tokens of every packet completed
+    /// before it; the rest stay in flight and come back from a later reap.
+    pub fn wait_tokens(&mut self, timeout: Duration, out: &mut Vec<u64>) -> Result<usize> {
+        self.wait_with(timeout, |t| out.push(t))
+    }
+
+    fn wait_with(&mut self, timeout: Duration, mut each: impl FnMut(u64)) -> Result<usize> {
         let mut done = 0;
         let mut since = Instant::now();
         let mut backoff = Backoff::default();
         while !self.pending.is_empty() {
-            let n = self.reap()?;
+            let n = self.reap_with(&mut each)?;
             if n > 0 {
                 done += n;
                 since = Instant::now();
@@ -438,7 +453,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
 
     /// Detaches the device and hands it back, for another queue. Everything
-    /// posted must have completed ([`wait`](Self::wait)); otherwise the
+    /// posted must have completed ([`wait_tokens`](Self::wait_tokens));
+    /// otherwise the
     /// queue is dropped with the device stopped first and
     /// [`Error::Timeout`] tells how many packets were still pending.
     pub fn into_device(self) -> Result<D> {

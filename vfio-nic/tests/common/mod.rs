@@ -18,6 +18,8 @@ pub const WAIT: Duration = Duration::from_secs(if cfg!(miri) { 600 } else { 5 })
 pub struct Gen<Q, M: pfrag::dma::DmaMapper> {
     pub q: Q,
     pub g: vfio_nic::gen::Traffic<M>,
+    /// Tokens of the packets reaped while sending, oldest first.
+    pub done: Vec<u64>,
 }
 
 impl<Q, M: pfrag::dma::DmaMapper> std::ops::Deref for Gen<Q, M> {
@@ -38,6 +40,7 @@ impl<M: pfrag::dma::DmaMapper, D: TxDevice> Gen<tx::Queue<M, D>, M> {
         Gen {
             q,
             g: vfio_nic::gen::Traffic::new(flows, 1448).unwrap(),
+            done: Vec::new(),
         }
     }
     /// Posts one generated packet.
@@ -47,7 +50,8 @@ impl<M: pfrag::dma::DmaMapper, D: TxDevice> Gen<tx::Queue<M, D>, M> {
 
     /// Posts one generated packet, reaping while the ring is full.
     pub fn send_waiting(&mut self, flow: usize, len: usize) -> Result<(), Error> {
-        self.g.send_waiting(&mut self.q, flow, len, WAIT)
+        self.g
+            .send_waiting(&mut self.q, flow, len, WAIT, &mut self.done)
     }
 
     /// Sends every (flow, len) of `plan`, then rings and reaps.

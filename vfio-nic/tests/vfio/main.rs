@@ -73,7 +73,7 @@ fn traffic(flows: usize) -> Traffic<VfioMapper> {
 /// Posts one generated packet, kicking and waiting for completions while
 /// the ring is full.
 fn send(q: &mut Queue, g: &mut Traffic<VfioMapper>, flow: usize, len: usize) -> Result<(), Error> {
-    g.send_waiting(q, flow, len, WAIT)
+    g.send_waiting(q, flow, len, WAIT, &mut Vec::new())
 }
 
 /// Tells the host how many frames this test put on the wire.
