@@ -42,6 +42,11 @@
 //! # Ok::<(), pfrag::Error>(())
 //! ```
 
+/// The crate README's example, compiled and run by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod account;
 pub mod addr;
 pub mod bounce;

@@ -31,7 +31,11 @@ pub fn unavailable() -> Option<&'static str> {
     if cfg!(pfrag_dpdk) {
         None
     } else {
-        Some("built without libdpdk (pkg-config libdpdk not found; install libdpdk-dev)")
+        Some(
+            "built without libdpdk (pkg-config found no libdpdk >= 22.11 when the lab was \
+             built, or PFRAG_NO_DPDK was set): install libdpdk-dev, then rebuild; if the \
+             build does not notice, `touch build.rs` first",
+        )
     }
 }
 

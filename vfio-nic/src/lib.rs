@@ -17,6 +17,11 @@
 //! The device models are simulators: they measure what the driver and the
 //! IOMMU model do per packet, not what a real NIC does.
 
+/// The crate README's example, compiled and run by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod check;
 pub mod csum;
 pub mod desc;
