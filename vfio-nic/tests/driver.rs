@@ -200,7 +200,8 @@ fn headers_the_offload_cannot_use_post_nothing() {
     let payload = bytes(3000, 2);
     let udp = udp_headers(&payload);
     let tcp = tcp_headers(0, 100);
-    let cases: [(&[u8], Offload); 4] = [
+    let cases: [(&[u8], Offload); 5] = [
+        (&[], Offload::None),
         (&udp, Offload::Tso { mss: 1448 }),
         (&tcp[..40], Offload::Checksum),
         (&tcp, Offload::Checksum), // IPv4 length says 140, the packet is 3054
@@ -216,6 +217,7 @@ fn headers_the_offload_cannot_use_post_nothing() {
                         | HeaderFault::Parse(_)
                         | HeaderFault::IpLength { .. }
                         | HeaderFault::ZeroMss
+                        | HeaderFault::Empty
                 ),
                 "{why:?}"
             ),
