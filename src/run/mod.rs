@@ -352,13 +352,7 @@ fn pump<M: DmaMapper, D: TxDevice>(
                         continue;
                     }
                     if q.in_flight() == 0 {
-                        return Err(match e {
-                            vfio_nic::Error::RingFull { .. } => RunError::Setting(format!(
-                                "a {len}-byte packet cannot fit a {}-descriptor ring",
-                                cfg.ring
-                            )),
-                            other => other.into(),
-                        });
+                        return Err(e.into());
                     }
                     let t = *full_since.get_or_insert_with(Instant::now);
                     if t.elapsed() > STALL {
@@ -369,6 +363,12 @@ fn pump<M: DmaMapper, D: TxDevice>(
                     // whose queue is stopped would, so that its CPU time
                     // counts work, not waiting.
                     backoff.pause();
+                }
+                Err(vfio_nic::Error::PacketTooLarge { needed, capacity }) => {
+                    return Err(RunError::Setting(format!(
+                        "a {len}-byte packet needs {needed} descriptors, a {}-descriptor ring holds {capacity}",
+                        cfg.ring
+                    )))
                 }
                 Err(e) => return Err(e.into()),
             }

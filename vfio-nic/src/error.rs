@@ -6,13 +6,26 @@ pub enum Error {
     /// The pool, mapper or bounce ring said no.
     #[error(transparent)]
     Pool(#[from] pfrag::Error),
-    /// Not enough free descriptors for the packet: back off and reap.
+    /// Not enough free descriptors for the packet now: back off, reap
+    /// completions and retry. (A packet the empty ring could not hold is
+    /// [`Error::PacketTooLarge`] instead.)
     #[error("TX ring full: packet needs up to {needed} descriptors, {free} free")]
     RingFull {
         /// Descriptors the packet may need.
         needed: usize,
         /// Descriptors free now.
         free: usize,
+    },
+    /// A packet that needs more descriptors than the whole ring holds: it
+    /// can never be posted on this queue, so unlike [`Error::RingFull`] a
+    /// retry never succeeds. Send it in smaller packets, or use a larger
+    /// ring or larger chunks (fewer buffers per packet).
+    #[error("packet needs {needed} descriptors, the ring holds at most {capacity}")]
+    PacketTooLarge {
+        /// Descriptors the packet needs.
+        needed: usize,
+        /// Descriptors the ring holds when empty (one fewer than its size).
+        capacity: usize,
     },
     /// A flow index past the configured flows.
     #[error("flow {flow} does not exist ({flows} flows)")]

@@ -29,7 +29,7 @@ pub enum Offload {
 impl Offload {
     fn name(self) -> &'static str {
         match self {
-            Offload::None => "no offload",
+            Offload::None => "a frame without offload",
             Offload::Checksum => "checksum offload",
             Offload::Tso { .. } => "TSO",
         }
@@ -73,6 +73,9 @@ pub enum HeaderFault {
     },
     /// An MSS of 0.
     ZeroMss,
+    /// No header bytes: every packet starts with at least its Ethernet
+    /// header, in a descriptor of its own.
+    Empty,
 }
 
 impl fmt::Display for HeaderFault {
@@ -91,6 +94,7 @@ impl fmt::Display for HeaderFault {
                 "IPv4 total length {header} does not match the packet's {packet} bytes"
             ),
             HeaderFault::ZeroMss => write!(f, "MSS 0"),
+            HeaderFault::Empty => write!(f, "no header bytes given"),
         }
     }
 }
@@ -131,12 +135,15 @@ fn bad(offload: Offload, why: HeaderFault) -> Error {
 /// `offload` of a packet with `payload` bytes after them, and returns where
 /// the layers are (`None` for [`Offload::None`], which needs nothing).
 pub fn check(headers: &[u8], payload: usize, offload: Offload) -> Result<Option<Layout>> {
+    if headers.is_empty() {
+        return Err(bad(offload, HeaderFault::Empty));
+    }
     let total = headers.len() + payload;
     let max = match offload {
         Offload::Tso { .. } => MAX_PAYLEN + headers.len(),
         _ => MAX_PAYLEN,
     };
-    if total > max || headers.is_empty() {
+    if total > max {
         return Err(Error::PayloadTooLarge {
             len: payload,
             max: max.saturating_sub(headers.len()),
@@ -277,6 +284,19 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn empty_headers_are_bad_headers_for_every_offload() {
+        for o in [Offload::None, Offload::Checksum, Offload::Tso { mss: 1448 }] {
+            match check(&[], 100, o) {
+                Err(Error::BadHeaders {
+                    why: HeaderFault::Empty,
+                    ..
+                }) => {}
+                other => panic!("{o:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

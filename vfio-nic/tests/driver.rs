@@ -20,6 +20,10 @@ use vfio_nic::Error;
 type Queue = tx::Queue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>;
 
 fn queue(order: u32) -> Queue {
+    queue_with(order, tx::Config::default())
+}
+
+fn queue_with(order: u32, txc: tx::Config) -> Queue {
     let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
     let domain = Arc::new(Domain::new(iommu.clone()));
     let cfg = pool::Config::new(Order::new(order).unwrap(), Policy::Persistent);
@@ -32,7 +36,7 @@ fn queue(order: u32) -> Queue {
             ..softnic::Config::default()
         },
     );
-    tx::Queue::new(domain, pool, nic, tx::Config::default()).unwrap()
+    tx::Queue::new(domain, pool, nic, txc).unwrap()
 }
 
 /// Ethernet + IPv4 + TCP headers for `payload` bytes at sequence `seq`.
@@ -196,7 +200,8 @@ fn headers_the_offload_cannot_use_post_nothing() {
     let payload = bytes(3000, 2);
     let udp = udp_headers(&payload);
     let tcp = tcp_headers(0, 100);
-    let cases: [(&[u8], Offload); 4] = [
+    let cases: [(&[u8], Offload); 5] = [
+        (&[], Offload::None),
         (&udp, Offload::Tso { mss: 1448 }),
         (&tcp[..40], Offload::Checksum),
         (&tcp, Offload::Checksum), // IPv4 length says 140, the packet is 3054
@@ -212,6 +217,7 @@ fn headers_the_offload_cannot_use_post_nothing() {
                         | HeaderFault::Parse(_)
                         | HeaderFault::IpLength { .. }
                         | HeaderFault::ZeroMss
+                        | HeaderFault::Empty
                 ),
                 "{why:?}"
             ),
@@ -313,4 +319,57 @@ fn wait_hands_back_the_tokens_it_reaps() {
     );
     assert_eq!(tokens, (0..n).collect::<Vec<_>>());
     assert_eq!(q.in_flight(), 0);
+}
+
+#[test]
+fn a_packet_larger_than_the_whole_ring_is_too_large_not_ring_full() {
+    let ring = tx::Config {
+        ring: 8,
+        ..tx::Config::default()
+    };
+    let mut q = queue_with(0, ring);
+    let tso = Offload::Tso { mss: 1448 };
+    let big = bytes(40_000, 1);
+    let hdr = tcp_headers(0, big.len());
+    // An empty ring of 8 holds 7 descriptors; the packet needs more, so a
+    // retry can never succeed.
+    for _ in 0..2 {
+        match q.send(&hdr, &big, tso, 1) {
+            Err(
+                e @ Error::PacketTooLarge {
+                    needed,
+                    capacity: 7,
+                },
+            ) => {
+                assert!(needed > 7, "{e}");
+                assert!(!e.is_backoff());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!((q.in_flight(), q.free_descs()), (0, 7));
+    }
+    // The zero-copy post says the same and hands the frags back.
+    let mut frags = Vec::new();
+    q.frags(big.len(), &mut frags).unwrap();
+    assert!(matches!(
+        q.post(&hdr, &mut frags, tso, 2),
+        Err(Error::PacketTooLarge { capacity: 7, .. })
+    ));
+    assert_eq!(frags.iter().map(|f| f.len()).sum::<usize>(), big.len());
+    drop(frags);
+    // A packet that fits the empty ring is a back-off while the ring is
+    // busy, and goes out once it drained.
+    let small = bytes(3000, 2);
+    let hdr = tcp_headers(0, small.len());
+    let mut t = 0;
+    let full = loop {
+        match q.send(&hdr, &small, tso, t) {
+            Ok(()) => t += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(full, Error::RingFull { .. }), "{full:?}");
+    assert!(full.is_backoff());
+    assert_eq!(drain(&mut q), (0..t).collect::<Vec<_>>());
+    q.send(&hdr, &small, tso, t).unwrap();
 }

@@ -31,7 +31,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// `token` comes back from [`reap_tokens`](Self::reap_tokens) when the
     /// device is done with the packet. The packet is visible to the device
     /// after [`kick`](Self::kick). A full ring is [`Error::RingFull`]: reap
-    /// and retry. All or nothing.
+    /// and retry; a packet that needs more descriptors than the empty ring
+    /// holds is [`Error::PacketTooLarge`], which no retry mends. All or
+    /// nothing.
     pub fn send(
         &mut self,
         headers: &[u8],
@@ -59,7 +61,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         // The quick check of `room_for`, knowing whether a context
         // descriptor is needed.
         let nctx = ctx.descs();
-        self.check_room(self.descs_needed(len) - 1 + nctx, nctx)?;
+        self.check_room(self.descs_needed(len) - 1 + nctx, nctx, Need::AtMost)?;
         let mut frags = self.spare.pop().unwrap_or_default();
         if let Err(e) = self.frags(len, &mut frags) {
             self.spare.push(frags);
@@ -99,7 +101,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         token: u64,
     ) -> Result<()> {
         let nctx = ctx.descs();
-        self.check_room(nctx + 1, nctx)?;
+        self.check_room(nctx + 1, nctx, Need::Exact)?;
         let idx = self.next_by(self.tail, nctx);
         let bytes = std::iter::once(headers).chain(parts.iter().map(|p| &**p));
         let b = self.bounce.as_mut().expect("inline_fits saw a bounce ring");
@@ -222,10 +224,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// carving frags for a [`post`](Self::post), so that a full ring costs
     /// no allocation ([`Error::RingFull`]: reap and retry). It counts a
     /// context descriptor for any offload (the headers are not known
-    /// here); `post` counts the exact descriptors and checks again.
+    /// here); `post` counts the exact descriptors and checks again. A
+    /// packet whose estimate exceeds the whole ring passes once the ring is
+    /// empty, and `post` then tells whether it fits
+    /// ([`Error::PacketTooLarge`] if it never can).
     pub fn room_for(&mut self, len: usize, offload: Offload) -> Result<()> {
         let ctx = ctx_descs(offload);
-        self.check_room(self.descs_needed(len) - 1 + ctx, ctx)
+        self.check_room(self.descs_needed(len) - 1 + ctx, ctx, Need::AtMost)
     }
 
     /// Frags for a payload of `len` bytes from the queue's cache, appended
@@ -265,8 +270,16 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
 
     /// Whether `descs` descriptors, `ctx` of them context descriptors, fit
-    /// the device's buffer limit and the free part of the ring.
-    fn check_room(&mut self, descs: usize, ctx: usize) -> Result<()> {
+    /// the device's buffer limit and the free part of the ring. `need` says
+    /// whether `descs` is the packet's exact count or an estimate made
+    /// before its frags are known.
+    ///
+    /// A packet that needs more than the whole ring is
+    /// [`Error::PacketTooLarge`], which a retry never mends; only the exact
+    /// count can say so. An estimate past the ring asks for an empty ring
+    /// instead ([`Error::RingFull`] until then), where the exact count
+    /// decides.
+    fn check_room(&mut self, descs: usize, ctx: usize, need: Need) -> Result<()> {
         let bufs = descs - ctx;
         if bufs > self.cfg.max_bufs {
             return Err(Error::TooManyBuffers {
@@ -274,7 +287,14 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 max: self.cfg.max_bufs,
             });
         }
-        if descs > self.free_descs() {
+        let capacity = usize::from(self.cfg.ring) - 1;
+        if need == Need::Exact && descs > capacity {
+            return Err(Error::PacketTooLarge {
+                needed: descs,
+                capacity,
+            });
+        }
+        if descs.min(capacity) > self.free_descs() {
             self.stats.ring_full += 1;
             return Err(Error::RingFull {
                 needed: descs,
@@ -304,7 +324,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             .sum();
         let nctx = ctx.descs();
         let ndesc = nctx + 1 + data;
-        self.check_room(ndesc, nctx)?;
+        self.check_room(ndesc, nctx, Need::Exact)?;
         let hdr_idx = self.next_by(self.tail, nctx);
         let (hdr_iova, hold) = self.place_header(hdr_idx, headers)?;
         let last = match self.write_packet(headers.len(), len, ctx, offload, hdr_iova, frags) {
@@ -418,6 +438,15 @@ impl Ctx {
     fn descs(self) -> usize {
         usize::from(matches!(self, Ctx::Write(_)))
     }
+}
+
+/// How well a packet's descriptor count is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Need {
+    /// Counted from its frags.
+    Exact,
+    /// Estimated before its frags exist: the packet needs at most this.
+    AtMost,
 }
 
 /// Context descriptors a packet with `offload` takes at most.
