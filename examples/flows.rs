@@ -34,13 +34,13 @@ struct Args {
     /// Caches compared in the same run: shared, per-flow, split.
     #[arg(long, value_delimiter = ',', default_value = "shared,per-flow,split")]
     caches: Vec<CacheKind>,
-    /// Packets measured per configuration.
-    #[arg(long, default_value_t = 60_000)]
+    /// Packets measured per configuration, 1..=1,000,000,000.
+    #[arg(long, default_value_t = 60_000, value_parser = cli::packets)]
     packets: u64,
-    /// Packets sent before measuring.
-    #[arg(long, default_value_t = 20_000)]
+    /// Packets sent before measuring, 0..=1,000,000,000.
+    #[arg(long, default_value_t = 20_000, value_parser = cli::warmup)]
     warmup: u64,
-    /// Wire rate of the simulated time, Gbit/s.
+    /// Wire rate of the simulated time, Gbit/s, 0.001..=10,000.
     #[arg(long, default_value_t = 100.0, value_parser = cli::gbit)]
     line_rate: f64,
     /// Share of flows sending 64 KB TSO packets (the rest send small
@@ -68,10 +68,11 @@ struct Args {
     /// Smoke run: 2,000 packets, 500 warm-up, 200 and 1,000 flows.
     #[arg(long)]
     quick: bool,
-    /// Write the rows as CSV.
+    /// Write the rows as CSV (its header is written before the run).
     #[arg(long)]
     csv: Option<PathBuf>,
-    /// Draw amplification against flows as SVG.
+    /// Draw amplification against flows as SVG (a file other than the
+    /// CSV).
     #[arg(long)]
     svg: Option<PathBuf>,
     /// No progress bar.
@@ -135,11 +136,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    for p in a.csv.iter().chain(&a.svg) {
-        if let Err(e) = cli::output(p) {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+    let columns = report::columns_of::<FlowsRow>();
+    if let Err(e) = cli::outputs(a.csv.as_deref(), &columns, a.svg.as_deref()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
     }
     let total: u64 = cfgs.iter().map(|c| c.packets + c.warmup).sum();
     let bar = if a.no_progress {

@@ -44,8 +44,8 @@ struct Args {
     /// TX queues (threads) sharing the pool.
     #[arg(long, default_value_t = 1)]
     queues: usize,
-    /// Sends per run.
-    #[arg(long, default_value_t = 200_000)]
+    /// Sends per run, 1..=1,000,000,000.
+    #[arg(long, default_value_t = 200_000, value_parser = cli::packets)]
     packets: u64,
     /// Smallest send, bytes.
     #[arg(long, default_value_t = 64)]
@@ -91,7 +91,8 @@ fn main() -> ExitCode {
         eprintln!("error: need 0 < --min <= --max, --queues >= 1 and flows >= 1");
         return ExitCode::from(2);
     }
-    if let Some(Err(e)) = a.csv.as_deref().map(cli::output) {
+    let columns: Vec<String> = COLUMNS.iter().map(|c| c.0.to_string()).collect();
+    if let Err(e) = cli::outputs(a.csv.as_deref(), &columns, None) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }

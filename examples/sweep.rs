@@ -74,12 +74,13 @@ struct Args {
     /// Flows, round robin.
     #[arg(long, default_value_t = 200)]
     flows: usize,
-    /// Packets measured per configuration (default 20,000 on the software
-    /// NIC, 2,000 through VFIO).
-    #[arg(long)]
+    /// Packets measured per configuration, 1..=1,000,000,000 (default
+    /// 20,000 on the software NIC, 2,000 through VFIO).
+    #[arg(long, value_parser = cli::packets)]
     packets: Option<u64>,
-    /// Packets sent before measuring (default: twice the ring size).
-    #[arg(long)]
+    /// Packets sent before measuring, 0..=1,000,000,000 (default: twice
+    /// the ring size).
+    #[arg(long, value_parser = cli::warmup)]
     warmup: Option<u64>,
     /// TX ring descriptors: a multiple of 8 in 8..=4096.
     #[arg(long, default_value_t = 256, value_parser = cli::ring)]
@@ -126,16 +127,18 @@ struct Args {
     /// Hysteresis threshold in MiB (half of it goes back at once).
     #[arg(long, default_value_t = 2)]
     threshold_mib: u64,
-    /// Write all columns as CSV.
+    /// Write all columns as CSV (its header is written before the run).
     #[arg(long)]
     csv: Option<PathBuf>,
-    /// Draw Gbit/s and maps/packet against order as SVG.
+    /// Draw Gbit/s and maps/packet against order as SVG (a file other
+    /// than the CSV).
     #[arg(long)]
     svg: Option<PathBuf>,
     /// Smoke run: 1,000 packets per configuration, 100 warm-up.
     #[arg(long)]
     quick: bool,
-    /// Cost model: ns per map or unmap call.
+    /// Cost model: ns per map or unmap call (each --cost-*-ns takes
+    /// 0..=1,000,000).
     #[arg(long, default_value_t = CostModel::default().call_ns, value_parser = cli::ns)]
     cost_call_ns: f64,
     /// Cost model: ns per page-table entry written or cleared.
@@ -160,8 +163,9 @@ struct Args {
     /// as hardware does (else inline, on the driver's thread).
     #[arg(long)]
     device_thread: bool,
-    /// Pace the device thread to this wire rate in Gbit/s (frames with
-    /// their headers, FCS, preamble and gap); needs --device-thread.
+    /// Pace the device thread to this wire rate in Gbit/s, 0.001..=10,000
+    /// (frames with their headers, FCS, preamble and gap); needs
+    /// --device-thread.
     #[arg(long, value_parser = cli::gbit)]
     line_rate: Option<f64>,
     /// Spin the cost model's time (--cost-*-ns) where hardware would make
@@ -291,6 +295,10 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cfgs = configs(&a, packets, warmup);
+    if let Some(e) = cfgs.iter().find_map(|c| pfrag_lab::run::check(c).err()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let on = match a.backend {
         Backend::Soft => "on the software NIC (a simulator)".to_string(),
         Backend::Vfio => format!("on the 82576 at {} through VFIO", a.device),
@@ -356,10 +364,7 @@ fn check_args(a: &Args) -> Result<(), String> {
         );
     }
     cli::mib("--threshold-mib", a.threshold_mib)?;
-    for p in a.csv.iter().chain(&a.svg) {
-        cli::output(p)?;
-    }
-    Ok(())
+    cli::outputs(a.csv.as_deref(), &report::columns(), a.svg.as_deref())
 }
 
 /// The round: every configuration, then (on the software NIC) the two

@@ -3,6 +3,8 @@
 //! anything runs.
 
 use std::fs::OpenOptions;
+use std::io::Write;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
 use pfrag::account::Limits;
@@ -34,29 +36,78 @@ pub fn mem_limits(s: &str) -> Result<Limits, String> {
     }
 }
 
-/// A cost-model figure in ns: a finite number >= 0.
+/// The largest cost-model figure accepted, in ns (a millisecond per
+/// operation: far above any IOMMU, and small enough that a run's modelled
+/// time stays a finite number).
+pub const MAX_COST_NS: f64 = 1e6;
+
+/// The wire rates accepted, in Gbit/s: from 1 Mbit/s, at which the largest
+/// TSO packet still leaves in a few seconds, to 10 Tbit/s.
+pub const LINE_RATE_GBIT: RangeInclusive<f64> = 0.001..=10_000.0;
+
+/// The most packets (or warm-up packets) one configuration may send: a
+/// run of that many finishes in hours, not never.
+pub const MAX_PACKETS: u64 = 1_000_000_000;
+
+/// A cost-model figure in ns: a finite number in 0..=[`MAX_COST_NS`].
 pub fn ns(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .trim()
         .parse()
         .map_err(|_| format!("'{s}' is not a number of ns"))?;
-    if v.is_finite() && v >= 0.0 {
+    if (0.0..=MAX_COST_NS).contains(&v) {
         Ok(v)
     } else {
-        Err(format!("{s} ns is not a finite number >= 0"))
+        Err(format!("{s} ns is out of range (0..={MAX_COST_NS})"))
     }
 }
 
-/// A wire rate in Gbit/s: a finite number > 0.
+/// A wire rate in Gbit/s, parsed and checked by [`line_rate`].
 pub fn gbit(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .trim()
         .parse()
         .map_err(|_| format!("'{s}' is not a number of Gbit/s"))?;
-    if v.is_finite() && v > 0.0 {
+    line_rate(v).map_err(|_| rate_error(s.trim()))
+}
+
+/// Checks a wire rate in Gbit/s: a number in [`LINE_RATE_GBIT`]. The one
+/// rule for every line rate, from a command line or a configuration.
+pub fn line_rate(g: f64) -> Result<f64, String> {
+    if LINE_RATE_GBIT.contains(&g) {
+        Ok(g)
+    } else {
+        Err(rate_error(g))
+    }
+}
+
+fn rate_error(g: impl std::fmt::Display) -> String {
+    format!(
+        "line rate {g} Gbit/s is out of range ({}..={})",
+        LINE_RATE_GBIT.start(),
+        LINE_RATE_GBIT.end()
+    )
+}
+
+/// Packets per configuration: 1..=[`MAX_PACKETS`].
+pub fn packets(s: &str) -> Result<u64, String> {
+    count(s, 1)
+}
+
+/// Warm-up packets per configuration: 0..=[`MAX_PACKETS`].
+pub fn warmup(s: &str) -> Result<u64, String> {
+    count(s, 0)
+}
+
+fn count(s: &str, min: u64) -> Result<u64, String> {
+    let v: u64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a whole number"))?;
+    if (min..=MAX_PACKETS).contains(&v) {
         Ok(v)
     } else {
-        Err(format!("{s} Gbit/s is not a finite number > 0"))
+        Err(format!("{v} is out of range ({min}..={MAX_PACKETS})"))
     }
 }
 
@@ -120,6 +171,52 @@ pub fn output(path: &Path) -> Result<PathBuf, String> {
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
+/// Checks the output files before any run: the CSV and the SVG are not the
+/// same file, both can be written, and the CSV's header is written (and
+/// flushed) now, so that a full disk fails here, not after the run. A run
+/// that ends in an error leaves the SVG empty and the CSV with its header.
+pub fn outputs(csv: Option<&Path>, columns: &[String], svg: Option<&Path>) -> Result<(), String> {
+    if let (Some(c), Some(s)) = (csv, svg) {
+        if normalized(c) == normalized(s) {
+            return Err(format!(
+                "--csv {} and --svg {} are the same file",
+                c.display(),
+                s.display()
+            ));
+        }
+    }
+    if let Some(s) = svg {
+        output(s)?;
+    }
+    if let Some(c) = csv {
+        output(c)?;
+        let write = || -> std::io::Result<()> {
+            let mut f = OpenOptions::new().write(true).truncate(true).open(c)?;
+            writeln!(f, "{}", columns.join(","))?;
+            f.flush()?;
+            f.sync_data().or(Ok(()))
+        };
+        write().map_err(|e| format!("cannot write {}: {e}", c.display()))?;
+    }
+    Ok(())
+}
+
+/// `path` with its directory resolved (symbolic links, `.` and `..`),
+/// whether or not the file exists yet.
+fn normalized(path: &Path) -> PathBuf {
+    if let Ok(p) = path.canonicalize() {
+        return p;
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match (dir.canonicalize(), path.file_name()) {
+        (Ok(d), Some(name)) => d.join(name),
+        _ => path.to_path_buf(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +267,52 @@ mod tests {
         let p = std::env::temp_dir().join("pfrag-cli-output-test.csv");
         assert!(output(&p).is_ok());
         std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn a_line_rate_too_slow_to_finish_or_absurdly_fast_is_refused_with_the_range() {
+        let e = gbit("1e-300").unwrap_err();
+        assert!(e.contains("1e-300") && e.contains("0.001..=10000"), "{e}");
+        assert!(gbit("1e6").is_err());
+        assert_eq!(gbit("0.001").unwrap(), 0.001);
+    }
+
+    #[test]
+    fn packets_that_cannot_finish_are_refused() {
+        let e = packets("18446744073709551615").unwrap_err();
+        assert!(e.contains("1..=1000000000"), "{e}");
+        assert!(packets("0").is_err());
+        assert_eq!(packets("20000").unwrap(), 20_000);
+        assert!(warmup("18446744073709551615").unwrap_err().contains("0..="));
+        assert_eq!(warmup("0").unwrap(), 0);
+    }
+
+    #[test]
+    fn cost_ns_large_enough_to_overflow_the_arithmetic_is_refused() {
+        let e = ns("1e308").unwrap_err();
+        assert!(e.contains("0..=1000000"), "{e}");
+        assert_eq!(ns("1000000").unwrap(), 1e6);
+    }
+
+    #[test]
+    fn the_csv_and_svg_must_be_different_files() {
+        let dir = std::env::temp_dir();
+        let csv = dir.join("pfrag-cli-same.out");
+        let svg = dir.join(".").join("pfrag-cli-same.out");
+        let e = outputs(Some(&csv), &["a".into()], Some(&svg)).unwrap_err();
+        assert!(e.contains("same file"), "{e}");
+        let other = dir.join("pfrag-cli-other.svg");
+        outputs(Some(&csv), &["a".into(), "b".into()], Some(&other)).unwrap();
+        assert_eq!(std::fs::read_to_string(&csv).unwrap(), "a,b\n");
+        std::fs::remove_file(csv).unwrap();
+        std::fs::remove_file(other).unwrap();
+    }
+
+    #[test]
+    fn a_csv_on_a_full_disk_fails_before_the_run() {
+        if Path::new("/dev/full").exists() {
+            let e = outputs(Some(Path::new("/dev/full")), &["a".into()], None).unwrap_err();
+            assert!(e.contains("/dev/full"), "{e}");
+        }
     }
 }

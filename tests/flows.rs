@@ -118,3 +118,35 @@ fn bad_settings_are_refused_with_their_name() {
         assert!(run(&c).is_err(), "{c:?}");
     }
 }
+
+/// Round-trip and stall times are checked before a run: a least RTT above
+/// the longest, a stall that overflows the simulated clock and a line rate
+/// too slow to finish are refused, each naming the value and its range.
+#[test]
+fn times_that_cannot_be_simulated_are_refused_before_the_run() {
+    let base = FlowsConfig::default();
+    let inverted = FlowsConfig {
+        rtt_min_us: 1_000_000.0,
+        rtt_max_ms: 1.0,
+        ..base.clone()
+    };
+    let e = inverted.check().unwrap_err();
+    assert!(e.contains("1000000") && e.contains("1 ms"), "{e}");
+    let stall = FlowsConfig {
+        stall_ms: 2e13,
+        ..base.clone()
+    };
+    let e = stall.check().unwrap_err();
+    assert!(e.contains("stall") && e.contains("0..="), "{e}");
+    let slow = FlowsConfig {
+        line_rate_gbit: 1e-300,
+        ..base.clone()
+    };
+    assert!(slow.check().unwrap_err().contains("out of range"));
+    let long_rtt = FlowsConfig {
+        rtt_max_ms: 1e300,
+        ..base.clone()
+    };
+    assert!(long_rtt.check().unwrap_err().contains("rtt max"));
+    base.check().unwrap();
+}

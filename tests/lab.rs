@@ -206,3 +206,24 @@ fn injected_iommu_latency_is_marked_with_its_parameters() {
     assert_eq!(r.cost_inval_ns, Some(CostModel::default().invalidation_ns));
     assert_eq!(r.cost_miss_ns, Some(CostModel::default().miss_ns));
 }
+
+/// A line rate at which one packet would take longer on the wire than
+/// the run waits for a completion is refused before the run starts.
+#[test]
+fn a_packet_slower_on_the_wire_than_the_stall_limit_is_refused_up_front() {
+    let mut c = config(1, Reclaim::Eager, Workload::Fixed, 100);
+    c.payload = vfio_nic::desc::MAX_PAYLEN;
+    c.mss = 1;
+    c.device = DeviceSetup {
+        thread: true,
+        line_rate_gbit: Some(0.001),
+        iommu_latency: false,
+    };
+    let e = run(&c, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("on the wire"), "{e}");
+    c.mss = 1448;
+    c.packets = 1;
+    c.warmup = 0;
+    c.payload = 1448;
+    run(&c, &mut |_| {}).unwrap();
+}

@@ -160,25 +160,65 @@ impl FlowsConfig {
                 return Err(format!("{what} {v} is not in 0..=1"));
             }
         }
-        for (what, v) in [
-            ("line rate", self.line_rate_gbit),
-            ("rtt min", self.rtt_min_us),
-            ("rtt alpha", self.rtt_alpha),
-            ("rtt max", self.rtt_max_ms),
+        crate::cli::line_rate(self.line_rate_gbit)?;
+        self.check_times()
+    }
+
+    /// Round-trip and stall times: each in its range, the least RTT at most
+    /// the longest, and the whole run's simulated time (every packet at the
+    /// line rate, every flow's stall one after another) within the
+    /// simulator's clock of [`MAX_SIM_NS`] ns.
+    fn check_times(&self) -> Result<(), String> {
+        for (what, v, max) in [
+            ("rtt min", self.rtt_min_us, MAX_RTT_MS * 1e3),
+            ("rtt max", self.rtt_max_ms, MAX_RTT_MS),
+            ("rtt alpha", self.rtt_alpha, 1e3),
         ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(format!("{what} {v} is not a finite number > 0"));
+            if !(v > 0.0 && v <= max) {
+                return Err(format!(
+                    "{what} {v} is out of range (above 0, at most {max})"
+                ));
             }
         }
-        if !(self.stall_ms.is_finite() && self.stall_ms >= 0.0) {
+        if self.rtt_min_us > self.rtt_max_ms * 1e3 {
             return Err(format!(
-                "stall {} ms is not a finite number >= 0",
+                "rtt min {} µs is above rtt max {} ms",
+                self.rtt_min_us, self.rtt_max_ms
+            ));
+        }
+        if !(0.0..=MAX_STALL_MS).contains(&self.stall_ms) {
+            return Err(format!(
+                "stall {} ms is out of range (0..={MAX_STALL_MS})",
                 self.stall_ms
+            ));
+        }
+        let largest = self.bulk_payload.max(self.small.1);
+        let segs = largest.div_ceil(usize::from(crate::run::MSS)) as u64;
+        let wire =
+            vfio_nic::model::softnic::wire_bytes(segs, vfio_nic::gen::flow::HDR_LEN, largest)
+                + segs * vfio_nic::model::softnic::WIRE_GAP;
+        let sends = (self.packets + self.warmup) as f64 * wire as f64 * 8.0 / self.line_rate_gbit;
+        let total = sends + self.flows as f64 * self.stall_ms * 1e6 + self.rtt_max_ms * 1e6;
+        if total > MAX_SIM_NS {
+            return Err(format!(
+                "the run could take {total:.3e} ns of simulated time, more than the \
+                 simulator's clock holds ({MAX_SIM_NS:.3e} ns): fewer packets or a \
+                 higher line rate"
             ));
         }
         Ok(())
     }
 }
+
+/// The longest round-trip time accepted, ms.
+pub const MAX_RTT_MS: f64 = 60_000.0;
+
+/// The longest stall accepted, ms (an hour).
+pub const MAX_STALL_MS: f64 = 3_600_000.0;
+
+/// The simulated time a run may span, ns (its clock counts ns in a `u64`;
+/// half of that keeps the sums exact enough).
+pub const MAX_SIM_NS: f64 = (1u64 << 62) as f64;
 
 /// One run's result: the experiment's CSV row.
 #[derive(Clone, Debug, Default, serde::Serialize)]

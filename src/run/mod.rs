@@ -14,6 +14,7 @@ use pfrag::pool::{self, Policy, Pool, Reclaim};
 use pfrag::Order;
 use vfio_nic::csum::Csum;
 use vfio_nic::device::{Model, TxDevice};
+use vfio_nic::gen::flow::HDR_LEN;
 use vfio_nic::gen::pattern;
 use vfio_nic::gen::Traffic;
 use vfio_nic::hw::igb::{Igb, IgbConfig};
@@ -149,8 +150,8 @@ pub struct DeviceSetup {
 
 impl DeviceSetup {
     /// Checks the setup for a run of `queues` queues: a line rate paces
-    /// the device thread of one queue (one wire), and is a finite number
-    /// of Gbit/s above 0.
+    /// the device thread of one queue (one wire), and lies in
+    /// [`cli::LINE_RATE_GBIT`](crate::cli::LINE_RATE_GBIT).
     pub fn check(&self, queues: usize) -> Result<(), RunError> {
         match self.line_rate_gbit {
             Some(_) if !self.thread || queues > 1 => Err(RunError::Setting(
@@ -158,10 +159,10 @@ impl DeviceSetup {
                  --line-rate needs --device-thread and --queues 1"
                     .into(),
             )),
-            Some(g) if !(g.is_finite() && g > 0.0) => Err(RunError::Setting(format!(
-                "line rate {g} Gbit/s is not a finite number > 0"
-            ))),
-            _ => Ok(()),
+            Some(g) => crate::cli::line_rate(g)
+                .map(|_| ())
+                .map_err(RunError::Setting),
+            None => Ok(()),
         }
     }
 }
@@ -296,8 +297,9 @@ fn touch_name(t: Touch) -> &'static str {
     }
 }
 
-/// Settings every backend needs in range.
-fn check(cfg: &RunConfig) -> Result<(), RunError> {
+/// Settings every backend needs in range; every run checks them first,
+/// and a driver of many runs can check them all before starting any.
+pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
     Order::new(cfg.order)?;
     if cfg.payload > vfio_nic::desc::MAX_PAYLEN {
         return Err(RunError::Setting(format!(
@@ -310,6 +312,22 @@ fn check(cfg: &RunConfig) -> Result<(), RunError> {
         return Err(RunError::Setting("mss must be > 0".into()));
     }
     cfg.device.check(cfg.queues)?;
+    if let Some(g) = cfg.device.line_rate_gbit {
+        // One packet's frames, with their gaps, must leave before the run
+        // gives up waiting for a completion.
+        let segs = cfg.payload.div_ceil(usize::from(cfg.mss)).max(1) as u64;
+        let wire = softnic::wire_bytes(segs, HDR_LEN, cfg.payload) + segs * softnic::WIRE_GAP;
+        let secs = wire as f64 * 8.0 / g / 1e9;
+        if secs >= STALL.as_secs_f64() {
+            return Err(RunError::Setting(format!(
+                "a {}-byte packet at mss {} takes {secs:.1} s on the wire at {g} Gbit/s; \
+                 a run gives up after {} s without a completion",
+                cfg.payload,
+                cfg.mss,
+                STALL.as_secs()
+            )));
+        }
+    }
     if cfg.payload == 0 || cfg.packets == 0 || cfg.burst == 0 {
         return Err(RunError::Setting(format!(
             "payload {}, packets {} and burst {} must be > 0",
@@ -356,7 +374,7 @@ fn pump<M: DmaMapper, D: TxDevice>(
                     }
                     let t = *full_since.get_or_insert_with(Instant::now);
                     if t.elapsed() > STALL {
-                        q.wait(Duration::ZERO)?;
+                        q.wait(Duration::ZERO).map_err(|e| waited(e, t.elapsed()))?;
                     }
                     // A full ring that does not drain (a device on its own
                     // thread, paced): spin briefly, then sleep as a driver
@@ -386,6 +404,25 @@ fn pump<M: DmaMapper, D: TxDevice>(
     q.wait(STALL)?;
     tick(since_tick);
     Ok(bytes)
+}
+
+/// A timeout error from a zero-length wait, with the time the run really
+/// waited.
+fn waited(e: vfio_nic::Error, d: Duration) -> vfio_nic::Error {
+    match e {
+        vfio_nic::Error::Timeout {
+            pending,
+            head,
+            tail,
+            ..
+        } => vfio_nic::Error::Timeout {
+            pending,
+            waited_ms: d.as_millis().try_into().unwrap_or(u64::MAX),
+            head,
+            tail,
+        },
+        other => other,
+    }
 }
 
 mod limit;
