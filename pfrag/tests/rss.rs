@@ -107,6 +107,10 @@ fn load_and_drop(order: u32, batch: usize, huge: bool, load: u64, measure: fn() 
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "measures resident memory in /proc; Miri has no page tables"
+)]
 fn pool_memory_goes_back_after_the_load_drops() {
     // 4 KiB pages: 64 MiB in 2 MiB arenas of 32 KiB chunks.
     let (order, batch, load) = (3, 64, 64 * MIB);
