@@ -2,7 +2,8 @@
 //! NIC and report per-packet mapping, invalidation, IOTLB and throughput
 //! figures ([`run()`](run::run)), and write them as a table, CSV or SVG
 //! ([`report`]). The `sweep` example drives it across orders, policies and
-//! IOMMU modes. The project README follows.
+//! IOMMU modes. The project README follows; the rest of the documentation is
+//! under `docs/`.
 //!
 #![doc = include_str!("../README.md")]
 
@@ -17,3 +18,27 @@ pub mod soak;
 pub mod vm;
 
 pub use run::{limit, run, IommuMode, Row, RunConfig};
+
+/// The documents under `docs/`, so that `cargo test --doc` compiles and
+/// runs their Rust examples as it does the README's.
+#[cfg(doctest)]
+pub mod docs {
+    #[doc = include_str!("../docs/benchmarks.md")]
+    pub struct Benchmarks;
+    #[doc = include_str!("../docs/driver.md")]
+    pub struct Driver;
+    #[doc = include_str!("../docs/experiments.md")]
+    pub struct Experiments;
+    #[doc = include_str!("../docs/layout.md")]
+    pub struct Layout;
+    #[doc = include_str!("../docs/library.md")]
+    pub struct Library;
+    #[doc = include_str!("../docs/memory.md")]
+    pub struct Memory;
+    #[doc = include_str!("../docs/reliability.md")]
+    pub struct Reliability;
+    #[doc = include_str!("../docs/results.md")]
+    pub struct Results;
+    #[doc = include_str!("../docs/vfio-guest.md")]
+    pub struct VfioGuest;
+}

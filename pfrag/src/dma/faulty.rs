@@ -47,19 +47,20 @@ pub enum Op {
     Flush,
 }
 
-/// What [`Faulty`] injects.
+/// What [`Faulty`] injects. [`FaultyConfig::default()`] injects nothing:
+/// every rate 0, no Nth call, seed 1.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FaultyConfig {
-    /// Seed of the random stream that decides each call.
+    /// Seed of the random stream that decides each call. Default 1.
     pub seed: u64,
-    /// Share of map calls that fail, in `0.0..=1.0`.
+    /// Share of map calls that fail, in `0.0..=1.0`. Default 0.
     pub map_rate: f64,
-    /// Share of unmap calls that fail.
+    /// Share of unmap calls that fail. Default 0.
     pub unmap_rate: f64,
-    /// Share of flush calls that fail.
+    /// Share of flush calls that fail. Default 0.
     pub flush_rate: f64,
     /// Fail exactly the Nth call (counted from 1) of this kind, besides the
-    /// rates.
+    /// rates. Default `None`.
     pub fail_nth: Option<(Op, u64)>,
 }
 

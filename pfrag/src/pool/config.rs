@@ -99,41 +99,53 @@ impl std::str::FromStr for Reclaim {
     }
 }
 
-/// Settings of a [`Pool`](super::Pool).
+/// Settings of a [`Pool`](super::Pool). [`Config::new`] takes the order
+/// and the policy and sets every other field to its default, stated on
+/// each field.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Chunk order.
+    /// Chunk order (no default: [`Config::new`] takes it).
     pub order: Order,
-    /// Mapping policy.
+    /// Mapping policy (no default: [`Config::new`] takes it).
     pub policy: Policy,
-    /// Direction chunks are mapped for.
+    /// Direction chunks are mapped for. Default [`Dir::TO_DEVICE`] (TX).
     pub dir: Dir,
-    /// Chunks per grow (one arena, one map call). 0 = 1 MiB worth (2 MiB
-    /// with huge pages), at least 1.
+    /// Chunks per grow (one arena, one map call). 0 (the default) = 1 MiB
+    /// worth (2 MiB with huge pages, 64 KiB under Miri), at least 1.
     pub grow_batch: usize,
-    /// Free chunks above which the pool shrinks. 0 = the larger of 4 grow
-    /// batches and 32 MiB of chunks: a TX ring reaped in one burst frees
-    /// hundreds of chunks at once, and a watermark below that would shrink
-    /// and regrow the pool on every burst (map and unmap calls in steady
-    /// state).
+    /// Free chunks above which the pool shrinks. 0 (the default) = the
+    /// larger of 4 grow batches and 32 MiB of chunks: a TX ring reaped in
+    /// one burst frees hundreds of chunks at once, and a watermark below
+    /// that would shrink and regrow the pool on every burst (map and unmap
+    /// calls in steady state).
     pub high_watermark: usize,
-    /// Chunks per shrink. 0 = the grow batch.
+    /// Chunks per shrink. 0 (the default) = the grow batch.
     pub shrink_batch: usize,
-    /// Most bytes of chunk memory the pool may hold; `None` = unlimited.
+    /// Most bytes of chunk memory the pool may hold; `None` (the default)
+    /// = unlimited.
     pub max_bytes: Option<u64>,
-    /// Largest payload one `FragCache::frags` call accepts.
+    /// Largest payload one `FragCache::frags` call accepts. Default
+    /// 256 KiB ([`Config::DEFAULT_MAX_PAYLOAD`]).
     pub max_payload: usize,
-    /// Back arenas with 2 MiB huge pages when available.
+    /// Back arenas with 2 MiB huge pages when available. Default off.
     pub hugepages: bool,
-    /// TX queues served, each with its own reserve (1..=4096).
+    /// TX queues served, each with its own reserve (1..=4096). Default 1
+    /// ([`Config::DEFAULT_QUEUES`]).
     pub queues: usize,
-    /// How freed chunks go back to the shared list.
+    /// How freed chunks go back to the shared list. Default
+    /// [`Reclaim::Eager`].
     pub reclaim: Reclaim,
 }
 
 impl Config {
-    /// Defaults for `order` and `policy`: TX direction, automatic batches,
-    /// no byte limit, 256 KiB max payload, normal pages.
+    /// The default largest payload of one `FragCache::frags` call: 256 KiB.
+    pub const DEFAULT_MAX_PAYLOAD: usize = 256 << 10;
+    /// The default number of TX queues a pool serves: 1.
+    pub const DEFAULT_QUEUES: usize = 1;
+
+    /// Defaults for `order` and `policy`: TX direction, automatic batches
+    /// and watermark, no byte limit, 256 KiB max payload, normal pages, one
+    /// queue, eager reclaim.
     pub fn new(order: Order, policy: Policy) -> Config {
         Config {
             order,
@@ -143,9 +155,9 @@ impl Config {
             high_watermark: 0,
             shrink_batch: 0,
             max_bytes: None,
-            max_payload: 256 << 10,
+            max_payload: Config::DEFAULT_MAX_PAYLOAD,
             hugepages: false,
-            queues: 1,
+            queues: Config::DEFAULT_QUEUES,
             reclaim: Reclaim::Eager,
         }
     }

@@ -200,7 +200,8 @@ struct Counters {
     pages: AtomicU64,
 }
 
-/// How a [`VfioMapper`] sets a mapping's access.
+/// How a [`VfioMapper`] sets a mapping's access. Default
+/// [`MapAccess::Narrow`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MapAccess {
     /// As the mapping's direction asks, and no more: `TO_DEVICE` read-only,

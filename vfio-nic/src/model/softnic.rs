@@ -61,17 +61,21 @@ impl std::str::FromStr for Touch {
     }
 }
 
-/// Settings of the model.
+/// Settings of the model. [`Config::default()`] reads and checksums every
+/// byte, keeps no frames, and verifies the lab's test pattern.
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
-    /// How much of each payload is read.
+    /// How much of each payload is read. Default [`Touch::Checksum`]
+    /// (every byte).
     pub touch: Touch,
     /// Keep every frame sent (for tests; only with [`Touch::Checksum`]).
+    /// Default off.
     pub capture: bool,
     /// Check every payload byte against its flow's test pattern (the lab's
     /// traffic generator writes it; `bytes_verified` counts matches). Off
     /// for a driver's own payloads, which the model then only reads,
-    /// checksums and segments.
+    /// checksums and segments. Default on: turn it off for payloads that
+    /// are not the generator's.
     pub verify: bool,
 }
 

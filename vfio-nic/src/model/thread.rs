@@ -28,11 +28,11 @@ use super::softnic::{NicStats, WIRE_GAP};
 use crate::device::{Model, TxDevice};
 use crate::error::{Error, Result};
 
-/// Settings of a device thread.
+/// Settings of a device thread. [`Config::default()`] does not pace.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Config {
-    /// Wire rate to pace to, in Gbit/s; `None` runs as fast as the model
-    /// can.
+    /// Wire rate to pace to, in Gbit/s; `None` (the default) runs as fast
+    /// as the model can.
     pub line_rate_gbit: Option<f64>,
 }
 

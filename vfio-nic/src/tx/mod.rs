@@ -122,34 +122,54 @@ impl std::str::FromStr for HeaderMode {
     }
 }
 
-/// Settings of a [`Queue`].
+/// Settings of a [`Queue`]. [`Config::default()`]: a ring of 256
+/// descriptors, headers in 128-byte bounce slots, payloads fit whole, at
+/// most 64 data buffers per packet, no boundary split, pool queue 0 (the
+/// `DEFAULT_` constants hold these values).
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
-    /// Descriptors in the ring: a multiple of 8, 8..=4096.
+    /// Descriptors in the ring: a multiple of 8, 8..=4096. Default 256
+    /// ([`Config::DEFAULT_RING`]).
     pub ring: u16,
-    /// Header placement.
+    /// Header placement. Default bounce slots of 128 bytes
+    /// ([`Config::DEFAULT_HEADER`]), which also carry a small packet's
+    /// payload inline.
     pub header: HeaderMode,
-    /// Ask the frag cache to fit each payload whole in one chunk.
+    /// Ask the frag cache to fit each payload whole in one chunk. Default
+    /// on ([`Config::DEFAULT_FIT_WHOLE`]).
     pub fit_whole: bool,
-    /// Most data buffers per packet the device accepts.
+    /// Most data buffers per packet the device accepts. Default 64
+    /// ([`Config::DEFAULT_MAX_BUFS`]).
     pub max_bufs: usize,
     /// If set (a power of two), no data descriptor crosses a multiple of
     /// it. QEMU's emulated 82576 behind an emulated IOMMU maps each buffer
     /// as one IOTLB entry and silently drops a packet whose buffer crosses
     /// an IOMMU page, so runs under emulation set this to 4096; real
-    /// hardware needs no split.
+    /// hardware needs no split. Default `None`.
     pub boundary: Option<usize>,
     /// The pool queue (reserve) whose chunks the payload cache takes.
+    /// Default 0, the first (and, by default, the only) one.
     pub queue: usize,
+}
+
+impl Config {
+    /// The default ring size: 256 descriptors.
+    pub const DEFAULT_RING: u16 = 256;
+    /// The default header placement: bounce slots of 128 bytes.
+    pub const DEFAULT_HEADER: HeaderMode = HeaderMode::Bounce(SlotSize::B128);
+    /// Payloads are fit whole into one chunk by default.
+    pub const DEFAULT_FIT_WHOLE: bool = true;
+    /// The default most data buffers per packet: 64.
+    pub const DEFAULT_MAX_BUFS: usize = 64;
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
-            ring: 256,
-            header: HeaderMode::Bounce(SlotSize::B128),
-            fit_whole: true,
-            max_bufs: 64,
+            ring: Config::DEFAULT_RING,
+            header: Config::DEFAULT_HEADER,
+            fit_whole: Config::DEFAULT_FIT_WHOLE,
+            max_bufs: Config::DEFAULT_MAX_BUFS,
             boundary: None,
             queue: 0,
         }

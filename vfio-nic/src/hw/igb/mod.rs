@@ -171,20 +171,32 @@ const TCTL_COLD: u32 = 0x3F << 12;
 /// Timeouts of the bring-up steps.
 #[derive(Clone, Copy, Debug)]
 pub struct IgbConfig {
-    /// How long a reset may take to self-clear.
+    /// How long a reset may take to self-clear. Default
+    /// [`IgbConfig::DEFAULT_RESET_TIMEOUT`] (1 s).
     pub reset_timeout: Duration,
-    /// How long to wait for link after reset.
+    /// How long to wait for link after reset. Default
+    /// [`IgbConfig::DEFAULT_LINK_TIMEOUT`] (10 s).
     pub link_timeout: Duration,
-    /// How long a queue enable may take to read back.
+    /// How long a queue enable may take to read back. Default
+    /// [`IgbConfig::DEFAULT_ENABLE_TIMEOUT`] (1 s).
     pub enable_timeout: Duration,
+}
+
+impl IgbConfig {
+    /// The default time a reset may take to self-clear.
+    pub const DEFAULT_RESET_TIMEOUT: Duration = Duration::from_secs(1);
+    /// The default wait for link after reset.
+    pub const DEFAULT_LINK_TIMEOUT: Duration = Duration::from_secs(10);
+    /// The default time a queue enable may take to read back.
+    pub const DEFAULT_ENABLE_TIMEOUT: Duration = Duration::from_secs(1);
 }
 
 impl Default for IgbConfig {
     fn default() -> Self {
         IgbConfig {
-            reset_timeout: Duration::from_secs(1),
-            link_timeout: Duration::from_secs(10),
-            enable_timeout: Duration::from_secs(1),
+            reset_timeout: IgbConfig::DEFAULT_RESET_TIMEOUT,
+            link_timeout: IgbConfig::DEFAULT_LINK_TIMEOUT,
+            enable_timeout: IgbConfig::DEFAULT_ENABLE_TIMEOUT,
         }
     }
 }
