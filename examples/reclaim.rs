@@ -57,7 +57,7 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     order: u32,
     /// TX ring descriptors (in-flight sends): a multiple of 8 in 8..=4096.
-    #[arg(long, default_value_t = 256, value_parser = cli::ring)]
+    #[arg(long, default_value_t = vfio_nic::tx::Config::DEFAULT_RING, value_parser = cli::ring)]
     ring: u16,
     /// Sends per doorbell (completions are reaped between bursts).
     #[arg(long, default_value_t = 8)]

@@ -83,13 +83,13 @@ struct Args {
     #[arg(long, value_parser = cli::warmup)]
     warmup: Option<u64>,
     /// TX ring descriptors: a multiple of 8 in 8..=4096.
-    #[arg(long, default_value_t = 256, value_parser = cli::ring)]
+    #[arg(long, default_value_t = vfio_nic::tx::Config::DEFAULT_RING, value_parser = cli::ring)]
     ring: u16,
     /// Packets posted per doorbell.
     #[arg(long, default_value_t = 8)]
     burst: u64,
     /// IOTLB entries of the software IOMMU.
-    #[arg(long, default_value_t = 128, value_parser = cli::iotlb_entries)]
+    #[arg(long, default_value_t = pfrag::dma::SoftIommuConfig::DEFAULT_IOTLB_ENTRIES, value_parser = cli::iotlb_entries)]
     iotlb_entries: usize,
     /// Back pools with 2 MiB huge pages and map superpages (falls back to
     /// normal pages, shown in the `backing` column, when none are reserved).
