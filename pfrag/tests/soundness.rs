@@ -207,3 +207,45 @@ fn coherent_accesses_from_two_threads_do_not_race() {
     c.read(14, &mut b).unwrap();
     assert_eq!(b, [0]);
 }
+
+/// `max_bytes` counts every byte the pool holds: chunks pinned after a
+/// failed unmap stay held, so they count until the pool drops. With half
+/// the unmaps failing, the pool once held 78 times its limit.
+#[test]
+fn pinned_chunks_count_toward_max_bytes() {
+    let m = Arc::new(
+        Faulty::new(
+            soft(Invalidation::Strict),
+            FaultyConfig {
+                seed: 11,
+                unmap_rate: 0.5,
+                ..FaultyConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let d = Arc::new(Domain::new(m.clone()));
+    let max = 8 * 4096;
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::PerChunk);
+    cfg.grow_batch = 1;
+    cfg.max_bytes = Some(max);
+    let pool = Pool::new(d.clone(), cfg).unwrap();
+    let mut c = FragCache::new(pool.clone());
+    let mut refused = 0;
+    for _ in 0..if cfg!(miri) { 24 } else { 200 } {
+        match c.refill(4096, true) {
+            Ok(f) => drop(f),
+            Err(pfrag::Error::LimitReached { held, max: m, .. }) => {
+                assert_eq!(m, max);
+                assert!(held <= max, "{held}");
+                refused += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        c.release();
+        let st = pool.stats();
+        assert!((st.chunks + st.pinned) * 4096 <= max, "{st:?}");
+    }
+    let st = pool.stats();
+    assert!(st.pinned > 0 && refused > 0, "{st:?} {refused}");
+}
