@@ -9,7 +9,8 @@
 //! not alias a live `&`/`&mut`. The one exception is the crate's
 //! `slice_mut` / `slice`, whose callers promise the device is not using the
 //! range. The raw accessors are private to pfrag; outside it, memory is
-//! reached through [`Region::write`], `Coherent` and frags.
+//! reached through [`Region::write`] (`&mut self`: one writer, no reader),
+//! `Coherent` (32-bit atomics, safe to share between threads) and frags.
 
 use std::io;
 use std::ptr;
@@ -121,9 +122,23 @@ impl Region {
 
     /// Copies `src` into the region at `off`; out of bounds is an error.
     ///
-    /// Like [`Coherent::write`](crate::dma::Coherent::write): memory a
-    /// device may read is written through a raw copy, never a reference.
-    pub fn write(&self, off: usize, src: &[u8]) -> Result<()> {
+    /// Memory a device may read is written through a raw copy, never a
+    /// reference. The copy is a plain one, so it takes `&mut self`: one
+    /// writer at a time, and no reader meanwhile. Memory the CPU shares
+    /// with a device while both run is a
+    /// [`Coherent`](crate::dma::Coherent) region, whose accesses are
+    /// atomic. Two threads cannot write through a shared `&Region`:
+    ///
+    /// ```compile_fail,E0596
+    /// use pfrag::mem::Region;
+    /// let region = Region::new(4096, 4096, false).unwrap();
+    /// let r = &region;
+    /// std::thread::scope(|s| {
+    ///     s.spawn(move || r.write(0, &[1; 64])); // error: `*r` is behind a `&`
+    ///     s.spawn(move || r.write(0, &[2; 64]));
+    /// });
+    /// ```
+    pub fn write(&mut self, off: usize, src: &[u8]) -> Result<()> {
         match off.checked_add(src.len()) {
             Some(end) if end <= self.len => {
                 // SAFETY: in bounds of the live mapping (checked above); no
@@ -214,11 +229,12 @@ pub(crate) unsafe fn write(addr: VirtAddr, src: &[u8]) {
     unsafe { ptr::copy_nonoverlapping(src.as_ptr(), addr.0 as *mut u8, src.len()) }
 }
 
-/// Copies from `addr` into `dst`.
+/// Copies from `addr` into `dst` (tests read what a device would see).
 ///
 /// # Safety
 /// `addr..addr+dst.len()` lies in a live [`Region`] that nobody writes while
 /// this runs.
+#[cfg(test)]
 pub(crate) unsafe fn read(addr: VirtAddr, dst: &mut [u8]) {
     // SAFETY: per the contract above the source is valid for reads.
     unsafe { ptr::copy_nonoverlapping(addr.0 as *const u8, dst.as_mut_ptr(), dst.len()) }
@@ -243,57 +259,118 @@ pub(crate) unsafe fn slice_mut<'a>(addr: VirtAddr, len: usize) -> &'a mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(addr.0 as *mut u8, len) }
 }
 
-/// Atomic 32-bit load with acquire ordering, for a word a device writes
-/// (descriptor write-back): a device model on another thread stores it with
-/// [`store_u32_release`], so seeing the word also shows everything the
-/// device did before (and a real device's write is a single aligned store).
+/// The aligned 32-bit word at `addr`, as an atomic.
 ///
 /// # Safety
-/// `addr` is 4-byte aligned and lies in a live [`Region`], and whatever
-/// writes those 4 bytes while this runs does so with a 32-bit atomic store.
-pub(crate) unsafe fn read_u32(addr: VirtAddr) -> u32 {
-    // SAFETY: aligned and valid per the contract above; concurrent writers
-    // use same-sized atomic stores, so this is no data race.
-    unsafe { AtomicU32::from_ptr(addr.0 as *mut u32) }.load(Ordering::Acquire)
+/// `addr` is 4-byte aligned and lies in a live [`Region`] for `'a`, and
+/// every concurrent access to those 4 bytes is a 32-bit atomic.
+unsafe fn word<'a>(addr: usize) -> &'a AtomicU32 {
+    // SAFETY: per the contract above (alignment, liveness, and no
+    // concurrent non-atomic or mixed-size access).
+    unsafe { AtomicU32::from_ptr(addr as *mut u32) }
+}
+
+/// Atomic 32-bit load.
+///
+/// # Safety
+/// As [`word`]: `addr` is 4-byte aligned, in a live [`Region`], and
+/// concurrent accesses to those 4 bytes are 32-bit atomics.
+pub(crate) unsafe fn load_u32(addr: VirtAddr, order: Ordering) -> u32 {
+    // SAFETY: per the contract above.
+    unsafe { word(addr.0) }.load(order)
+}
+
+/// Atomic 32-bit store.
+///
+/// # Safety
+/// As [`load_u32`].
+pub(crate) unsafe fn store_u32(addr: VirtAddr, v: u32, order: Ordering) {
+    // SAFETY: per the contract above.
+    unsafe { word(addr.0) }.store(v, order)
 }
 
 /// Atomic 32-bit store with release ordering: a device model's write-back
-/// of a descriptor's status word, which the driver polls with
-/// [`read_u32`] while the device runs.
+/// of a descriptor's status word, which the driver polls with an acquire
+/// [`load_u32`] while the device runs, so seeing the word also shows
+/// everything the device did before (a real device's write is a single
+/// aligned store too).
 ///
 /// # Safety
-/// As [`read_u32`]: aligned, in a live [`Region`], and concurrent accesses
-/// to those 4 bytes are 32-bit atomics.
+/// As [`load_u32`].
 pub(crate) unsafe fn store_u32_release(addr: VirtAddr, v: u32) {
     // SAFETY: per the contract above.
-    unsafe { AtomicU32::from_ptr(addr.0 as *mut u32) }.store(v, Ordering::Release)
+    unsafe { store_u32(addr, v, Ordering::Release) }
 }
 
-/// Volatile 32-bit store, for memory a device reads (descriptors).
+/// Copies `src` to `addr` with relaxed 32-bit atomic stores: whole words
+/// where `src` covers them, a compare-and-swap of the word where it covers
+/// only part (the word's other bytes are left as they are, even if another
+/// thread writes them meanwhile).
 ///
 /// # Safety
-/// `addr` is 4-byte aligned and lies in a live [`Region`].
-pub(crate) unsafe fn write_u32(addr: VirtAddr, v: u32) {
-    // SAFETY: per the contract above.
-    unsafe { ptr::write_volatile(addr.0 as *mut u32, v) }
+/// The words that `addr..addr + src.len()` touches lie in a live
+/// [`Region`], and every concurrent access to them is a 32-bit atomic.
+pub(crate) unsafe fn write_words(addr: VirtAddr, src: &[u8]) {
+    let (mut at, mut src) = (addr.0, src);
+    let head = at % 4;
+    if head != 0 && !src.is_empty() {
+        let n = (4 - head).min(src.len());
+        // SAFETY: the word holding `at` is touched by the range.
+        unsafe { merge(at - head, head, &src[..n]) };
+        (at, src) = (at + n, &src[n..]);
+    }
+    let mut words = src.chunks_exact(4);
+    for w in &mut words {
+        // SAFETY: `at` is aligned now, and the word lies in the range.
+        unsafe { word(at) }.store(
+            u32::from_ne_bytes([w[0], w[1], w[2], w[3]]),
+            Ordering::Relaxed,
+        );
+        at += 4;
+    }
+    let tail = words.remainder();
+    if !tail.is_empty() {
+        // SAFETY: the word at `at` holds the range's last bytes.
+        unsafe { merge(at, 0, tail) };
+    }
 }
 
-/// Volatile 64-bit load.
+/// Replaces bytes `pos..pos + bytes.len()` of the word at `at` (aligned),
+/// keeping the others: one compare-and-swap loop.
 ///
 /// # Safety
-/// `addr` is 8-byte aligned and lies in a live [`Region`].
-pub(crate) unsafe fn read_u64(addr: VirtAddr) -> u64 {
+/// As [`word`].
+unsafe fn merge(at: usize, pos: usize, bytes: &[u8]) {
     // SAFETY: per the contract above.
-    unsafe { ptr::read_volatile(addr.0 as *const u64) }
+    let w = unsafe { word(at) };
+    let put = |old: u32| {
+        let mut b = old.to_ne_bytes();
+        b[pos..pos + bytes.len()].copy_from_slice(bytes);
+        Some(u32::from_ne_bytes(b))
+    };
+    // The closure always returns `Some`: the update cannot be refused.
+    let _ = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, put);
 }
 
-/// Volatile 64-bit store.
+/// Copies from `addr` into `dst` with relaxed 32-bit atomic loads (whole
+/// words; the bytes of an edge word outside the range are loaded and
+/// dropped).
 ///
 /// # Safety
-/// `addr` is 8-byte aligned and lies in a live [`Region`].
-pub(crate) unsafe fn write_u64(addr: VirtAddr, v: u64) {
-    // SAFETY: per the contract above.
-    unsafe { ptr::write_volatile(addr.0 as *mut u64, v) }
+/// As [`write_words`].
+pub(crate) unsafe fn read_words(addr: VirtAddr, dst: &mut [u8]) {
+    let mut at = addr.0;
+    let mut done = 0;
+    while done < dst.len() {
+        let pos = at % 4;
+        let n = (4 - pos).min(dst.len() - done);
+        // SAFETY: the word holding `at` is touched by the range.
+        let w = unsafe { word(at - pos) }
+            .load(Ordering::Relaxed)
+            .to_ne_bytes();
+        dst[done..done + n].copy_from_slice(&w[pos..pos + n]);
+        (at, done) = (at + n, done + n);
+    }
 }
 
 /// Whether every page of `addr..addr + len` is resident in RAM (`mincore`).

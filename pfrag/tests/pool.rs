@@ -188,6 +188,26 @@ fn bad_input_is_a_typed_error_with_numbers() {
     assert!(v.is_empty());
 }
 
+/// A bulk length near `usize::MAX` once overflowed while rounding up to
+/// the frag alignment (a panic in debug builds).
+#[test]
+fn refill_bulk_of_a_huge_length_is_a_typed_error() {
+    let (_, mut c) = cache(2, Policy::Persistent);
+    let mut v = Vec::new();
+    for len in [usize::MAX, usize::MAX - 63, usize::MAX / 2 + 1] {
+        for n in [1, 2, usize::MAX] {
+            match c.refill_bulk(len, n, &mut v) {
+                Err(Error::LargerThanChunk { len: l, chunk }) => {
+                    assert_eq!((l, chunk), (len, 16384));
+                }
+                other => panic!("{len} x {n}: {other:?}"),
+            }
+        }
+    }
+    assert!(v.is_empty());
+    assert_eq!(c.stats().frags, 0);
+}
+
 #[test]
 fn limit_reached_is_typed_and_leaks_nothing() {
     let d = domain(Invalidation::Strict);

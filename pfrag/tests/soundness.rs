@@ -173,3 +173,79 @@ fn last_chunk_back_after_every_handle_is_gone_frees_the_pool() {
     assert_eq!(d.iova_in_use(), 0);
     assert_eq!(m.mapped_pages(), 0);
 }
+
+/// `Coherent` is `Sync` and its accessors take `&self`: two threads using
+/// the same bytes at once must not race (a data race is UB; Miri reports
+/// it). CPU accesses are atomic at 32-bit word granularity, so each word
+/// read is one of the values written, whole.
+#[test]
+fn coherent_accesses_from_two_threads_do_not_race() {
+    use pfrag::dma::{Coherent, Dir, Identity};
+    let d = Arc::new(Domain::new(Identity::new()));
+    let c = Coherent::new(d, 64, Dir::BIDIRECTIONAL).unwrap();
+    let run = |b: u8| {
+        // Unaligned on purpose: edge words are shared with other bytes.
+        c.write(1, &[b; 13]).unwrap();
+        c.write_u32(16, u32::from_ne_bytes([b; 4])).unwrap();
+        c.write_u64(24, u64::from_ne_bytes([b; 8])).unwrap();
+        let mut got = [0u8; 13];
+        c.read(1, &mut got).unwrap();
+        assert!(got.iter().all(|&x| x == 0xaa || x == 0xbb), "{got:?}");
+        let w = c.read_u32(16).unwrap().to_ne_bytes();
+        assert!(w == [0xaa; 4] || w == [0xbb; 4], "{w:?}");
+        let q = c.read_u64(24).unwrap().to_ne_bytes();
+        assert!(q.iter().all(|&x| x == 0xaa || x == 0xbb), "{q:?}");
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| run(0xaa));
+        s.spawn(|| run(0xbb));
+    });
+    // The bytes around the writes are untouched.
+    let mut b = [0u8; 1];
+    c.read(0, &mut b).unwrap();
+    assert_eq!(b, [0]);
+    c.read(14, &mut b).unwrap();
+    assert_eq!(b, [0]);
+}
+
+/// `max_bytes` counts every byte the pool holds: chunks pinned after a
+/// failed unmap stay held, so they count until the pool drops. With half
+/// the unmaps failing, the pool once held 78 times its limit.
+#[test]
+fn pinned_chunks_count_toward_max_bytes() {
+    let m = Arc::new(
+        Faulty::new(
+            soft(Invalidation::Strict),
+            FaultyConfig {
+                seed: 11,
+                unmap_rate: 0.5,
+                ..FaultyConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    let d = Arc::new(Domain::new(m.clone()));
+    let max = 8 * 4096;
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::PerChunk);
+    cfg.grow_batch = 1;
+    cfg.max_bytes = Some(max);
+    let pool = Pool::new(d.clone(), cfg).unwrap();
+    let mut c = FragCache::new(pool.clone());
+    let mut refused = 0;
+    for _ in 0..if cfg!(miri) { 24 } else { 200 } {
+        match c.refill(4096, true) {
+            Ok(f) => drop(f),
+            Err(pfrag::Error::LimitReached { held, max: m, .. }) => {
+                assert_eq!(m, max);
+                assert!(held <= max, "{held}");
+                refused += 1;
+            }
+            Err(e) => panic!("{e}"),
+        }
+        c.release();
+        let st = pool.stats();
+        assert!((st.chunks + st.pinned) * 4096 <= max, "{st:?}");
+    }
+    let st = pool.stats();
+    assert!(st.pinned > 0 && refused > 0, "{st:?} {refused}");
+}

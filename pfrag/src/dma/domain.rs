@@ -1,7 +1,7 @@
 //! A DMA domain: a mapper plus the IOVA allocator that serves it, and
 //! coherent regions mapped once for their whole life.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{BatchUnmap, Dir, DmaMapper, IovaSpace, Mapping, Unmapped};
@@ -282,8 +282,38 @@ fn lock(a: &Mutex<IovaAllocator>) -> MutexGuard<'_, IovaAllocator> {
 }
 
 /// A coherent DMA region: memory mapped once at creation and unmapped when
-/// dropped (descriptor rings, header bounce rings). All access goes through
-/// bounds-checked volatile helpers, never through references.
+/// dropped (descriptor rings, header bounce rings).
+///
+/// It is shared between the CPU and a device, so its accessors take `&self`
+/// and the region is `Sync`. The promise:
+///
+/// - **CPU accesses are free of data races.** Every accessor is atomic at
+///   32-bit word granularity: [`read_u32`](Self::read_u32) and
+///   [`write_u32`](Self::write_u32) are single atomic operations;
+///   [`read_u64`](Self::read_u64) and [`write_u64`](Self::write_u64) are two
+///   of them (low-address word first), so a `u64` is *not* single-copy
+///   atomic: another thread may see one half written. [`write`](Self::write)
+///   and [`read`](Self::read) go word by word; a word the range covers only
+///   in part is updated with a compare-and-swap, keeping its other bytes.
+///   Threads writing the same bytes at once leave each word as one of them
+///   wrote it.
+/// - **Device accesses are DMA** (a real device, or a model through
+///   [`Translate`](super::Translate)): the driver hands memory to the device
+///   with its doorbell (a release store, or a fence before an MMIO write)
+///   and takes it back by reading the device's status write-back with
+///   [`read_u32`](Self::read_u32) (acquire), as with real hardware. The
+///   CPU's own stores are relaxed: that handshake orders them.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use pfrag::dma::{Coherent, Dir, Domain, Identity};
+/// let ring = Coherent::new(Arc::new(Domain::new(Identity::new())), 4096, Dir::BIDIRECTIONAL)?;
+/// std::thread::scope(|s| {
+///     s.spawn(|| ring.write(0, b"from one thread"));
+///     s.spawn(|| ring.write_u64(8, 7));
+/// });
+/// # Ok::<(), pfrag::Error>(())
+/// ```
 pub struct Coherent<M: DmaMapper> {
     domain: Arc<Domain<M>>,
     /// Freed in `drop` only once the mapping is retired.
@@ -348,19 +378,25 @@ impl<M: DmaMapper> Coherent<M> {
         }
     }
 
-    /// Copies `src` in at `off`.
+    /// Copies `src` in at `off`, word by word with relaxed atomic stores
+    /// (see the type docs).
     pub fn write(&self, off: usize, src: &[u8]) -> Result<()> {
         let at = self.at(off, src.len(), 1)?;
-        // SAFETY: `at` is in bounds of the live region; no Rust reference
-        // to region memory exists (access is only through these helpers).
-        unsafe { mem::write(at, src) };
+        // SAFETY: in bounds of the live region, whose base is page aligned
+        // and length a page multiple, so every word the range touches lies
+        // inside it; the CPU reaches region memory only through these
+        // 32-bit atomics, and the device only after the doorbell (type
+        // docs).
+        unsafe { mem::write_words(at, src) };
         Ok(())
     }
-    /// Copies out from `off`.
+    /// Copies out from `off`, word by word with relaxed atomic loads. To see
+    /// what a device wrote, read its status word with
+    /// [`read_u32`](Self::read_u32) first.
     pub fn read(&self, off: usize, dst: &mut [u8]) -> Result<()> {
         let at = self.at(off, dst.len(), 1)?;
         // SAFETY: as in `write`.
-        unsafe { mem::read(at, dst) };
+        unsafe { mem::read_words(at, dst) };
         Ok(())
     }
     /// Atomic 32-bit load with acquire ordering at `off` (4-byte aligned):
@@ -369,30 +405,54 @@ impl<M: DmaMapper> Coherent<M> {
     /// [`Translate::write_u32`](super::Translate::write_u32)).
     pub fn read_u32(&self, off: usize) -> Result<u32> {
         let at = self.at(off, 4, 4)?;
-        // SAFETY: in bounds and aligned (region base is page aligned); a
-        // device model writes such a word only with a 32-bit atomic store
-        // (`Translate::write_u32`), so the load races with nothing else.
-        Ok(unsafe { mem::read_u32(at) })
+        // SAFETY: in bounds and aligned (the region's base is page
+        // aligned); CPU accesses are 32-bit atomics, and a device model
+        // writes such a word only with a 32-bit atomic store.
+        Ok(unsafe { mem::load_u32(at, Ordering::Acquire) })
     }
-    /// Volatile 32-bit store at `off` (4-byte aligned).
+    /// Atomic 32-bit store at `off` (4-byte aligned). Relaxed: the device
+    /// reads it only after the doorbell, which orders it.
     pub fn write_u32(&self, off: usize, v: u32) -> Result<()> {
         let at = self.at(off, 4, 4)?;
-        // SAFETY: in bounds and aligned.
-        unsafe { mem::write_u32(at, v) };
+        // SAFETY: as in `read_u32`.
+        unsafe { mem::store_u32(at, v, Ordering::Relaxed) };
         Ok(())
     }
-    /// Volatile 64-bit store at `off` (8-byte aligned).
+    /// 64-bit store at `off` (8-byte aligned), as two relaxed 32-bit atomic
+    /// stores, low address first: not single-copy atomic (a descriptor is
+    /// read by the device only after the doorbell).
     pub fn write_u64(&self, off: usize, v: u64) -> Result<()> {
         let at = self.at(off, 8, 8)?;
-        // SAFETY: in bounds and aligned.
-        unsafe { mem::write_u64(at, v) };
+        let b = v.to_ne_bytes();
+        // SAFETY: in bounds and aligned, as in `read_u32`, for both words.
+        unsafe {
+            mem::store_u32(
+                at,
+                u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+                Ordering::Relaxed,
+            );
+            mem::store_u32(
+                at.offset(4),
+                u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+                Ordering::Relaxed,
+            );
+        }
         Ok(())
     }
-    /// Volatile 64-bit load at `off` (8-byte aligned).
+    /// 64-bit load at `off` (8-byte aligned), as two 32-bit atomic loads
+    /// with acquire ordering, low address first: not single-copy atomic.
     pub fn read_u64(&self, off: usize) -> Result<u64> {
         let at = self.at(off, 8, 8)?;
-        // SAFETY: in bounds and aligned.
-        Ok(unsafe { mem::read_u64(at) })
+        // SAFETY: in bounds and aligned, as in `read_u32`, for both words.
+        let (lo, hi) = unsafe {
+            (
+                mem::load_u32(at, Ordering::Acquire).to_ne_bytes(),
+                mem::load_u32(at.offset(4), Ordering::Acquire).to_ne_bytes(),
+            )
+        };
+        Ok(u64::from_ne_bytes([
+            lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3],
+        ]))
     }
 }
 

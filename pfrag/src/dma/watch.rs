@@ -201,7 +201,7 @@ mod tests {
     #[cfg_attr(miri, ignore = "mincore: Miri has no page tables to ask")]
     fn memory_not_resident_at_its_unmap_is_caught() {
         let w = Watch::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
-        let r = Region::new(4 * 4096, 4096, false).unwrap();
+        let mut r = Region::new(4 * 4096, 4096, false).unwrap();
         // The first half is written (resident); the second never touched,
         // so it reads to `mincore` like memory given back too early.
         r.write(0, &[1u8; 2 * 4096]).unwrap();
@@ -223,7 +223,7 @@ mod tests {
     #[test]
     fn one_unmap_across_two_mappings_checks_both_parts() {
         let w = Watch::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
-        let r = Region::new(4 * 4096, 4096, false).unwrap();
+        let mut r = Region::new(4 * 4096, 4096, false).unwrap();
         r.write(0, &[1u8; 4 * 4096]).unwrap();
         let (a, b) = (
             mapping(&r, 0x20_0000, 0, 8192),

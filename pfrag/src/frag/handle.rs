@@ -252,7 +252,8 @@ mod tests {
     use crate::Order;
 
     fn cache() -> FragCache<Identity> {
-        let cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+        let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+        cfg.grow_batch = 1;
         FragCache::new(Pool::new(Arc::new(Domain::new(Identity::new())), cfg).unwrap())
     }
 

@@ -209,7 +209,9 @@ impl<M: DmaMapper> FragCache<M> {
     ///
     /// `n` frags must fit one chunk (each but the last padded to
     /// [`FRAG_ALIGN`]); if the current chunk's tail is too short, the cache
-    /// moves to a fresh chunk. On error nothing is appended and nothing is
+    /// moves to a fresh chunk. Frags that cannot fit one chunk are
+    /// [`Error::LargerThanChunk`] (with `len` itself when one frag is
+    /// larger than a chunk). On error nothing is appended and nothing is
     /// charged.
     ///
     /// ```
@@ -231,6 +233,13 @@ impl<M: DmaMapper> FragCache<M> {
     ///
     /// [`refill`]: FragCache::refill
     pub fn refill_bulk(&mut self, len: usize, n: usize, out: &mut Vec<Frag<M>>) -> Result<()> {
+        if len > self.chunk_size {
+            // Also keeps the rounding below from overflowing.
+            return Err(Error::LargerThanChunk {
+                len,
+                chunk: self.chunk_size,
+            });
+        }
         let stride = len.next_multiple_of(FRAG_ALIGN);
         let need = match n.checked_sub(1) {
             _ if len == 0 => return Err(Error::ZeroLength),

@@ -151,12 +151,20 @@ impl<M: DmaMapper> Shared<M> {
         Ok((released.drain(at..).collect(), huge))
     }
 
+    /// Refuses a growth by `count` chunks past `max_bytes`. The limit
+    /// counts every byte the pool holds: chunks in circulation and chunks
+    /// pinned for good (still allocated, maybe still mapped).
     fn check_limit(&self, count: usize) -> Result<()> {
         let Some(max) = self.cfg.max_bytes else {
             return Ok(());
         };
         let size = self.cfg.order.size() as u64;
-        let held = self.counters.chunks.load(Ordering::Relaxed) * size;
+        // `pin_listed` counts a chunk pinned before it leaves `chunks`
+        // (release); read in the other order (acquire), the sum never
+        // misses a chunk that moves between the two.
+        let listed = self.counters.chunks.load(Ordering::Acquire);
+        let n = listed + self.counters.pinned.load(Ordering::Relaxed);
+        let held = n * size;
         let want = count as u64 * size;
         if held.saturating_add(want) > max {
             return Err(Error::LimitReached {

@@ -121,8 +121,10 @@ pub struct Config {
     pub high_watermark: usize,
     /// Chunks per shrink. 0 (the default) = the grow batch.
     pub shrink_batch: usize,
-    /// Most bytes of chunk memory the pool may hold; `None` (the default)
-    /// = unlimited.
+    /// Most bytes of chunk memory the pool may hold, chunks pinned after a
+    /// failed unmap included (they stay held for good); past it, growth is
+    /// refused with [`Error::LimitReached`](crate::Error::LimitReached).
+    /// `None` (the default) = unlimited.
     pub max_bytes: Option<u64>,
     /// Largest payload one `FragCache::frags` call accepts. Default
     /// 256 KiB ([`Config::DEFAULT_MAX_PAYLOAD`]).

@@ -215,10 +215,12 @@ impl<M: DmaMapper> Shared<M> {
         n
     }
 
-    /// Pins a chunk that was counted in `chunks` (in circulation).
+    /// Pins a chunk that was counted in `chunks` (in circulation). Counted
+    /// pinned first, so that the pool's limit check (which sums the two)
+    /// never sees the chunk in neither.
     pub(super) fn pin_listed(&self, c: ChunkPtr<M>) {
-        self.counters.chunks.fetch_sub(1, Ordering::Relaxed);
         self.pin_unlisted(c);
+        self.counters.chunks.fetch_sub(1, Ordering::Release);
     }
 
     /// Pins a chunk that was not counted in `chunks` (a grow that failed

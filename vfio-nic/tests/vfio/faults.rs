@@ -12,7 +12,7 @@ fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
     // Memory that holds exactly what the blocked packet's payload should
     // be, mapped and then unmapped (IOTLB invalidated): if the IOMMU let
     // the device read it, the host would find a valid frame of that flow.
-    let secret = pfrag::mem::Region::new(4096, 4096, false).unwrap();
+    let mut secret = pfrag::mem::Region::new(4096, 4096, false).unwrap();
     let mut want = vec![0u8; 1000];
     vfio_nic::gen::pattern::fill(BLOCKED_FLOW as u32, 0, &mut want);
     secret.write(0, &want).unwrap();
