@@ -110,6 +110,16 @@ pub enum Error {
         /// The queue's tail.
         tail: u16,
     },
+    /// Packets still in flight when the queue was asked to give up its
+    /// device ([`Queue::into_device`](crate::tx::Queue::into_device)): the
+    /// queue is handed back with its device attached; wait for the packets
+    /// ([`Queue::wait_tokens`](crate::tx::Queue::wait_tokens)) and try
+    /// again.
+    #[error("{in_flight} packets still in flight: wait for them before detaching the device")]
+    Busy {
+        /// Packets posted and not yet reaped.
+        in_flight: usize,
+    },
     /// No PCI device at that address.
     #[error("no PCI device {bdf} (see lspci, or /sys/bus/pci/devices)")]
     DeviceMissing {

@@ -373,3 +373,41 @@ fn a_packet_larger_than_the_whole_ring_is_too_large_not_ring_full() {
     assert_eq!(drain(&mut q), (0..t).collect::<Vec<_>>());
     q.send(&hdr, &small, tso, t).unwrap();
 }
+
+#[test]
+fn into_device_with_packets_in_flight_hands_the_queue_back() {
+    let mut q = queue(2);
+    let payload = bytes(3000, 5);
+    q.send(&udp_headers(&payload), &payload, Offload::Checksum, 41)
+        .unwrap();
+    let e = q.into_device().unwrap_err();
+    assert!(
+        matches!(e.error(), Error::Busy { in_flight: 1 }),
+        "{:?}",
+        e.error()
+    );
+    // Nothing was lost: the same queue, device attached, sends its packet
+    // and hands back its token, then gives the device up.
+    let mut q = e.into_queue();
+    q.kick().unwrap();
+    let mut tokens = Vec::new();
+    q.wait_tokens(std::time::Duration::from_secs(60), &mut tokens)
+        .unwrap();
+    assert_eq!(tokens, [41]);
+    assert_eq!(udp_payload(&q.device_mut().take_frames()[0]), payload);
+    let nic = q.into_device().unwrap();
+    assert_eq!(nic.stats().faults, 0);
+}
+
+#[test]
+fn into_device_errors_convert_for_question_mark() {
+    fn detach(q: Queue) -> vfio_nic::Result<()> {
+        q.into_device()?;
+        Ok(())
+    }
+    let mut q = queue(2);
+    let payload = bytes(3000, 5);
+    q.send(&udp_headers(&payload), &payload, Offload::Checksum, 1)
+        .unwrap();
+    assert!(matches!(detach(q), Err(Error::Busy { in_flight: 1 })));
+}

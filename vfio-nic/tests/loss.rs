@@ -68,7 +68,7 @@ fn pump(q: &mut Queue, n: usize, len: usize) -> u64 {
         assert!(q.free_descs() < usize::from(q.config().ring));
     }
     q.kick().unwrap();
-    q.wait(std::time::Duration::from_secs(5)).unwrap();
+    q.wait(common::WAIT).unwrap();
     failed
 }
 
@@ -173,7 +173,7 @@ fn failing_unmaps_during_shrink_lose_no_packet() {
             q.send(i % 4, 1500).unwrap();
         }
         q.kick().unwrap();
-        q.wait(std::time::Duration::from_secs(5)).unwrap();
+        q.wait(common::WAIT).unwrap();
     }
     let st = q.device().stats();
     assert_eq!((st.faults, st.bad_payload), (0, 0));

@@ -45,6 +45,7 @@
 //! The queue is generic over the device ([`TxDevice`]) and the mapper, so
 //! the hot path has no indirect calls.
 
+mod detach;
 mod send;
 
 use std::collections::VecDeque;
@@ -62,6 +63,7 @@ use crate::device::TxDevice;
 use crate::error::{Error, Result};
 
 pub use crate::offload::Offload;
+pub use detach::IntoDeviceError;
 
 /// Largest buffer one data descriptor carries (DTALEN is 16 bits).
 pub const MAX_DESC_LEN: usize = u16::MAX as usize;
@@ -470,32 +472,6 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             backoff.pause();
         }
         Ok(done)
-    }
-
-    /// Detaches the device and hands it back, for another queue. Everything
-    /// posted must have completed ([`wait_tokens`](Self::wait_tokens));
-    /// otherwise the
-    /// queue is dropped with the device stopped first and
-    /// [`Error::Timeout`] tells how many packets were still pending.
-    pub fn into_device(self) -> Result<D> {
-        let Queue {
-            mut dev,
-            ring,
-            pending,
-            tail,
-            ..
-        } = self;
-        dev.detach()?;
-        if !pending.is_empty() {
-            return Err(Error::Timeout {
-                pending: pending.len(),
-                waited_ms: 0,
-                head: dev.head(),
-                tail,
-            });
-        }
-        drop(ring);
-        Ok(dev)
     }
 
     /// Frees every packet whose last descriptor has `DD` set, oldest first.

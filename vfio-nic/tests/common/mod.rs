@@ -9,9 +9,12 @@ use vfio_nic::device::TxDevice;
 use vfio_nic::tx;
 use vfio_nic::Error;
 
-/// How long a helper waits for a device to complete before failing (Miri
-/// interprets a device thread that verifies every byte: much longer).
-pub const WAIT: Duration = Duration::from_secs(if cfg!(miri) { 600 } else { 5 });
+/// How long a test waits for a device that completes nothing before it
+/// fails: a guard against a stuck device, not a measure, so far above any
+/// healthy wait that a busy machine does not reach it (a wait ends as soon
+/// as everything completed). Miri interprets a device thread that verifies
+/// every byte: longer still.
+pub const WAIT: Duration = Duration::from_secs(if cfg!(miri) { 600 } else { 60 });
 
 /// The queue with the traffic generator in front of it: `send(flow, len)`
 /// posts a generated packet; everything else is the queue's own API.

@@ -76,7 +76,7 @@ fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
         t0.elapsed(),
         nic.head()
     );
-    let faults = kmsg_records(log_end, Duration::from_secs(3), |r| {
+    let faults = kmsg_records(log_end, WAIT, |r| {
         dmar_fault_addr(r) == Some(bad.raw() & !0xfff)
     });
     for f in &faults {
@@ -117,10 +117,13 @@ fn stalled_transmitter_times_out_instead_of_hanging() {
         .unwrap();
     g.send(&mut q, 0, 3000).unwrap();
     q.kick().unwrap();
-    let t0 = Instant::now();
+    // The wait ends (the test would hang otherwise), and only after its
+    // timeout.
     let err = q.wait(Duration::from_millis(300)).unwrap_err();
-    assert!(t0.elapsed() < Duration::from_secs(5));
     println!("stalled: {err}");
+    if let Error::Timeout { waited_ms, .. } = err {
+        assert!(waited_ms >= 300, "gave up after {waited_ms} ms");
+    }
     assert!(
         matches!(
             err,
