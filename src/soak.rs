@@ -8,10 +8,18 @@
 //! fit-whole, ring size, memory limits (crossing the pressure limit, or
 //! not) and failure rates (0..=5 % per kind), then sends payloads of 1 byte
 //! up to the device maximum, with the edges (65,535, 65,536, 65,537,
-//! 262,143) drawn often. A send refused with a typed error (an injected map
-//! failure, a memory limit with nothing to reap, more buffers than the
-//! device takes) is counted and skipped: the queue promises it changed
-//! nothing, and the stream check proves it.
+//! 262,143) drawn often. A send refused with a typed error is counted by
+//! its cause and skipped (the queue promises it changed nothing, and the
+//! stream check proves it): a failure the injector reports for that very
+//! call, the account's hard maximum with nothing left to reap, or a packet
+//! larger than the ring or the device's buffer chain ([`Refusals`]). An
+//! error none of these explains (a real map or mmap failure, say) fails the
+//! soak, naming the error.
+//!
+//! The same seed replays the same run: every phase is drawn from it, and
+//! the queue threads of a two-queue phase take turns of a fixed number of
+//! sends, so the pool, account and mapper they share (and the injector's
+//! random stream) see the same calls in the same order every time.
 //!
 //! After each phase: every frame the NIC put on the wire is valid, each
 //! flow's stream is continuous up to exactly the bytes sent (no gap, no
@@ -24,151 +32,25 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pfrag::account::{CountHooks, Limits, MemAccount};
-use pfrag::bounce::SlotSize;
-use pfrag::dma::{Domain, Faulty, FaultyConfig, Invalidation, SoftIommu, SoftIommuConfig};
-use pfrag::pool::{self, Policy, Pool, Reclaim};
+mod cause;
+mod phase;
+#[cfg(test)]
+mod tests;
+mod turns;
+
+pub use cause::Refusals;
+pub use phase::{Phase, Rng, EDGE_SIZES};
+use turns::{Seat, Turns, SENDS_PER_TURN};
+
+use pfrag::account::{CountHooks, MemAccount};
+use pfrag::dma::{Domain, Faulty, SoftIommu, SoftIommuConfig};
+use pfrag::pool::{self, Pool, Reclaim};
 use pfrag::{Order, PAGE_SIZE};
 use vfio_nic::check::wire::WireCheck;
 use vfio_nic::desc::MAX_PAYLEN;
 use vfio_nic::gen::Traffic;
 use vfio_nic::model::softnic::{self, SoftNic};
-use vfio_nic::tx::{self, HeaderMode};
-
-/// A deterministic random stream (splitmix64).
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A stream from `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// A number in `lo..=hi`.
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
-    }
-    /// One of `items`.
-    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[(self.next_u64() % items.len() as u64) as usize]
-    }
-    /// A share in `0.0..=max`.
-    pub fn rate(&mut self, max: f64) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * max
-    }
-}
-
-/// Payload sizes that sit on an edge: one byte, one descriptor's worth, one
-/// order-4 chunk and either side of it, and the largest PAYLEN.
-pub const EDGE_SIZES: [usize; 6] = [1, 1448, 65_535, 65_536, 65_537, MAX_PAYLEN];
-
-/// Everything one phase draws.
-#[derive(Clone, Debug)]
-pub struct Phase {
-    /// Chunk order.
-    pub order: u32,
-    /// Mapping policy.
-    pub policy: Policy,
-    /// Strict or lazy invalidation.
-    pub invalidation: Invalidation,
-    /// TX queues, one thread each.
-    pub queues: usize,
-    /// Header placement.
-    pub header: HeaderMode,
-    /// Fit each payload whole in one chunk.
-    pub fit_whole: bool,
-    /// Ring descriptors.
-    pub ring: u16,
-    /// Flows per queue.
-    pub flows: usize,
-    /// Packets per queue.
-    pub packets: u64,
-    /// Memory limits of the pool's account.
-    pub limits: Limits,
-    /// Failures injected.
-    pub faults: FaultyConfig,
-    /// Seed of the payload sizes and flows.
-    pub seed: u64,
-}
-
-impl Phase {
-    /// Draws a phase of about `packets` packets in total.
-    pub fn draw(rng: &mut Rng, packets: u64) -> Phase {
-        let order = rng.range(0, 9) as u32;
-        let queues = rng.range(1, 2) as usize;
-        let chunk = Order::new(order).map_or(PAGE_SIZE, |o| o.size() as u64);
-        // Pressure a few chunks up, so phases cross it; a hard maximum
-        // (sometimes) that still fits a full ring of the largest payloads.
-        let pressure = chunk * rng.range(2, 64);
-        let limits = match rng.range(0, 2) {
-            0 => Limits::UNLIMITED,
-            1 => Limits {
-                min: pressure / 2,
-                pressure,
-                max: u64::MAX,
-            },
-            _ => Limits {
-                min: pressure / 2,
-                pressure,
-                max: pressure + (64 << 20),
-            },
-        };
-        Phase {
-            order,
-            policy: rng.pick(&Policy::ALL),
-            invalidation: rng.pick(&[Invalidation::Strict, Invalidation::Lazy]),
-            queues,
-            header: rng.pick(&[HeaderMode::Bounce(SlotSize::B128), HeaderMode::Mapped]),
-            fit_whole: rng.range(0, 3) > 0,
-            ring: rng.pick(&[64, 256, 512]),
-            flows: rng.range(1, 16) as usize,
-            packets: (packets / queues as u64).max(1),
-            limits,
-            faults: FaultyConfig {
-                seed: rng.next_u64(),
-                map_rate: rng.rate(0.05),
-                unmap_rate: rng.rate(0.05),
-                flush_rate: rng.rate(0.05),
-                fail_nth: None,
-            },
-            seed: rng.next_u64(),
-        }
-    }
-
-    /// One line for logs.
-    pub fn describe(&self) -> String {
-        format!(
-            "order {} {} {:?} queues {} {} fit-whole {} ring {} flows {} failures map {:.3} unmap {:.3} flush {:.3}{}",
-            self.order,
-            self.policy.name(),
-            self.invalidation,
-            self.queues,
-            match self.header {
-                HeaderMode::Bounce(_) => "bounce",
-                HeaderMode::Mapped => "mapped",
-            },
-            self.fit_whole,
-            self.ring,
-            self.flows,
-            self.faults.map_rate,
-            self.faults.unmap_rate,
-            self.faults.flush_rate,
-            if self.limits == Limits::UNLIMITED {
-                String::new()
-            } else {
-                format!(" limits {}/{} MiB", self.limits.pressure >> 20, self.limits.max >> 20)
-            }
-        )
-    }
-}
+use vfio_nic::tx;
 
 /// What phases did, summed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -177,12 +59,14 @@ pub struct Tally {
     pub packets: u64,
     /// Payload bytes the NIC delivered and verified.
     pub bytes_verified: u64,
-    /// Sends refused with a typed error (and skipped).
-    pub refused: u64,
+    /// Sends refused with a typed error (and skipped), by cause.
+    pub refused: Refusals,
     /// Failures injected (map, unmap, flush).
     pub injected: u64,
     /// Payload bytes or frames found corrupt, missing or duplicated.
     pub corrupted: u64,
+    /// Errors that no injected failure or limit explains.
+    pub unexplained: u64,
     /// Mappings, IOVA bytes or charged bytes left beyond what was pinned.
     pub leaked: u64,
     /// Bytes of host memory pinned on purpose after failed unmaps.
@@ -195,9 +79,10 @@ impl Tally {
     fn add(&mut self, o: &Tally) {
         self.packets += o.packets;
         self.bytes_verified += o.bytes_verified;
-        self.refused += o.refused;
+        self.refused.add(&o.refused);
         self.injected += o.injected;
         self.corrupted += o.corrupted;
+        self.unexplained += o.unexplained;
         self.leaked += o.leaked;
         self.pinned_bytes += o.pinned_bytes;
         self.phases += o.phases;
@@ -217,16 +102,18 @@ pub struct Violation {
     /// Bytes left mapped, allocated or charged beyond what was pinned (0
     /// for a corruption or loss).
     pub leaked: u64,
+    /// An error that no injected failure explains.
+    pub unexplained: bool,
 }
 
-type Mapper = Arc<Faulty<SoftIommu>>;
+type Mapper = Arc<Faulty<Faulty<SoftIommu>>>;
 type Queue = tx::Queue<Mapper, SoftNic<Mapper>>;
 
 /// One queue's view of a phase.
 #[derive(Default)]
 struct QueueTally {
     packets: u64,
-    refused: u64,
+    refused: Refusals,
     /// Bytes sent per flow.
     sent: Vec<u64>,
     wire: WireCheck,
@@ -240,6 +127,7 @@ pub fn run_phase(p: &Phase, index: u64, tick: &(dyn Fn(u64) + Sync)) -> Result<T
         what: p.describe(),
         why,
         leaked: 0,
+        unexplained: false,
     };
     let soft = SoftIommu::new(SoftIommuConfig {
         invalidation: p.invalidation,
@@ -247,38 +135,15 @@ pub fn run_phase(p: &Phase, index: u64, tick: &(dyn Fn(u64) + Sync)) -> Result<T
         ..SoftIommuConfig::default()
     })
     .map_err(|e| fail(e.to_string()))?;
-    let mapper = Arc::new(Faulty::new(soft, p.faults).map_err(|e| fail(e.to_string()))?);
+    let untold = Faulty::new(soft, p.untold).map_err(|e| fail(e.to_string()))?;
+    let mapper = Arc::new(Faulty::new(untold, p.faults).map_err(|e| fail(e.to_string()))?);
     let domain = Arc::new(Domain::new(mapper.clone()));
     let account =
         MemAccount::new(p.limits, CountHooks::default()).map_err(|e| fail(e.to_string()))?;
-    let order = Order::new(p.order).map_err(|e| fail(e.to_string()))?;
-    let mut cfg = pool::Config::new(order, p.policy);
-    cfg.queues = p.queues;
-    let size = order.size() as u64;
-    cfg.reclaim = if p.seed.is_multiple_of(2) {
-        Reclaim::Eager
-    } else {
-        Reclaim::Hysteresis {
-            threshold: (2 << 20).max(2 * size),
-            chunk: (1 << 20).max(size),
-        }
-    };
+    let cfg = pool_config(p).map_err(|e| fail(e.to_string()))?;
     let pool = Pool::with_account(domain.clone(), cfg, account.clone())
         .map_err(|e| fail(e.to_string()))?;
-    let results: Vec<Result<QueueTally, String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..p.queues)
-            .map(|q| {
-                let (domain, pool, mapper) = (domain.clone(), pool.clone(), mapper.clone());
-                s.spawn(move || drive(p, q, domain, pool, mapper, tick))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("queue thread panicked".into()))
-            })
-            .collect()
-    });
+    let results = run_queues(p, &domain, &pool, &mapper, tick);
     let pool_stats = pool.stats();
     drop(pool);
     let mut t = Tally {
@@ -286,17 +151,35 @@ pub fn run_phase(p: &Phase, index: u64, tick: &(dyn Fn(u64) + Sync)) -> Result<T
         ..Tally::default()
     };
     for r in results {
-        let q = r.map_err(fail)?;
+        let q = match r {
+            Ok(q) => q,
+            Err(Failure::Broken(why)) => return Err(fail(why)),
+            Err(Failure::Unexplained(why)) => {
+                return Err(Violation {
+                    unexplained: true,
+                    ..fail(why)
+                })
+            }
+        };
         t.packets += q.packets;
-        t.refused += q.refused;
+        t.refused.add(&q.refused);
         t.bytes_verified += q.wire_bytes;
     }
     let inj = mapper.stats_injected();
     t.injected = inj.maps + inj.unmaps + inj.flushes;
+    if t.refused.injected > t.injected {
+        return Err(Violation {
+            unexplained: true,
+            ..fail(format!(
+                "{} sends refused for injected failures, but only {} were injected",
+                t.refused.injected, t.injected
+            ))
+        });
+    }
     // Nothing of the phase is alive now: what is still mapped, allocated
     // or charged must be exactly what was pinned on purpose.
     let pinned = domain.pinned();
-    let mapped = mapper.inner().mapped_pages() * PAGE_SIZE;
+    let mapped = mapper.inner().inner().mapped_pages() * PAGE_SIZE;
     let iova = domain.iova_in_use();
     let acct = account.stats();
     t.pinned_bytes = pinned.host_bytes;
@@ -335,18 +218,76 @@ pub fn run_phase(p: &Phase, index: u64, tick: &(dyn Fn(u64) + Sync)) -> Result<T
     Ok(t)
 }
 
-/// One queue of a phase: send, reap, check the wire; then drain and check
-/// every flow.
+/// The phase's pool settings.
+fn pool_config(p: &Phase) -> Result<pool::Config, pfrag::Error> {
+    let order = Order::new(p.order)?;
+    let mut cfg = pool::Config::new(order, p.policy);
+    cfg.queues = p.queues;
+    let size = order.size() as u64;
+    cfg.reclaim = if p.seed.is_multiple_of(2) {
+        Reclaim::Eager
+    } else {
+        Reclaim::Hysteresis {
+            threshold: (2 << 20).max(2 * size),
+            chunk: (1 << 20).max(size),
+        }
+    };
+    Ok(cfg)
+}
+
+/// Runs the phase's queues, each on its own thread, taking turns.
+fn run_queues(
+    p: &Phase,
+    domain: &Arc<Domain<Mapper>>,
+    pool: &Pool<Mapper>,
+    mapper: &Mapper,
+    tick: &(dyn Fn(u64) + Sync),
+) -> Vec<Result<QueueTally, Failure>> {
+    let turns = Turns::new(p.queues);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..p.queues)
+            .map(|q| {
+                let (domain, pool, mapper) = (domain.clone(), pool.clone(), mapper.clone());
+                let turns = &turns;
+                s.spawn(move || drive(p, turns.sit(q), domain, pool, mapper, tick))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("queue thread panicked".to_string().into()))
+            })
+            .collect()
+    })
+}
+
+/// Why a queue's part of a phase failed.
+enum Failure {
+    /// A rule broken: a bad frame, a lost or extra byte, a device fault.
+    Broken(String),
+    /// An error that no injected failure or limit explains.
+    Unexplained(String),
+}
+
+impl From<String> for Failure {
+    fn from(why: String) -> Failure {
+        Failure::Broken(why)
+    }
+}
+
+/// One queue of a phase, in its turns: send, reap, check the wire; then
+/// drain and check every flow.
 fn drive(
     p: &Phase,
-    q: usize,
+    seat: Seat<'_>,
     domain: Arc<Domain<Mapper>>,
     pool: Pool<Mapper>,
     mapper: Mapper,
     tick: &(dyn Fn(u64) + Sync),
-) -> Result<QueueTally, String> {
+) -> Result<QueueTally, Failure> {
+    let q = seat.queue();
     let nic = SoftNic::new(
-        mapper,
+        mapper.clone(),
         softnic::Config {
             capture: true,
             ..softnic::Config::default()
@@ -360,16 +301,17 @@ fn drive(
         ..tx::Config::default()
     };
     let mut gen = Traffic::new(p.flows, 1448).map_err(|e| e.to_string())?;
+    let before = mapper.stats_injected();
     let mut txq = match tx::Queue::new(domain, pool, nic, cfg) {
         Ok(t) => t,
         // Setting up can meet an injected map failure: a clean refusal.
-        Err(e) if e.errno().is_some() => {
-            return Ok(QueueTally {
-                refused: 1,
-                ..QueueTally::default()
-            })
+        Err(e) => {
+            let why = |w: String| Failure::Unexplained(format!("queue {q} setup: {w}"));
+            let cause = cause::classify(&e, true, p.limits, &before, &mapper.stats_injected());
+            let mut t = QueueTally::default();
+            t.refused.count(cause.map_err(why)?);
+            return Ok(t);
         }
-        Err(e) => return Err(format!("queue {q}: {e}")),
     };
     let mut rng = Rng::new(p.seed ^ (q as u64 + 1).wrapping_mul(0x5851_f42d_4c95_7f2d));
     let mut t = QueueTally {
@@ -378,16 +320,20 @@ fn drive(
     };
     let max = txq.max_payload();
     let mut since = 0;
-    for _ in 0..p.packets {
+    for i in 0..p.packets {
+        if i > 0 && i % SENDS_PER_TURN == 0 {
+            seat.pass();
+        }
         let flow = (rng.next_u64() % p.flows as u64) as usize;
         let len = payload_size(&mut rng, max);
         // Half the packets zero-copy, half through the copying send.
         let copy = rng.next_u64().is_multiple_of(2);
-        if send(&mut txq, &mut gen, copy, &mut t, flow, len)? {
-            t.sent[flow] += len as u64;
-            t.packets += 1;
-        } else {
-            t.refused += 1;
+        match send(&mut txq, &mut gen, copy, &mut t, flow, len, (p, &mapper))? {
+            None => {
+                t.sent[flow] += len as u64;
+                t.packets += 1;
+            }
+            Some(cause) => t.refused.count(cause),
         }
         since += 1;
         if since == 256 {
@@ -416,7 +362,8 @@ fn payload_size(rng: &mut Rng, max: usize) -> usize {
 }
 
 /// Sends one packet, reaping and retrying while the ring or memory is
-/// full. `Ok(false)`: refused with a typed error and skipped.
+/// full. `Ok(None)`: sent; `Ok(Some(cause))`: refused with a typed error
+/// that `cause` explains, and skipped.
 fn send(
     txq: &mut Queue,
     gen: &mut Traffic<Mapper>,
@@ -424,28 +371,34 @@ fn send(
     t: &mut QueueTally,
     flow: usize,
     len: usize,
-) -> Result<bool, String> {
+    (p, mapper): (&Phase, &Mapper),
+) -> Result<Option<cause::Cause>, Failure> {
     loop {
+        let before = mapper.stats_injected();
         let r = if copy {
             gen.send_copied(txq, flow, len)
         } else {
             gen.send(txq, flow, len)
         };
-        match r {
-            Ok(()) => return Ok(true),
-            Err(e) if e.is_backoff() => {
-                txq.kick().map_err(|e| e.to_string())?;
-                let n = txq.reap().map_err(|e| e.to_string())?;
-                check_wire(txq, t)?;
-                if n == 0 && txq.in_flight() == 0 {
-                    // Nothing to wait for: the limit stands. Refused.
-                    return Ok(false);
-                }
+        let e = match r {
+            Ok(()) => return Ok(None),
+            Err(e) => e,
+        };
+        let mut idle = true;
+        if e.is_backoff() {
+            txq.kick().map_err(|e| e.to_string())?;
+            let n = txq.reap().map_err(|e| e.to_string())?;
+            check_wire(txq, t)?;
+            // Something to wait for: retry. Else the limit stands.
+            idle = n == 0 && txq.in_flight() == 0;
+            if !idle {
+                continue;
             }
-            Err(vfio_nic::Error::TooManyBuffers { .. }) => return Ok(false),
-            Err(e) if e.errno().is_some() => return Ok(false), // injected
-            Err(e) => return Err(format!("send of {len} bytes on flow {flow}: {e}")),
         }
+        let after = mapper.stats_injected();
+        return cause::classify(&e, idle, p.limits, &before, &after)
+            .map(Some)
+            .map_err(|w| Failure::Unexplained(format!("send of {len} bytes on flow {flow}: {w}")));
     }
 }
 
@@ -512,7 +465,9 @@ pub fn soak(
                 on_phase(i, &p, &total);
             }
             Err(v) => {
-                if v.leaked > 0 {
+                if v.unexplained {
+                    total.unexplained += 1;
+                } else if v.leaked > 0 {
                     total.leaked += v.leaked;
                 } else {
                     total.corrupted += 1;
@@ -525,57 +480,33 @@ pub fn soak(
     Ok(total)
 }
 
-/// The soak's closing line.
-pub fn summary(t: &Tally) -> String {
-    format!(
-        "soak: {} packets, {} bytes verified, {} injected failures, {} corrupted, {} leaked",
-        t.packets, t.bytes_verified, t.injected, t.corrupted, t.leaked
-    )
+/// Prints a line above the progress bar, or to `out` when no bar is drawn.
+pub fn say(bar: &indicatif::ProgressBar, out: &mut dyn std::io::Write, line: &str) {
+    if bar.is_hidden() {
+        // Logging must not fail the soak; a closed stream just drops it.
+        let _ = writeln!(out, "{line}");
+    } else {
+        bar.println(line);
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_short_soak_delivers_everything_and_leaks_nothing() {
-        let t = soak(7, 3_000, 300, None, &|_| {}, &mut |_, _, _| {}).map_err(|b| b.1);
-        let t = t.unwrap();
-        assert!(t.phases >= 10);
-        assert_eq!((t.corrupted, t.leaked), (0, 0));
-        assert!(t.bytes_verified > 0);
-    }
-
-    #[test]
-    fn every_injected_failure_kind_shows_up_in_a_run_with_high_rates() {
-        let p = Phase {
-            order: 0,
-            policy: Policy::PerFrag,
-            invalidation: Invalidation::Lazy,
-            queues: 2,
-            header: HeaderMode::Mapped,
-            fit_whole: false,
-            ring: 64,
-            flows: 3,
-            packets: 400,
-            limits: Limits::UNLIMITED,
-            faults: FaultyConfig {
-                seed: 9,
-                map_rate: 0.05,
-                unmap_rate: 0.05,
-                flush_rate: 0.05,
-                fail_nth: None,
-            },
-            seed: 4,
-        };
-        let t = run_phase(&p, 0, &|_| {}).unwrap();
-        assert!(t.injected > 0 && t.refused > 0);
-        assert_eq!(t.leaked, 0);
-    }
-
-    #[test]
-    fn edge_sizes_include_both_sides_of_an_order4_chunk() {
-        assert!(EDGE_SIZES.contains(&65_535) && EDGE_SIZES.contains(&65_537));
-        assert_eq!(*EDGE_SIZES.last().unwrap(), 262_143);
-    }
+/// The soak's closing line.
+pub fn summary(t: &Tally) -> String {
+    let r = &t.refused;
+    format!(
+        "soak: {} packets, {} bytes verified, {} injected failures, {} sends refused \
+         ({} injected, {} memory limit, {} too big for the ring, {} too many buffers), \
+         {} unexplained, {} corrupted, {} leaked",
+        t.packets,
+        t.bytes_verified,
+        t.injected,
+        r.total(),
+        r.injected,
+        r.memory_limit,
+        r.ring,
+        r.buffers,
+        t.unexplained,
+        t.corrupted,
+        t.leaked
+    )
 }
