@@ -14,6 +14,13 @@
 #                        the default) or trixie-backports (7.3)
 #   VM_AW_BITS=39|48     the emulated VT-d's IOVA width (default 48)
 #
+# To look into a guest that stops making progress:
+#   PFRAG_VM_TIMEOUT=SECS  how long a boot may take before it is stopped
+#                          (default 1200)
+#   PFRAG_VM_MONITOR=PATH  a QEMU monitor on the Unix socket PATH, e.g. for
+#                          `info registers -a`, or `sendkey alt-sysrq-w` (the
+#                          guest's blocked tasks, on its console)
+#
 # Needs root on Debian bookworm (QEMU 10 comes from bookworm-backports).
 # Everything is cached under target/vm/. Each boot runs under `timeout`.
 set -euo pipefail
@@ -25,6 +32,8 @@ bdf=0000:00:02.0
 boot_timeout=${PFRAG_VM_TIMEOUT:-1200}
 kernel_line=${VM_KERNEL:-6.12}
 aw_bits=${VM_AW_BITS:-48}
+monitor=none
+[ -z "${PFRAG_VM_MONITOR:-}" ] || monitor="unix:$PFRAG_VM_MONITOR,server=on,wait=off"
 mkdir -p "$vm"
 
 say() { printf 'vm: %s\n' "$*" >&2; }
@@ -194,6 +203,8 @@ pack() {
         echo '#!/bin/busybox sh'
         echo '/bin/busybox --install -s /bin'
         echo 'mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev'
+        # Every sysrq function, for a look at a guest that stops.
+        echo 'echo 1 > /proc/sys/kernel/sysrq'
         echo 'for m in irqbypass vfio vfio_iommu_type1 vfio-pci-core vfio-pci; do'
         echo '  insmod /lib/modules/$m.ko || echo "guest: insmod $m failed"'
         echo 'done'
@@ -233,7 +244,7 @@ boot() {
         -machine q35,kernel-irqchip=split -device intel-iommu,intremap=on,aw-bits="$aw_bits" \
         -kernel "$kernel" -initrd "$vm/initrd.gz" \
         -append "console=ttyS0 intel_iommu=on iommu.strict=1 quiet panic=-1" \
-        -display none -serial "file:$vm/console.log" -monitor none -no-reboot \
+        -display none -serial "file:$vm/console.log" -monitor "$monitor" -no-reboot \
         -netdev hubport,id=n0,hubid=0 -device igb,netdev=n0,bus=pcie.0,addr=2.0 \
         -object filter-dump,id=cap0,netdev=n0,file="$vm/tx.pcap",maxlen=65536 \
         "$@" </dev/null || say "qemu exited with status $?"
