@@ -14,6 +14,13 @@
 #                        the default) or trixie-backports (7.3)
 #   VM_AW_BITS=39|48     the emulated VT-d's IOVA width (default 48)
 #
+# To look into a guest that stops making progress:
+#   PFRAG_VM_TIMEOUT=SECS  how long a boot may take before it is stopped
+#                          (default 1200)
+#   PFRAG_VM_MONITOR=PATH  a QEMU monitor on the Unix socket PATH, e.g. for
+#                          `info registers -a`, or `sendkey alt-sysrq-w` (the
+#                          guest's blocked tasks, on its console)
+#
 # Needs root on Debian bookworm (QEMU 10 comes from bookworm-backports).
 # Everything is cached under target/vm/. Each boot runs under `timeout`.
 set -euo pipefail
@@ -25,6 +32,8 @@ bdf=0000:00:02.0
 boot_timeout=${PFRAG_VM_TIMEOUT:-1200}
 kernel_line=${VM_KERNEL:-6.12}
 aw_bits=${VM_AW_BITS:-48}
+monitor=none
+[ -z "${PFRAG_VM_MONITOR:-}" ] || monitor="unix:$PFRAG_VM_MONITOR,server=on,wait=off"
 mkdir -p "$vm"
 
 say() { printf 'vm: %s\n' "$*" >&2; }
@@ -194,6 +203,8 @@ pack() {
         echo '#!/bin/busybox sh'
         echo '/bin/busybox --install -s /bin'
         echo 'mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev'
+        # Every sysrq function, for a look at a guest that stops.
+        echo 'echo 1 > /proc/sys/kernel/sysrq'
         echo 'for m in irqbypass vfio vfio_iommu_type1 vfio-pci-core vfio-pci; do'
         echo '  insmod /lib/modules/$m.ko || echo "guest: insmod $m failed"'
         echo 'done'
@@ -228,12 +239,17 @@ boot() {
     kernel=$(vmlinuz)
     rm -f "$vm/tx.pcap" "$vm/console.log"
     say "booting kernel $kernel_line, aw-bits $aw_bits (TCG, timeout ${boot_timeout}s)"
+    # no_timer_check: at boot the kernel busy-waits 160 million TSC cycles
+    # (under TCG the host's TSC: some 65 ms at 2.4 GHz) for 5 timer ticks,
+    # and panics ("timer doesn't work through Interrupt-remapped IO-APIC")
+    # if they do not come; on a loaded host QEMU's timer can miss that
+    # window.
     timeout --foreground -k 10 "$boot_timeout" qemu-system-x86_64 \
         -accel tcg,thread=multi -cpu max -m 2048 -smp 2 \
         -machine q35,kernel-irqchip=split -device intel-iommu,intremap=on,aw-bits="$aw_bits" \
         -kernel "$kernel" -initrd "$vm/initrd.gz" \
-        -append "console=ttyS0 intel_iommu=on iommu.strict=1 quiet panic=-1" \
-        -display none -serial "file:$vm/console.log" -monitor none -no-reboot \
+        -append "console=ttyS0 intel_iommu=on iommu.strict=1 quiet panic=-1 no_timer_check" \
+        -display none -serial "file:$vm/console.log" -monitor "$monitor" -no-reboot \
         -netdev hubport,id=n0,hubid=0 -device igb,netdev=n0,bus=pcie.0,addr=2.0 \
         -object filter-dump,id=cap0,netdev=n0,file="$vm/tx.pcap",maxlen=65536 \
         "$@" </dev/null || say "qemu exited with status $?"
