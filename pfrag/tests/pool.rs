@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use pfrag::dma::{Dir, DmaMapper, Domain, Invalidation, SoftIommu, SoftIommuConfig, Translate};
+use pfrag::dma::{
+    Dir, DmaMapper, Domain, Identity, Invalidation, SoftIommu, SoftIommuConfig, Translate,
+};
 use pfrag::frag::{complete_burst, FragCache};
 use pfrag::pool::{self, Policy, Pool};
 use pfrag::{Error, Order};
@@ -80,6 +82,29 @@ fn per_frag_maps_and_unmaps_every_frag() {
     let s = d.mapper().stats();
     assert_eq!((s.unmap_calls, s.invalidations), (n, n));
     assert_eq!(d.iova_in_use(), 0);
+}
+
+/// Without an IOMMU each frag maps its pages at their own address, so two
+/// frags in one page map the same page: it stays mapped until the last of
+/// them completes.
+#[test]
+fn per_frag_frags_sharing_a_page_map_without_an_iommu() {
+    let id = Arc::new(Identity::new());
+    let d = Arc::new(Domain::new(id.clone()));
+    let cfg = pool::Config::new(Order::new(0).unwrap(), Policy::PerFrag);
+    let mut c = FragCache::new(Pool::new(d, cfg).unwrap());
+    let a = c.refill(1000, false).unwrap();
+    let b = c.refill(1000, false).unwrap();
+    let (ia, ib) = (a.iova(), b.iova());
+    assert_eq!(ia.raw() >> 12, ib.raw() >> 12, "both frags in one page");
+    assert_eq!(id.stats().map_calls, 2);
+    assert_eq!(id.mapped_pages(), 1);
+    drop(a);
+    assert!(id.translate(ib, Dir::TO_DEVICE).is_ok());
+    drop(b);
+    assert!(id.translate(ia, Dir::TO_DEVICE).is_err());
+    assert_eq!(id.stats().unmap_calls, 2);
+    assert_eq!(id.mapped_pages(), 0);
 }
 
 #[test]

@@ -284,3 +284,42 @@ fn endless_chain_without_eop_is_dropped() {
     assert!(nic.stats().bad_desc >= 1);
     assert_eq!(nic.stats().packets, 0);
 }
+
+/// Without an IOMMU every per-frag mapping is made at the frag's own
+/// address, so the mapped headers of packets in flight (and their small
+/// payloads) share pages. Each maps the whole page; the page stays mapped
+/// until the last packet using it completes.
+#[test]
+fn per_frag_mapped_headers_share_pages_without_an_iommu() {
+    let id = Arc::new(Identity::new());
+    let domain = Arc::new(Domain::new(id.clone()));
+    let pcfg = pool::Config::new(Order::new(0).unwrap(), Policy::PerFrag);
+    let pool = Pool::new(domain.clone(), pcfg).unwrap();
+    let ncfg = softnic::Config {
+        capture: true,
+        ..softnic::Config::default()
+    };
+    let cfg = tx::Config {
+        ring: 64,
+        header: HeaderMode::Mapped,
+        fit_whole: false,
+        ..tx::Config::default()
+    };
+    let q = tx::Queue::new(domain, pool, SoftNic::new(id.clone(), ncfg), cfg).unwrap();
+    let mut q = common::Gen::new(q, 2);
+    let plan: Vec<(usize, usize)> = (0..n(60)).map(|i| (i % 2, 300)).collect();
+    q.send_all(&plan);
+    let st = q.device().stats();
+    assert_eq!((st.faults, st.bad_desc), (0, 0));
+    assert_eq!(st.delivered_bytes, 300 * plan.len() as u64);
+    let mut w = WireCheck::default();
+    for fr in q.device_mut().take_frames() {
+        w.frame(&fr).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let per_flow = plan.len().div_ceil(2) * 300;
+    assert_eq!(w.next_offset(0), Some(per_flow as u32));
+    assert_eq!(q.in_flight(), 0);
+    // Every header and payload page went with its last packet.
+    let s = id.stats();
+    assert_eq!(s.map_calls, s.unmap_calls + 1, "only the ring stays mapped");
+}

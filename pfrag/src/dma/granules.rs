@@ -7,6 +7,32 @@
 
 use std::collections::BTreeMap;
 
+/// A range of IOVA: (start, length in bytes).
+pub(crate) type Span = (u64, u64);
+
+/// What is left of the recorded mapping `m` once the range `u` is
+/// unmapped: the part before `u` and the part after it. The one rule for
+/// cutting a mapping, used by every record of mappings (the software
+/// IOMMU's, [`Identity`](super::Identity)'s and [`Watch`](super::Watch)'s):
+///
+/// - `u` covers `m` whole: nothing is left (`[None, None]`);
+/// - `u` covers the front of `m`: the back is left (`[None, Some(back)]`);
+/// - `u` covers the back of `m`: the front is left (`[Some(front), None]`);
+/// - `u` lies inside `m`, touching neither end: `m` splits in two;
+/// - `u` misses `m`: `m` is left whole.
+///
+/// Ranges end at `start + len`, saturating at the top of the IOVA space.
+pub(crate) fn cut(m: Span, u: Span) -> [Option<Span>; 2] {
+    let (ms, me) = (m.0, m.0.saturating_add(m.1));
+    let (us, ue) = (u.0, u.0.saturating_add(u.1));
+    let before = (us > ms).then(|| (ms, us.min(me) - ms));
+    let after = (ue < me).then(|| {
+        let s = ue.max(ms);
+        (s, me - s)
+    });
+    [before, after]
+}
+
 /// Why an unmap was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Refused {

@@ -1,23 +1,42 @@
 //! No IOMMU: the device uses host addresses directly.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasherDefault;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
+use super::granules::{cut, Span};
 use super::iotlb::PageHasher;
 use super::{
     device_read, device_store_u32, device_write, Dir, DmaMapper, Fault, Fence, IovaSpace, MapStats,
     Mapping, PageSizes, Translate, Translation, Unmapped,
 };
 use crate::addr::{Iova, VirtAddr, PAGE_SHIFT, PAGE_SIZE};
-use crate::error::{Error, Result};
+use crate::error::{Error, OsAdvice, Result};
+
+/// The most live mappings one page may have under [`Identity`]: it counts
+/// them in 16 bits, and refuses one more with `EOVERFLOW`.
+pub const MAX_PAGE_MAPPINGS: u16 = u16::MAX;
 
 /// The no-IOMMU mapper: IOVA = host address. Map and unmap calls are still
 /// counted (a driver still makes them, as `dma_map_*` does with the direct
 /// mapping), so the lab can tell how many calls a policy makes even without
 /// an IOMMU.
+///
+/// Mappings may overlap, as with a passthrough IOMMU, where every
+/// `dma_map_*` of a page succeeds: frags that share a page each map the
+/// whole page at its own address. Each page counts its live mappings, and
+/// stays mapped until the last of them is unmapped. An unmap removes one
+/// mapping from each page of its range: a mapping made with exactly that
+/// range, or lying inside it, if there is one; else the range cuts the
+/// mapping it overlaps (the oldest first), leaving its front, its back, or
+/// both. A page allows the union of the directions of its live mappings.
+/// A page with [`MAX_PAGE_MAPPINGS`] live mappings refuses another
+/// (`EOVERFLOW`, with the page and the count); an unmap of a range with a
+/// page not mapped at all is refused (`ENOENT`). Either refusal changes
+/// nothing.
 ///
 /// A real system without an IOMMU lets the NIC reach any memory. A model of
 /// it in safe Rust may not: the device side ([`Translate`]) reaches only
@@ -28,9 +47,150 @@ pub struct Identity {
     map_calls: AtomicU64,
     unmap_calls: AtomicU64,
     faults: AtomicU64,
-    /// Mapped pages (page number -> allowed directions).
-    pages: Mutex<HashMap<u64, Dir, BuildHasherDefault<PageHasher>>>,
+    state: Mutex<State>,
     fence: Fence,
+}
+
+/// The live mappings of one page: how many, and how many of them allow
+/// each direction.
+#[derive(Clone, Copy, Debug, Default)]
+struct Refs {
+    n: u16,
+    to: u16,
+    from: u16,
+}
+
+impl Refs {
+    fn dir(self) -> Dir {
+        let mut d = Dir::empty();
+        d.set(Dir::TO_DEVICE, self.to > 0);
+        d.set(Dir::FROM_DEVICE, self.from > 0);
+        d
+    }
+    /// One more mapping (the caller checked `n < MAX_PAGE_MAPPINGS`).
+    fn add(&mut self, dir: Dir) {
+        self.n += 1;
+        self.to += u16::from(dir.contains(Dir::TO_DEVICE));
+        self.from += u16::from(dir.contains(Dir::FROM_DEVICE));
+    }
+    /// One mapping fewer (one of `dir` that was counted).
+    fn sub(&mut self, dir: Dir) {
+        self.n -= 1;
+        self.to -= u16::from(dir.contains(Dir::TO_DEVICE));
+        self.from -= u16::from(dir.contains(Dir::FROM_DEVICE));
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Mapped pages (page number -> its live mappings).
+    pages: HashMap<u64, Refs, BuildHasherDefault<PageHasher>>,
+    /// The mappings as made, cut by partial unmaps: (first IOVA, age) ->
+    /// (length, direction). The pages' counts are the sum of these.
+    made: BTreeMap<(u64, u64), (u64, Dir)>,
+    /// Age of the next mapping.
+    next: u64,
+    /// The longest mapping ever made: how far below an unmapped range a
+    /// mapping reaching into it may start.
+    longest: u64,
+}
+
+impl State {
+    fn map(&mut self, m: &Mapping) -> Result<()> {
+        let (first, n) = (m.iova.page(), m.len >> PAGE_SHIFT);
+        let full = (first..first + n)
+            .find(|p| self.pages.get(p).is_some_and(|r| r.n == MAX_PAGE_MAPPINGS));
+        if let Some(p) = full {
+            let why = format!(
+                "page {:#x} has {MAX_PAGE_MAPPINGS} live mappings, the most one page may have",
+                p << PAGE_SHIFT
+            );
+            return Err(Error::Map {
+                iova: m.iova,
+                len: m.len,
+                source: OsAdvice::io(libc::EOVERFLOW, why),
+            });
+        }
+        for p in first..first + n {
+            self.pages.entry(p).or_default().add(m.dir);
+        }
+        self.made.insert((m.iova.raw(), self.next), (m.len, m.dir));
+        self.next += 1;
+        self.longest = self.longest.max(m.len);
+        Ok(())
+    }
+
+    /// Removes one mapping from each page of `start..start + len` (see
+    /// [`Identity`]), or nothing and `ENOENT` if a page is not mapped.
+    fn unmap(&mut self, start: u64, len: u64) -> Result<(), i32> {
+        let (first, n, end) = (start >> PAGE_SHIFT, len >> PAGE_SHIFT, start + len);
+        if !(first..first + n).all(|p| self.pages.contains_key(&p)) {
+            return Err(libc::ENOENT);
+        }
+        // The mappings reaching into the range, the best to remove first:
+        // those inside it (the earliest and longest first), then the
+        // oldest of those it cuts.
+        // (A mapping made with exactly the range comes first: found
+        // directly, it spares the scan.)
+        let exact = self
+            .made
+            .range((start, 0)..=(start, u64::MAX))
+            .find(|(_, &(l, _))| l == len);
+        let lo = start.saturating_sub(self.longest);
+        let mut cands: Vec<((u64, u64), (u64, Dir))> = match exact {
+            Some((&k, &v)) => vec![(k, v)],
+            None => self
+                .made
+                .range((lo, 0)..(end, 0))
+                .filter(|(&(s, _), &(l, _))| s + l > start)
+                .map(|(&k, &v)| (k, v))
+                .collect(),
+        };
+        cands.sort_by_key(|&((s, age), (l, _))| {
+            if s >= start && s + l <= end {
+                (0, s, Reverse(l), age)
+            } else {
+                (1, 0, Reverse(0), age)
+            }
+        });
+        // Each page goes from the first candidate that covers it.
+        let mut runs: Vec<Vec<Span>> = vec![Vec::new(); cands.len()];
+        for at in (first..first + n).map(|p| p << PAGE_SHIFT) {
+            let Some(i) = cands
+                .iter()
+                .position(|&((s, _), (l, _))| s <= at && at - s < l)
+            else {
+                return Err(libc::ENOENT);
+            };
+            match runs[i].last_mut() {
+                Some(r) if r.0 + r.1 == at => r.1 += PAGE_SIZE,
+                _ => runs[i].push((at, PAGE_SIZE)),
+            }
+        }
+        for (((s, age), (l, dir)), runs) in cands.into_iter().zip(runs) {
+            if runs.is_empty() {
+                continue;
+            }
+            self.made.remove(&(s, age));
+            let mut left = vec![(s, l)];
+            for &u in &runs {
+                left = left.into_iter().flat_map(|m| cut(m, u)).flatten().collect();
+                for p in (u.0 >> PAGE_SHIFT)..((u.0 + u.1) >> PAGE_SHIFT) {
+                    let gone = self.pages.get_mut(&p).map(|r| {
+                        r.sub(dir);
+                        r.n == 0
+                    });
+                    if gone == Some(true) {
+                        self.pages.remove(&p);
+                    }
+                }
+            }
+            for (ps, pl) in left {
+                self.made.insert((ps, age), (pl, dir));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Identity {
@@ -39,14 +199,15 @@ impl Identity {
         Identity::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Dir, BuildHasherDefault<PageHasher>>> {
-        // Every update completes before unlocking.
-        crate::sync::lock_std(&self.pages)
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update completes before unlocking (checks come first).
+        crate::sync::lock_std(&self.state)
     }
 
-    /// 4 KiB pages mapped now.
+    /// 4 KiB pages mapped now (a page with several live mappings counts
+    /// once).
     pub fn mapped_pages(&self) -> u64 {
-        self.lock().len() as u64
+        self.lock().pages.len() as u64
     }
 }
 
@@ -65,17 +226,7 @@ impl DmaMapper for Identity {
         if m.iova.raw() != m.addr.raw() as u64 || !aligned || end.is_none() || m.dir.is_empty() {
             return Err(einval(m.iova, m.len));
         }
-        let first = m.iova.page();
-        let n = m.len >> PAGE_SHIFT;
-        let mut pages = self.lock();
-        if let Some(p) = (first..first + n).find(|p| pages.contains_key(p)) {
-            return Err(Error::Map {
-                iova: Iova(p << PAGE_SHIFT),
-                len: m.len,
-                source: io::Error::from_raw_os_error(libc::EEXIST),
-            });
-        }
-        pages.extend((first..first + n).map(|p| (p, m.dir)));
+        self.lock().map(m)?;
         self.map_calls.fetch_add(1, Relaxed);
         Ok(())
     }
@@ -90,17 +241,7 @@ impl DmaMapper for Identity {
         {
             return Err(unmap_err(libc::EINVAL));
         }
-        let first = iova.page();
-        let n = len >> PAGE_SHIFT;
-        {
-            let mut pages = self.lock();
-            if !(first..first + n).all(|p| pages.contains_key(&p)) {
-                return Err(unmap_err(libc::ENOENT));
-            }
-            for p in first..first + n {
-                pages.remove(&p);
-            }
-        }
+        self.lock().unmap(iova.raw(), len).map_err(unmap_err)?;
         self.unmap_calls.fetch_add(1, Relaxed);
         self.fence.quiesce();
         Ok(Unmapped::Flushed)
@@ -129,7 +270,8 @@ impl DmaMapper for Identity {
 
 impl Translate for Identity {
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
-        match self.lock().get(&iova.page()) {
+        let dir = self.lock().pages.get(&iova.page()).map(|r| r.dir());
+        match dir {
             Some(d) if d.contains(access) => Ok(Translation {
                 addr: VirtAddr(iova.raw() as usize),
                 len: PAGE_SIZE - (iova.raw() & (PAGE_SIZE - 1)),
@@ -201,5 +343,145 @@ mod tests {
         assert_eq!(id.unmap(at, 8192).unwrap_err().errno(), Some(libc::ENOENT));
         assert!(id.translate(at, Dir::TO_DEVICE).is_ok());
         id.unmap(at, 4096).unwrap();
+    }
+
+    /// `pages` pages of `r` from page `first`, at their own address.
+    fn pages(r: &Region, first: usize, pages: usize, dir: Dir) -> Mapping {
+        let addr = r.addr().offset(first * 4096);
+        Mapping {
+            iova: Iova(addr.raw() as u64),
+            addr,
+            len: pages as u64 * 4096,
+            dir,
+            huge: false,
+        }
+    }
+
+    fn page_at(r: &Region, page: usize) -> Iova {
+        Iova(r.addr().offset(page * 4096).raw() as u64)
+    }
+
+    /// Which of `n` pages of `r` the device may reach for `access`.
+    fn reachable(id: &Identity, r: &Region, n: usize, access: Dir) -> Vec<bool> {
+        (0..n)
+            .map(|p| id.translate(page_at(r, p), access).is_ok())
+            .collect()
+    }
+
+    #[test]
+    fn overlapping_maps_share_pages_until_the_last_unmap() {
+        let id = Identity::new();
+        let r = Region::new(3 * 4096, 4096, false).unwrap();
+        let (a, b, c) = (
+            pages(&r, 0, 2, Dir::TO_DEVICE),
+            pages(&r, 1, 2, Dir::TO_DEVICE),
+            pages(&r, 1, 1, Dir::TO_DEVICE),
+        );
+        // SAFETY: `r` outlives the mappings (all unmapped below).
+        unsafe {
+            id.map(&a).unwrap();
+            id.map(&b).unwrap();
+            id.map(&c).unwrap();
+        }
+        assert_eq!(id.mapped_pages(), 3);
+        id.unmap(a.iova, a.len).unwrap();
+        assert_eq!(reachable(&id, &r, 3, Dir::TO_DEVICE), [false, true, true]);
+        id.unmap(c.iova, c.len).unwrap();
+        assert_eq!(reachable(&id, &r, 3, Dir::TO_DEVICE), [false, true, true]);
+        id.unmap(b.iova, b.len).unwrap();
+        assert_eq!(id.mapped_pages(), 0);
+        // Nothing is left to unmap: a further unmap is refused.
+        assert_eq!(
+            id.unmap(b.iova, b.len).unwrap_err().errno(),
+            Some(libc::ENOENT)
+        );
+        assert_eq!(id.stats().map_calls, 3);
+        assert_eq!(id.stats().unmap_calls, 3);
+    }
+
+    #[test]
+    fn a_page_allows_the_union_of_its_live_mappings_directions() {
+        let id = Identity::new();
+        let r = Region::new(2 * 4096, 4096, false).unwrap();
+        let a = pages(&r, 0, 2, Dir::TO_DEVICE);
+        let b = pages(&r, 1, 1, Dir::FROM_DEVICE);
+        // SAFETY: `r` outlives the mappings (all unmapped below).
+        unsafe {
+            id.map(&a).unwrap();
+            id.map(&b).unwrap();
+        }
+        assert_eq!(reachable(&id, &r, 2, Dir::BIDIRECTIONAL), [false, true]);
+        // The unmap of `b`'s range removes `b`, not a page of `a`.
+        id.unmap(b.iova, b.len).unwrap();
+        assert_eq!(reachable(&id, &r, 2, Dir::TO_DEVICE), [true, true]);
+        assert_eq!(reachable(&id, &r, 2, Dir::FROM_DEVICE), [false, false]);
+        // SAFETY: as above.
+        unsafe { id.map(&b).unwrap() };
+        // The unmap of `a`'s range removes `a` whole, and leaves `b`.
+        id.unmap(a.iova, a.len).unwrap();
+        assert_eq!(reachable(&id, &r, 2, Dir::FROM_DEVICE), [false, true]);
+        assert_eq!(reachable(&id, &r, 2, Dir::TO_DEVICE), [false, false]);
+        id.unmap(b.iova, b.len).unwrap();
+        assert_eq!(id.mapped_pages(), 0);
+    }
+
+    #[test]
+    fn unmaps_in_any_order_and_in_other_pieces_than_the_maps() {
+        let id = Identity::new();
+        let r = Region::new(4 * 4096, 4096, false).unwrap();
+        let a = pages(&r, 0, 2, Dir::TO_DEVICE);
+        let b = pages(&r, 1, 3, Dir::TO_DEVICE);
+        // SAFETY: `r` outlives the mappings (all unmapped below).
+        unsafe {
+            id.map(&a).unwrap();
+            id.map(&b).unwrap();
+        }
+        // The later mapping first.
+        id.unmap(b.iova, b.len).unwrap();
+        assert_eq!(
+            reachable(&id, &r, 4, Dir::TO_DEVICE),
+            [true, true, false, false]
+        );
+        // SAFETY: as above.
+        unsafe { id.map(&b).unwrap() };
+        // The middle of `b` alone (its front and back stay), then one unmap
+        // across what is left of both.
+        id.unmap(page_at(&r, 2), 4096).unwrap();
+        assert_eq!(
+            reachable(&id, &r, 4, Dir::TO_DEVICE),
+            [true, true, false, true]
+        );
+        id.unmap(page_at(&r, 0), 2 * 4096).unwrap();
+        assert_eq!(
+            reachable(&id, &r, 4, Dir::TO_DEVICE),
+            [false, true, false, true]
+        );
+        id.unmap(page_at(&r, 1), 4096).unwrap();
+        id.unmap(page_at(&r, 3), 4096).unwrap();
+        assert_eq!(id.mapped_pages(), 0);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "65,536 map calls: minutes under Miri")]
+    fn a_page_mapped_too_often_is_refused_with_eoverflow() {
+        let id = Identity::new();
+        let r = Region::new(2 * 4096, 4096, false).unwrap();
+        let one = pages(&r, 1, 1, Dir::TO_DEVICE);
+        for _ in 0..u16::MAX {
+            // SAFETY: `r` outlives the mappings (all unmapped below).
+            unsafe { id.map(&one).unwrap() };
+        }
+        let both = pages(&r, 0, 2, Dir::TO_DEVICE);
+        // SAFETY: as above.
+        let e = unsafe { id.map(&both) }.unwrap_err();
+        assert_eq!(e.errno(), Some(libc::EOVERFLOW));
+        let msg = e.to_string();
+        assert!(msg.contains("65535"), "{msg}");
+        // Refused whole: the first page was not counted either.
+        assert_eq!(id.mapped_pages(), 1);
+        for _ in 0..u16::MAX {
+            id.unmap(one.iova, one.len).unwrap();
+        }
+        assert_eq!(id.mapped_pages(), 0);
     }
 }

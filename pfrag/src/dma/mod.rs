@@ -21,7 +21,7 @@ use std::ops::Range;
 
 pub use domain::{Coherent, Domain, PartialUnmap};
 pub use faulty::{Faulty, FaultyConfig, FaultyStats, Op};
-pub use identity::Identity;
+pub use identity::{Identity, MAX_PAGE_MAPPINGS};
 pub use soft::{
     CostModel, FaultReason, FaultRecord, Invalidation, SoftIommu, SoftIommuConfig,
     MAX_IOTLB_ENTRIES,
@@ -187,17 +187,29 @@ pub(crate) fn in_runs(runs: &[(Iova, u64)], iova: Iova) -> bool {
 pub trait DmaMapper: Send + Sync {
     /// Installs one translation.
     ///
+    /// A mapper may refuse a range that overlaps a live mapping (VFIO
+    /// type1 and [`SoftIommu`] do, with `EEXIST`), or accept it and count
+    /// the mappings of each page ([`Identity`] does, as a passthrough
+    /// IOMMU would): a page mapped twice then stays mapped until both
+    /// mappings are unmapped.
+    ///
     /// # Safety
     /// `m.addr..m.addr + m.len` is memory of this process that stays
     /// allocated (neither unmapped from the process nor reused as another
-    /// allocation) until an unmap covering it has returned
-    /// [`Unmapped::Flushed`], or returned [`Unmapped::Deferred`] and
-    /// [`flushed_seq`](Self::flushed_seq) has reached its generation.
-    /// A device may read it (and write it, with [`Dir::FROM_DEVICE`]) at
-    /// any time until then.
+    /// allocation) until this mapping has been removed: an unmap covering
+    /// it has returned [`Unmapped::Flushed`], or returned
+    /// [`Unmapped::Deferred`] and [`flushed_seq`](Self::flushed_seq) has
+    /// reached its generation. A device may read it (and write it, with
+    /// [`Dir::FROM_DEVICE`]) at any time until then. Where mappings
+    /// overlap, a page stays reachable until its last mapping has been
+    /// removed: each caller's promise covers its own mapping, and together
+    /// the promises keep the page allocated while any mapping of it lives.
     unsafe fn map(&self, m: &Mapping) -> Result<()>;
     /// Removes the translations of `iova..iova+len`. On error the range
-    /// stays mapped.
+    /// stays mapped. Where mappings overlap ([`Identity`]), one mapping of
+    /// each page goes, and a page stays mapped while another is live. A
+    /// range that covers only part of a mapping (where the mapper allows
+    /// it) leaves the rest mapped: the front, the back, or both.
     fn unmap(&self, iova: Iova, len: u64) -> Result<Unmapped>;
     /// Installs many translations, one call per contiguous run (see
     /// [`coalesce`]). On error nothing of the batch stays mapped, unless
