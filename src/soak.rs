@@ -442,7 +442,11 @@ fn send(
                     return Ok(false);
                 }
             }
-            Err(vfio_nic::Error::TooManyBuffers { .. }) => return Ok(false),
+            // More buffers or descriptors than the phase's device and
+            // ring carry: the configuration refuses it, no retry would.
+            Err(
+                vfio_nic::Error::TooManyBuffers { .. } | vfio_nic::Error::PacketTooLarge { .. },
+            ) => return Ok(false),
             Err(e) if e.errno().is_some() => return Ok(false), // injected
             Err(e) => return Err(format!("send of {len} bytes on flow {flow}: {e}")),
         }
