@@ -53,7 +53,10 @@ pub(super) fn classify(
         V::Pool(P::MemoryLimit { .. }) if nothing_in_flight && limits.max != u64::MAX => {
             return Ok(Cause::MemoryLimit)
         }
-        V::RingFull { .. } if nothing_in_flight => return Ok(Cause::Ring),
+        // More descriptors than the phase's whole ring: no retry could
+        // succeed. (A full ring with nothing in flight is not a refusal:
+        // it would be a bug, and stays unexplained.)
+        V::PacketTooLarge { .. } => return Ok(Cause::Ring),
         V::TooManyBuffers { .. } => return Ok(Cause::Buffers),
         _ => false,
     };
