@@ -50,13 +50,6 @@ fn device_read(m: &SoftIommu, f: &Frag<SoftIommu>) -> Vec<u8> {
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: if cfg!(miri) { 4 } else { 48 },
-        // Miri's isolation has no working directory or files: no
-        // regression file there.
-        failure_persistence: if cfg!(miri) {
-            None
-        } else {
-            ProptestConfig::default().failure_persistence
-        },
         ..ProptestConfig::default()
     })]
 
