@@ -88,8 +88,7 @@ mod tests {
     }
 
     proptest! {
-        // Miri interprets every step: fewer cases there, same properties.
-        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 8 } else { 256 }))]
+        #![proptest_config(crate::proptest_config())]
 
         #[test]
         fn pieces_sum_like_the_whole(data in proptest::collection::vec(any::<u8>(), 0..300),

@@ -34,4 +34,16 @@ pub mod model;
 pub mod offload;
 pub mod tx;
 
+/// The unit tests' proptest settings: Miri interprets every step, so fewer
+/// cases there (the same properties), and no regression file (its isolation
+/// has no working directory or files to look one up in).
+#[cfg(test)]
+fn proptest_config() -> proptest::test_runner::Config {
+    let mut c = proptest::test_runner::Config::with_cases(if cfg!(miri) { 8 } else { 256 });
+    if cfg!(miri) {
+        c.failure_persistence = None;
+    }
+    c
+}
+
 pub use error::{Error, Result};

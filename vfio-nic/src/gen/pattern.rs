@@ -60,8 +60,7 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        // Miri interprets every step: fewer cases there, same properties.
-        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 8 } else { 256 }))]
+        #![proptest_config(crate::proptest_config())]
 
         #[test]
         fn fill_then_verify_at_any_offset(flow in 0u32..2000, off in any::<u32>(), len in 0usize..200) {
