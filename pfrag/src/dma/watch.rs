@@ -9,6 +9,13 @@
 //! [`WatchStats::early`] counts it. Wrap the mapper of a test or a debug
 //! build; the checks cost a system call per unmap.
 //!
+//! [`Watch`] keeps one record per mapping, keyed by its first IOVA, as
+//! mappers that refuse overlapping mappings (VFIO, [`SoftIommu`](super::SoftIommu))
+//! make them; an unmap that covers part of a mapping leaves the rest
+//! recorded. Over a mapper that lets mappings overlap
+//! ([`Identity`](super::Identity)) two mappings with one first IOVA share a
+//! record, so [`WatchStats::live`] may count fewer.
+//!
 //! Memory the device may reach is resident when the mapper pins it (VFIO
 //! does); with a mapper that does not, write every page of a mapping before
 //! it is unmapped, or the check reports pages that were never faulted in.
