@@ -52,7 +52,8 @@ impl Refused {
     }
 }
 
-/// Live mappings by first IOVA: `start -> len`. Never overlapping.
+/// Live mappings by first IOVA: `start -> len`. Never overlapping. A
+/// partial unmap (where allowed) cuts a mapping by the one rule, [`cut`].
 #[derive(Debug, Default)]
 pub(crate) struct Granules {
     map: BTreeMap<u64, u64>,
@@ -62,6 +63,12 @@ impl Granules {
     /// Records a mapping the page table accepted (so it overlaps none).
     pub(crate) fn insert(&mut self, start: u64, len: u64) {
         self.map.insert(start, len);
+    }
+
+    /// The live mappings, in IOVA order.
+    #[cfg(test)]
+    pub(crate) fn spans(&self) -> Vec<Span> {
+        self.map.iter().map(|(&s, &l)| (s, l)).collect()
     }
 
     /// Live mappings.
@@ -93,13 +100,28 @@ impl Granules {
         }
     }
 
-    /// Forgets the mappings inside `start..start+len` (after a successful
-    /// [`check_unmap`](Self::check_unmap)).
+    /// Forgets `start..start+len`: the mappings inside it go, and one it
+    /// covers only in part is [`cut`] (its front, back, or both stay, as
+    /// the pages that stay mapped).
     pub(crate) fn remove(&mut self, start: u64, len: u64) {
         let end = start.saturating_add(len);
-        let inside: Vec<u64> = self.map.range(start..end).map(|(&s, _)| s).collect();
-        for s in inside {
-            self.map.remove(&s);
+        // The mapping that begins before the range, if it reaches into it,
+        // and those that begin inside.
+        let before = self
+            .map
+            .range(..start)
+            .next_back()
+            .filter(|(&s, &l)| s.saturating_add(l) > start);
+        let hit: Vec<Span> = before
+            .into_iter()
+            .chain(self.map.range(start..end))
+            .map(|(&s, &l)| (s, l))
+            .collect();
+        for m in hit {
+            self.map.remove(&m.0);
+            for (s, l) in cut(m, (start, len)).into_iter().flatten() {
+                self.map.insert(s, l);
+            }
         }
     }
 }
@@ -134,5 +156,53 @@ mod tests {
         assert_eq!(g.check_unmap(0x4000, 0x5000), Err(Refused::Splits));
         assert_eq!(g.check_unmap(0x5000, 0x2000), Err(Refused::Nothing));
         assert_eq!(g.len(), 3);
+    }
+
+    #[test]
+    fn cut_leaves_the_parts_outside_the_unmapped_range() {
+        let m = (0x1000, 0x3000);
+        // Whole (and more than whole).
+        assert_eq!(cut(m, (0x1000, 0x3000)), [None, None]);
+        assert_eq!(cut(m, (0x0, 0x10000)), [None, None]);
+        // Front: the back is left.
+        assert_eq!(cut(m, (0x1000, 0x1000)), [None, Some((0x2000, 0x2000))]);
+        // Back: the front is left.
+        assert_eq!(cut(m, (0x3000, 0x1000)), [Some((0x1000, 0x2000)), None]);
+        // Middle: split in two.
+        assert_eq!(
+            cut(m, (0x2000, 0x1000)),
+            [Some((0x1000, 0x1000)), Some((0x3000, 0x1000))]
+        );
+        // Missed on either side: left whole.
+        assert_eq!(cut(m, (0x4000, 0x1000)), [Some(m), None]);
+        assert_eq!(cut(m, (0x0, 0x1000)), [None, Some(m)]);
+        // A range running past the top of the IOVA space.
+        assert_eq!(cut(m, (0x2000, u64::MAX)), [Some((0x1000, 0x1000)), None]);
+    }
+
+    #[test]
+    fn remove_cuts_front_back_middle_and_whole() {
+        let mut g = Granules::default();
+        g.insert(0x1000, 0x4000);
+        // Front.
+        g.remove(0x1000, 0x1000);
+        assert_eq!(g.spans(), [(0x2000, 0x3000)]);
+        // Back.
+        g.remove(0x4000, 0x1000);
+        assert_eq!(g.spans(), [(0x2000, 0x2000)]);
+        g.insert(0x4000, 0x3000);
+        // Middle of the second: three mappings now.
+        g.remove(0x5000, 0x1000);
+        assert_eq!(
+            g.spans(),
+            [(0x2000, 0x2000), (0x4000, 0x1000), (0x6000, 0x1000)]
+        );
+        // One range across the back of one and the front of the next, and
+        // the whole of the last.
+        g.remove(0x3000, 0x2000);
+        assert_eq!(g.spans(), [(0x2000, 0x1000), (0x6000, 0x1000)]);
+        g.remove(0x6000, 0x1000);
+        assert_eq!(g.spans(), [(0x2000, 0x1000)]);
+        assert_eq!(g.len(), 1);
     }
 }

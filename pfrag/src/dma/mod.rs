@@ -15,6 +15,7 @@ mod identity;
 mod iotlb;
 mod latency;
 mod soft;
+mod soft_config;
 pub mod watch;
 
 use std::ops::Range;
@@ -22,10 +23,8 @@ use std::ops::Range;
 pub use domain::{Coherent, Domain, PartialUnmap};
 pub use faulty::{Faulty, FaultyConfig, FaultyStats, Op};
 pub use identity::{Identity, MAX_PAGE_MAPPINGS};
-pub use soft::{
-    CostModel, FaultReason, FaultRecord, Invalidation, SoftIommu, SoftIommuConfig,
-    MAX_IOTLB_ENTRIES,
-};
+pub use soft::{FaultReason, FaultRecord, SoftIommu};
+pub use soft_config::{CostModel, Invalidation, SoftIommuConfig, MAX_IOTLB_ENTRIES};
 pub use watch::{Watch, WatchStats};
 
 pub(crate) use fence::{device_read, device_store_u32, device_write, Fence};

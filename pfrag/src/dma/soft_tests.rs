@@ -1,6 +1,7 @@
 //! Unit tests of the software IOMMU.
 
 use super::*;
+use crate::dma::MAX_IOTLB_ENTRIES;
 
 fn iommu(inv: Invalidation) -> SoftIommu {
     SoftIommu::new(SoftIommuConfig {
@@ -261,4 +262,41 @@ fn settings_out_of_range_are_typed_errors() {
             ..
         }
     ));
+}
+
+/// An IOMMU that lets any mapped pages be unmapped (not type1's rule).
+fn loose() -> SoftIommu {
+    SoftIommu::new(SoftIommuConfig {
+        whole_unmaps: false,
+        ..SoftIommuConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn partial_unmaps_cut_the_mapping_record() {
+    let m = loose();
+    let count = |m: &SoftIommu| (m.mappings(), m.mapped_pages());
+    // Front, then back: the other half stays one mapping.
+    map(&m, 0x10_0000, 0x7000_0000, 0x2000, Dir::TO_DEVICE).unwrap();
+    m.unmap(Iova(0x10_0000), 0x1000).unwrap();
+    assert_eq!(count(&m), (1, 1));
+    m.unmap(Iova(0x10_1000), 0x1000).unwrap();
+    assert_eq!(count(&m), (0, 0));
+    map(&m, 0x10_0000, 0x7000_0000, 0x2000, Dir::TO_DEVICE).unwrap();
+    m.unmap(Iova(0x10_1000), 0x1000).unwrap();
+    assert_eq!(count(&m), (1, 1));
+    m.unmap(Iova(0x10_0000), 0x1000).unwrap();
+    assert_eq!(count(&m), (0, 0));
+    // Middle: two mappings are left, each unmapped whole.
+    map(&m, 0x10_0000, 0x7000_0000, 0x3000, Dir::TO_DEVICE).unwrap();
+    m.unmap(Iova(0x10_1000), 0x1000).unwrap();
+    assert_eq!(count(&m), (2, 2));
+    m.unmap(Iova(0x10_0000), 0x1000).unwrap();
+    m.unmap(Iova(0x10_2000), 0x1000).unwrap();
+    assert_eq!(count(&m), (0, 0));
+    // Whole.
+    map(&m, 0x10_0000, 0x7000_0000, 0x3000, Dir::TO_DEVICE).unwrap();
+    m.unmap(Iova(0x10_0000), 0x3000).unwrap();
+    assert_eq!(count(&m), (0, 0));
 }

@@ -9,6 +9,13 @@
 //! [`WatchStats::early`] counts it. Wrap the mapper of a test or a debug
 //! build; the checks cost a system call per unmap.
 //!
+//! [`Watch`] keeps one record per mapping, keyed by its first IOVA, as
+//! mappers that refuse overlapping mappings (VFIO, [`SoftIommu`](super::SoftIommu))
+//! make them; an unmap that covers part of a mapping leaves the rest
+//! recorded. Over a mapper that lets mappings overlap
+//! ([`Identity`](super::Identity)) two mappings with one first IOVA share a
+//! record, so [`WatchStats::live`] may count fewer.
+//!
 //! Memory the device may reach is resident when the mapper pins it (VFIO
 //! does); with a mapper that does not, write every page of a mapping before
 //! it is unmapped, or the check reports pages that were never faulted in.
@@ -36,6 +43,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use super::granules::cut;
 use super::{DmaMapper, IovaSpace, MapStats, Mapping, PageSizes, Unmapped};
 use crate::addr::{Iova, VirtAddr};
 use crate::error::Result;
@@ -75,8 +83,9 @@ impl State {
         }
     }
 
-    /// Removes the live mappings inside `iova..iova + len` and returns the
-    /// memory behind the part of each that the range covers.
+    /// Removes `iova..iova + len` from the live mappings (one covered in
+    /// part is [`cut`], the rest of it stays live) and returns the memory
+    /// behind the part of each that the range covers.
     fn take(&mut self, iova: Iova, len: u64) -> Vec<(usize, usize)> {
         let (start, end) = (iova.raw(), iova.raw().saturating_add(len));
         let first = self
@@ -94,8 +103,11 @@ impl State {
         for (k, (addr, l)) in hits {
             let (s, e) = (k.max(start), (k + l).min(end));
             out.push((addr + (s - k) as usize, (e - s) as usize));
-            if s == k && e == k + l {
-                self.live.remove(&k);
+            // What the range leaves of the mapping stays live, each part
+            // with the memory behind it.
+            self.live.remove(&k);
+            for (ps, pl) in cut((k, l), (start, len)).into_iter().flatten() {
+                self.live.insert(ps, (addr + (ps - k) as usize, pl));
             }
         }
         out
@@ -237,5 +249,119 @@ mod tests {
         w.unmap(Iova(0x20_0000), 4 * 4096).unwrap();
         let st = w.watch_stats();
         assert_eq!((st.checked, st.early, st.live), (2, 0, 0));
+    }
+
+    /// A watch over an IOMMU that lets any mapped pages be unmapped.
+    fn loose() -> Watch<SoftIommu> {
+        Watch::new(
+            SoftIommu::new(SoftIommuConfig {
+                whole_unmaps: false,
+                ..SoftIommuConfig::default()
+            })
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn partial_unmaps_cut_the_live_mappings() {
+        let w = loose();
+        let r = Region::new(3 * 4096, 4096, false).unwrap();
+        r.write(0, &[1u8; 3 * 4096]).unwrap();
+        let live = |w: &Watch<SoftIommu>| w.watch_stats().live;
+        // Front, then back.
+        // SAFETY: `r` outlives every mapping of this test (all unmapped).
+        unsafe { w.map(&mapping(&r, 0x10_0000, 0, 8192)).unwrap() };
+        w.unmap(Iova(0x10_0000), 4096).unwrap();
+        assert_eq!(live(&w), 1);
+        w.unmap(Iova(0x10_1000), 4096).unwrap();
+        assert_eq!(live(&w), 0);
+        // Middle: two are left.
+        // SAFETY: as above.
+        unsafe { w.map(&mapping(&r, 0x10_0000, 0, 3 * 4096)).unwrap() };
+        w.unmap(Iova(0x10_1000), 4096).unwrap();
+        assert_eq!(live(&w), 2);
+        w.unmap(Iova(0x10_2000), 4096).unwrap();
+        assert_eq!(live(&w), 1);
+        // What is left still checks the right memory: the first page.
+        w.unmap(Iova(0x10_0000), 4096).unwrap();
+        let st = w.watch_stats();
+        assert_eq!((st.live, st.checked, st.early), (0, 5, 0));
+    }
+
+    /// A map or an unmap of `pages` pages from page `first`.
+    #[derive(Clone, Debug)]
+    enum Step {
+        Map { first: u64, pages: u64 },
+        Unmap { first: u64, pages: u64 },
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0..12u64, 1..5u64).prop_map(|(first, pages)| Step::Map { first, pages }),
+            (0..12u64, 1..5u64).prop_map(|(first, pages)| Step::Unmap { first, pages }),
+        ]
+    }
+
+    /// Runs of consecutive pages made by one map call: the mappings a
+    /// record of them must count.
+    fn runs(model: &BTreeMap<u64, u64>) -> usize {
+        let mut prev: Option<(u64, u64)> = None;
+        let mut n = 0;
+        for (&p, &id) in model {
+            if prev != Some((p.wrapping_sub(1), id)) {
+                n += 1;
+            }
+            prev = Some((p, id));
+        }
+        n
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// The IOMMU's record and the watch's agree with a model that
+        /// keeps, for each mapped page, the map call that mapped it.
+        #[test]
+        #[cfg_attr(miri, ignore = "proptest: hundreds of runs, minutes under Miri")]
+        fn records_agree_with_a_page_model(steps in proptest::collection::vec(step(), 1..40)) {
+            let r = Region::new(16 * 4096, 4096, false).unwrap();
+            let w = loose();
+            r.write(0, &[1u8; 16 * 4096]).unwrap();
+            let base = 0x10_0000u64;
+            let mut model: BTreeMap<u64, u64> = BTreeMap::new();
+            for (id, s) in steps.into_iter().enumerate() {
+                match s {
+                    Step::Map { first, pages } => {
+                        let m = mapping(&r, base + first * 4096, first as usize * 4096, pages * 4096);
+                        let free = (first..first + pages).all(|p| !model.contains_key(&p));
+                        // SAFETY: `r` outlives the watch and its mappings.
+                        let got = unsafe { w.map(&m) };
+                        proptest::prop_assert_eq!(got.is_ok(), free);
+                        if free {
+                            model.extend((first..first + pages).map(|p| (p, id as u64)));
+                        }
+                    }
+                    Step::Unmap { first, pages } => {
+                        let all = (first..first + pages).all(|p| model.contains_key(&p));
+                        let got = w.unmap(Iova(base + first * 4096), pages * 4096);
+                        proptest::prop_assert_eq!(got.is_ok(), all);
+                        if all {
+                            for p in first..first + pages {
+                                model.remove(&p);
+                            }
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(w.inner().mapped_pages(), model.len() as u64);
+                proptest::prop_assert_eq!(w.inner().mappings(), runs(&model));
+                proptest::prop_assert_eq!(w.watch_stats().live, runs(&model));
+            }
+            // Unmap what is left before `r` goes.
+            let left: Vec<u64> = model.keys().copied().collect();
+            for p in left {
+                w.unmap(Iova(base + p * 4096), 4096).unwrap();
+            }
+            proptest::prop_assert_eq!(w.watch_stats().early, 0);
+        }
     }
 }
