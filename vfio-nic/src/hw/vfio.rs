@@ -445,8 +445,23 @@ mod tests {
 
     #[test]
     fn hints_name_the_cause() {
-        assert!(map_hint(libc::ENOSPC).contains("dma_entry_limit"));
         assert!(map_hint(libc::ENOMEM).contains("RLIMIT_MEMLOCK"));
+        assert!(map_hint(libc::EEXIST).contains("overlaps"));
+        let e = pfrag::Error::Map {
+            iova: Iova(0x1000),
+            len: 0x1000,
+            source: OsAdvice::io(libc::ENOMEM, map_hint(libc::ENOMEM)),
+        };
+        assert_eq!(e.errno(), Some(libc::ENOMEM));
+        let s = e.to_string();
+        assert!(s.contains("errno Some(12)"), "{s}");
+        assert!(s.contains("RLIMIT_MEMLOCK"), "{s}");
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "reads the type1 dma_entry_limit from /sys")]
+    fn mapping_limit_hint_names_the_limit() {
+        assert!(map_hint(libc::ENOSPC).contains("dma_entry_limit"));
         let e = pfrag::Error::Map {
             iova: Iova(0x1000),
             len: 0x1000,
