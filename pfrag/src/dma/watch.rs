@@ -265,7 +265,7 @@ mod tests {
     #[test]
     fn partial_unmaps_cut_the_live_mappings() {
         let w = loose();
-        let r = Region::new(3 * 4096, 4096, false).unwrap();
+        let mut r = Region::new(3 * 4096, 4096, false).unwrap();
         r.write(0, &[1u8; 3 * 4096]).unwrap();
         let live = |w: &Watch<SoftIommu>| w.watch_stats().live;
         // Front, then back.
@@ -324,7 +324,7 @@ mod tests {
         #[test]
         #[cfg_attr(miri, ignore = "proptest: hundreds of runs, minutes under Miri")]
         fn records_agree_with_a_page_model(steps in proptest::collection::vec(step(), 1..40)) {
-            let r = Region::new(16 * 4096, 4096, false).unwrap();
+            let mut r = Region::new(16 * 4096, 4096, false).unwrap();
             let w = loose();
             r.write(0, &[1u8; 16 * 4096]).unwrap();
             let base = 0x10_0000u64;
