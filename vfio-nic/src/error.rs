@@ -22,7 +22,9 @@ pub enum Error {
     /// ring or larger chunks (fewer buffers per packet).
     #[error("packet needs {needed} descriptors, the ring holds at most {capacity}")]
     PacketTooLarge {
-        /// Descriptors the packet needs.
+        /// Descriptors the packet needs (at least: counted before its
+        /// frags exist, no data descriptor is assumed to carry more than a
+        /// chunk).
         needed: usize,
         /// Descriptors the ring holds when empty (one fewer than its size).
         capacity: usize,

@@ -61,6 +61,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         // The quick check of `room_for`, knowing whether a context
         // descriptor is needed.
         let nctx = ctx.descs();
+        self.check_capacity(nctx + self.descs_at_least(len))?;
         self.check_room(self.descs_needed(len) - 1 + nctx, nctx, Need::AtMost)?;
         let mut frags = self.spare.pop().unwrap_or_default();
         if let Err(e) = self.frags(len, &mut frags) {
@@ -230,7 +231,34 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// ([`Error::PacketTooLarge`] if it never can).
     pub fn room_for(&mut self, len: usize, offload: Offload) -> Result<()> {
         let ctx = ctx_descs(offload);
+        // The device may hold the context already: at least no context.
+        self.check_capacity(self.descs_at_least(len))?;
         self.check_room(self.descs_needed(len) - 1 + ctx, ctx, Need::AtMost)
+    }
+
+    /// Descriptors a payload of `len` bytes needs at least (header + data,
+    /// no context): no data descriptor carries more than a chunk,
+    /// [`MAX_DESC_LEN`](super::MAX_DESC_LEN) or the boundary.
+    fn descs_at_least(&self, len: usize) -> usize {
+        let chunk = self.cache.pool().chunk_size();
+        let per = chunk
+            .min(super::MAX_DESC_LEN)
+            .min(self.cfg.boundary.unwrap_or(usize::MAX));
+        1 + len.div_ceil(per)
+    }
+
+    /// Refuses a packet that needs at least `descs` descriptors if the
+    /// whole ring holds fewer: [`Error::PacketTooLarge`], before anything
+    /// is allocated.
+    fn check_capacity(&self, descs: usize) -> Result<()> {
+        let capacity = usize::from(self.cfg.ring) - 1;
+        if descs > capacity {
+            return Err(Error::PacketTooLarge {
+                needed: descs,
+                capacity,
+            });
+        }
+        Ok(())
     }
 
     /// Frags for a payload of `len` bytes from the queue's cache, appended
@@ -275,10 +303,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// before its frags are known.
     ///
     /// A packet that needs more than the whole ring is
-    /// [`Error::PacketTooLarge`], which a retry never mends; only the exact
-    /// count can say so. An estimate past the ring asks for an empty ring
-    /// instead ([`Error::RingFull`] until then), where the exact count
-    /// decides.
+    /// [`Error::PacketTooLarge`], which a retry never mends: the exact
+    /// count says so here, a lower bound before allocating
+    /// ([`check_capacity`](Self::check_capacity)). An estimate past the
+    /// ring whose lower bound fits asks for an empty ring instead
+    /// ([`Error::RingFull`] until then), where the exact count decides.
     fn check_room(&mut self, descs: usize, ctx: usize, need: Need) -> Result<()> {
         let bufs = descs - ctx;
         if bufs > self.cfg.max_bufs {
@@ -287,13 +316,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 max: self.cfg.max_bufs,
             });
         }
-        let capacity = usize::from(self.cfg.ring) - 1;
-        if need == Need::Exact && descs > capacity {
-            return Err(Error::PacketTooLarge {
-                needed: descs,
-                capacity,
-            });
+        if need == Need::Exact {
+            self.check_capacity(descs)?;
         }
+        let capacity = usize::from(self.cfg.ring) - 1;
         if descs.min(capacity) > self.free_descs() {
             self.stats.ring_full += 1;
             return Err(Error::RingFull {
