@@ -129,9 +129,8 @@ impl State {
         }
         // The mappings reaching into the range, the best to remove first:
         // those inside it (the earliest and longest first), then the
-        // oldest of those it cuts.
-        // (A mapping made with exactly the range comes first: found
-        // directly, it spares the scan.)
+        // oldest of those it cuts. A mapping made with exactly the range
+        // would come first: found directly, it spares the scan.
         let exact = self
             .made
             .range((start, 0)..=(start, u64::MAX))

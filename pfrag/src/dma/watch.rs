@@ -322,7 +322,7 @@ mod tests {
         /// The IOMMU's record and the watch's agree with a model that
         /// keeps, for each mapped page, the map call that mapped it.
         #[test]
-        #[cfg_attr(miri, ignore = "proptest: hundreds of runs, minutes under Miri")]
+        #[cfg_attr(miri, ignore = "proptest: 64 cases of up to 40 steps, minutes under Miri")]
         fn records_agree_with_a_page_model(steps in proptest::collection::vec(step(), 1..40)) {
             let mut r = Region::new(16 * 4096, 4096, false).unwrap();
             let w = loose();
