@@ -243,12 +243,15 @@ boot() {
     # (under TCG the host's TSC: some 65 ms at 2.4 GHz) for 5 timer ticks,
     # and panics ("timer doesn't work through Interrupt-remapped IO-APIC")
     # if they do not come; on a loaded host QEMU's timer can miss that
-    # window.
+    # window. tsc=reliable: under TCG the guest's TSC is the host's, so the
+    # clocksource watchdog has nothing to find; without it a 7.3 guest
+    # stopped at boot with one CPU in the watchdog's cross-CPU skew check
+    # and the other in stop_machine, both with interrupts off.
     timeout --foreground -k 10 "$boot_timeout" qemu-system-x86_64 \
         -accel tcg,thread=multi -cpu max -m 2048 -smp 2 \
         -machine q35,kernel-irqchip=split -device intel-iommu,intremap=on,aw-bits="$aw_bits" \
         -kernel "$kernel" -initrd "$vm/initrd.gz" \
-        -append "console=ttyS0 intel_iommu=on iommu.strict=1 quiet panic=-1 no_timer_check" \
+        -append "console=ttyS0 intel_iommu=on iommu.strict=1 quiet panic=-1 no_timer_check tsc=reliable" \
         -display none -serial "file:$vm/console.log" -monitor "$monitor" -no-reboot \
         -netdev hubport,id=n0,hubid=0 -device igb,netdev=n0,bus=pcie.0,addr=2.0 \
         -object filter-dump,id=cap0,netdev=n0,file="$vm/tx.pcap",maxlen=65536 \
