@@ -172,4 +172,3 @@ impl Default for SoftIommuConfig {
         }
     }
 }
-
