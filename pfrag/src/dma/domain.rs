@@ -302,7 +302,9 @@ fn lock(a: &Mutex<IovaAllocator>) -> MutexGuard<'_, IovaAllocator> {
 ///   with its doorbell (a release store, or a fence before an MMIO write)
 ///   and takes it back by reading the device's status write-back with
 ///   [`read_u32`](Self::read_u32) (acquire), as with real hardware. The
-///   CPU's own stores are relaxed: that handshake orders them.
+///   CPU's own stores are relaxed: that handshake orders them. A model's
+///   accesses through `Translate` are 32-bit atomics as well, so even a
+///   device access that races the CPU on these bytes is no data race.
 ///
 /// ```
 /// # use std::sync::Arc;

@@ -16,7 +16,7 @@
 use std::sync::{RwLock, RwLockReadGuard};
 
 use super::{Dir, Fault, Translation};
-use crate::addr::Iova;
+use crate::addr::{Iova, VirtAddr};
 use crate::mem;
 
 /// Device accesses in progress; see the module docs.
@@ -36,12 +36,15 @@ impl Fence {
     }
 }
 
+/// Bytes a device read hands its reader at once (a copy, on the stack).
+const READ_PIECE: usize = 512;
+
 fn fault(iova: Iova, access: Dir) -> Fault {
     Fault { iova, access }
 }
 
-/// Reads `len` bytes at `iova` through `translate`, handing `f` one piece
-/// per translated page. Used by the mappers' [`Translate::read`](super::Translate::read).
+/// Reads `len` bytes at `iova` through `translate`, handing `f` copies of
+/// them in pieces, each within one translated page. Used by the mappers' [`Translate::read`](super::Translate::read).
 pub(crate) fn device_read(
     fence: &Fence,
     mut translate: impl FnMut(Iova, Dir) -> Result<Translation, Fault>,
@@ -57,12 +60,27 @@ pub(crate) fn device_read(
         let _in = fence.enter();
         let t = translate(at, Dir::TO_DEVICE)?;
         let n = usize::try_from(t.len).unwrap_or(usize::MAX).min(len - off);
-        // SAFETY: `t` covers `n` bytes of one page whose mapping is present
-        // now (the mapper just translated it), so the memory is allocated:
-        // the mapper's `unsafe map` caller keeps it so until an unmap (and
-        // flush) removed the translation, and that unmap waits in
-        // `quiesce` for this guard. The slice lives only during `f`.
-        f(unsafe { mem::slice(t.addr, n) });
+        // Copied out word by word with atomic loads, never lent as a
+        // reference: a `Coherent` word the CPU writes meanwhile (with its
+        // own 32-bit atomics) is then no data race.
+        let mut buf = [0u8; READ_PIECE];
+        let mut p = 0;
+        while p < n {
+            let m = (n - p).min(READ_PIECE);
+            // SAFETY: `t` covers `n` bytes of one page whose mapping is
+            // present now (the mapper just translated it), so the page is
+            // allocated: the mapper's `unsafe map` caller keeps it so until
+            // an unmap (and flush) removed the translation, and that unmap
+            // waits in `quiesce` for this guard. The words touched lie in
+            // that page (it is 4 KiB aligned). CPU accesses to those bytes
+            // meanwhile are `Coherent`'s 32-bit atomics; other CPU memory
+            // (frags, regions) is the device's only between the doorbell
+            // and the status write-back, which the `Translate` docs require
+            // of every device.
+            unsafe { mem::read_words(VirtAddr(t.addr.0 + p), &mut buf[..m]) };
+            f(&buf[..m]);
+            p += m;
+        }
         off += n;
     }
     Ok(())
@@ -87,9 +105,9 @@ pub(crate) fn device_write(
             .unwrap_or(usize::MAX)
             .min(src.len() - off);
         // SAFETY: as in `device_read`; the translation allows writes, and
-        // the driver only reads memory it mapped for the device to write
-        // (descriptor write-back) with volatile loads.
-        unsafe { mem::write(t.addr, &src[off..off + n]) };
+        // the words are written with 32-bit atomics (the edge words by
+        // compare-and-swap), as `Coherent`'s CPU accesses are.
+        unsafe { mem::write_words(t.addr, &src[off..off + n]) };
         off += n;
     }
     Ok(())

@@ -288,6 +288,17 @@ pub struct Translation {
 /// and an unmap does not return while a device access through the old
 /// translation is still running, so memory freed after its unmap (and, for
 /// lazy invalidation, after its flush) is never touched again.
+///
+/// The bytes move with 32-bit atomics, as the CPU's accesses to a
+/// [`Coherent`] region do, so a device access racing the CPU on coherent
+/// memory is no data race. Other memory (frags, [`Region`](crate::mem::Region)s)
+/// the CPU reaches with plain loads and stores: a device touches it only
+/// between the doorbell that hands it over and the status write-back that
+/// hands it back, as with real DMA. The TX queue and the device models
+/// keep to that. A device access to bytes the CPU is using at that moment
+/// (a frag whose owner holds [`Frag::as_mut_slice`](crate::frag::Frag::as_mut_slice))
+/// is a data race that these safe functions do not prevent: do not call
+/// them on memory you have not handed to the device.
 pub trait Translate: Send + Sync {
     /// Translates `iova` for `access`, or faults. The address is for
     /// inspection (tests, statistics); [`read`](Self::read) and
