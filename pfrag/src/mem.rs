@@ -302,6 +302,21 @@ pub(crate) unsafe fn store_u32_release(addr: VirtAddr, v: u32) {
     unsafe { store_u32(addr, v, Ordering::Release) }
 }
 
+/// The aligned 32-bit words that `addr..addr + len` touches, as one slice
+/// of atomics (one reference for the whole range, not one per word: Miri's
+/// borrow trackers then follow one tag, as for a plain slice).
+///
+/// # Safety
+/// As [`word`], for every word the range touches.
+unsafe fn words<'a>(addr: usize, len: usize) -> &'a [AtomicU32] {
+    let first = addr & !3;
+    let n = (addr + len).next_multiple_of(4).saturating_sub(first) / 4;
+    // SAFETY: per the contract above: `first` is 4-byte aligned, the `n`
+    // words lie in a live region, and every concurrent access to them is
+    // a 32-bit atomic (`AtomicU32` has the layout of `u32`).
+    unsafe { std::slice::from_raw_parts(first as *const AtomicU32, n) }
+}
+
 /// Copies `src` to `addr` with relaxed 32-bit atomic stores: whole words
 /// where `src` covers them, a compare-and-swap of the word where it covers
 /// only part (the word's other bytes are left as they are, even if another
@@ -311,38 +326,31 @@ pub(crate) unsafe fn store_u32_release(addr: VirtAddr, v: u32) {
 /// The words that `addr..addr + src.len()` touches lie in a live
 /// [`Region`], and every concurrent access to them is a 32-bit atomic.
 pub(crate) unsafe fn write_words(addr: VirtAddr, src: &[u8]) {
-    let (mut at, mut src) = (addr.0, src);
-    let head = at % 4;
-    if head != 0 && !src.is_empty() {
-        let n = (4 - head).min(src.len());
-        // SAFETY: the word holding `at` is touched by the range.
-        unsafe { merge(at - head, head, &src[..n]) };
-        (at, src) = (at + n, &src[n..]);
+    if src.is_empty() {
+        return;
     }
-    let mut words = src.chunks_exact(4);
-    for w in &mut words {
-        // SAFETY: `at` is aligned now, and the word lies in the range.
-        unsafe { word(at) }.store(
-            u32::from_ne_bytes([w[0], w[1], w[2], w[3]]),
-            Ordering::Relaxed,
-        );
-        at += 4;
-    }
-    let tail = words.remainder();
-    if !tail.is_empty() {
-        // SAFETY: the word at `at` holds the range's last bytes.
-        unsafe { merge(at, 0, tail) };
+    // SAFETY: per the contract above.
+    let ws = unsafe { words(addr.0, src.len()) };
+    let mut pos = addr.0 % 4;
+    let mut done = 0;
+    for w in ws {
+        let n = (4 - pos).min(src.len() - done);
+        let bytes = &src[done..done + n];
+        if n == 4 {
+            w.store(
+                u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+                Ordering::Relaxed,
+            );
+        } else {
+            merge(w, pos, bytes);
+        }
+        (pos, done) = (0, done + n);
     }
 }
 
-/// Replaces bytes `pos..pos + bytes.len()` of the word at `at` (aligned),
-/// keeping the others: one compare-and-swap loop.
-///
-/// # Safety
-/// As [`word`].
-unsafe fn merge(at: usize, pos: usize, bytes: &[u8]) {
-    // SAFETY: per the contract above.
-    let w = unsafe { word(at) };
+/// Replaces bytes `pos..pos + bytes.len()` of the word `w`, keeping the
+/// others: one compare-and-swap loop.
+fn merge(w: &AtomicU32, pos: usize, bytes: &[u8]) {
     let put = |old: u32| {
         let mut b = old.to_ne_bytes();
         b[pos..pos + bytes.len()].copy_from_slice(bytes);
@@ -359,17 +367,18 @@ unsafe fn merge(at: usize, pos: usize, bytes: &[u8]) {
 /// # Safety
 /// As [`write_words`].
 pub(crate) unsafe fn read_words(addr: VirtAddr, dst: &mut [u8]) {
-    let mut at = addr.0;
+    if dst.is_empty() {
+        return;
+    }
+    // SAFETY: per the contract above.
+    let ws = unsafe { words(addr.0, dst.len()) };
+    let mut pos = addr.0 % 4;
     let mut done = 0;
-    while done < dst.len() {
-        let pos = at % 4;
+    for w in ws {
         let n = (4 - pos).min(dst.len() - done);
-        // SAFETY: the word holding `at` is touched by the range.
-        let w = unsafe { word(at - pos) }
-            .load(Ordering::Relaxed)
-            .to_ne_bytes();
-        dst[done..done + n].copy_from_slice(&w[pos..pos + n]);
-        (at, done) = (at + n, done + n);
+        let b = w.load(Ordering::Relaxed).to_ne_bytes();
+        dst[done..done + n].copy_from_slice(&b[pos..pos + n]);
+        (pos, done) = (0, done + n);
     }
 }
 
