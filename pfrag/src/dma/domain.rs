@@ -425,20 +425,10 @@ impl<M: DmaMapper> Coherent<M> {
     /// read by the device only after the doorbell).
     pub fn write_u64(&self, off: usize, v: u64) -> Result<()> {
         let at = self.at(off, 8, 8)?;
-        let b = v.to_ne_bytes();
-        // SAFETY: in bounds and aligned, as in `read_u32`, for both words.
-        unsafe {
-            mem::store_u32(
-                at,
-                u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
-                Ordering::Relaxed,
-            );
-            mem::store_u32(
-                at.offset(4),
-                u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
-                Ordering::Relaxed,
-            );
-        }
+        // SAFETY: in bounds and aligned, as in `read_u32`, so the range is
+        // two whole words, stored with relaxed atomics, low address first;
+        // every other access to them is a 32-bit atomic too.
+        unsafe { mem::write_words(at, &v.to_ne_bytes()) };
         Ok(())
     }
     /// 64-bit load at `off` (8-byte aligned), as two 32-bit atomic loads

@@ -387,7 +387,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
     /// Descriptors free for new packets (one is always kept empty).
     pub fn free_descs(&self) -> usize {
-        usize::from(self.cfg.ring) - 1 - self.used
+        self.capacity() - self.used
+    }
+    /// Descriptors the ring holds at once: one fewer than its size (a full
+    /// ring would look empty to the device). A packet that needs more is
+    /// [`Error::PacketTooLarge`].
+    pub fn capacity(&self) -> usize {
+        usize::from(self.cfg.ring) - 1
     }
     /// The settings.
     pub fn config(&self) -> &Config {

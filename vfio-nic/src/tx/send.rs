@@ -251,7 +251,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// whole ring holds fewer: [`Error::PacketTooLarge`], before anything
     /// is allocated.
     fn check_capacity(&self, descs: usize) -> Result<()> {
-        let capacity = usize::from(self.cfg.ring) - 1;
+        let capacity = self.capacity();
         if descs > capacity {
             return Err(Error::PacketTooLarge {
                 needed: descs,
@@ -319,8 +319,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         if need == Need::Exact {
             self.check_capacity(descs)?;
         }
-        let capacity = usize::from(self.cfg.ring) - 1;
-        if descs.min(capacity) > self.free_descs() {
+        if descs.min(self.capacity()) > self.free_descs() {
             self.stats.ring_full += 1;
             return Err(Error::RingFull {
                 needed: descs,
