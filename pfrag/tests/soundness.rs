@@ -29,11 +29,17 @@ fn small_pool<M: DmaMapper>(d: &Arc<Domain<M>>, order: u32, policy: Policy) -> P
 }
 
 /// Reads a frag through the IOMMU, as the device would.
-fn device_sum<M: Translate>(m: &M, iova: Iova, len: usize) -> Option<u64> {
+///
+/// # Safety
+/// As for [`Translate::read`]: nothing writes the bytes meanwhile.
+unsafe fn device_sum<M: Translate>(m: &M, iova: Iova, len: usize) -> Option<u64> {
     let mut sum = 0u64;
-    m.read(iova, len, &mut |s| {
-        sum += s.iter().map(|&b| u64::from(b)).sum::<u64>()
-    })
+    // SAFETY: the caller's promise.
+    unsafe {
+        m.read(iova, len, &mut |s| {
+            sum += s.iter().map(|&b| u64::from(b)).sum::<u64>()
+        })
+    }
     .ok()?;
     Some(sum)
 }
@@ -51,13 +57,16 @@ fn lazy_pool_drop_flushes_before_freeing() {
         let mut f = c.refill(16 << 10, true).unwrap();
         f.as_mut_slice().fill(1);
         // The device reads it: its translation is now in the IOTLB.
-        assert_eq!(device_sum(&*m, f.iova(), f.len()), Some(16 << 10));
+        // SAFETY: the frag's `&mut` is gone; nothing writes it meanwhile.
+        let sum = unsafe { device_sum(&*m, f.iova(), f.len()) };
+        assert_eq!(sum, Some(16 << 10));
         iovas.push(f.iova());
     }
     drop(c);
     for i in iovas {
         assert!(m.translate(i, pfrag::dma::Dir::TO_DEVICE).is_err(), "{i}");
-        assert_eq!(device_sum(&*m, i, 64), None);
+        // SAFETY: the cache and its frags are gone: nothing writes there.
+        assert_eq!(unsafe { device_sum(&*m, i, 64) }, None);
     }
     assert_eq!(m.mapped_pages(), 0);
     assert_eq!(d.iova_in_use(), 0);
@@ -153,7 +162,8 @@ fn pool_drop_after_failed_unmap_keeps_the_memory() {
     drop((f, c, pool));
     // The drop's one unmap (a whole contiguous arena) failed: still mapped.
     assert_eq!(m.stats_injected().unmaps, 1);
-    assert_eq!(device_sum(&*m, iova, 100), Some(0));
+    // SAFETY: the frag is gone and its memory pinned: nothing writes it.
+    assert_eq!(unsafe { device_sum(&*m, iova, 100) }, Some(0));
     let p = d.pinned();
     assert_eq!((p.iova_bytes, p.host_bytes), (4 * 8192, 4 * 8192));
 }
@@ -269,8 +279,12 @@ fn device_and_cpu_on_the_same_coherent_bytes_do_not_race() {
                 c.write(3, &[2u8; 9]).unwrap();
             });
             s.spawn(|| {
-                d.mapper().write(iova.offset(2), &[1u8; 10]).unwrap();
-                d.mapper().read(iova.offset(1), 13, &mut |_| {}).unwrap();
+                // SAFETY: the bytes are `c`'s, coherent memory that the
+                // CPU touches only through its atomic accessors.
+                unsafe {
+                    d.mapper().write(iova.offset(2), &[1u8; 10]).unwrap();
+                    d.mapper().read(iova.offset(1), 13, &mut |_| {}).unwrap();
+                }
             });
         });
         // Each byte holds what one side wrote, or the zero it started as.

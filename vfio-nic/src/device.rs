@@ -7,11 +7,34 @@ use crate::error::Result;
 /// A NIC TX queue engine: the [`SoftNic`](crate::model::softnic::SoftNic) model
 /// here, the 82576 through VFIO elsewhere. The queue owns the descriptor
 /// ring; the device reads descriptors from it and writes back `DD`.
+///
+/// Ringing a model's doorbell yourself takes `unsafe`:
+///
+/// ```compile_fail,E0133
+/// use pfrag::dma::Identity;
+/// use vfio_nic::device::TxDevice;
+/// use vfio_nic::model::null::NullNic;
+///
+/// let mut nic = NullNic::new(Identity::new());
+/// let _ = nic.kick(1); // needs `unsafe`
+/// ```
 pub trait TxDevice {
     /// Points the device at a ring of `len` descriptors at `ring`.
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()>;
     /// Doorbell: descriptors before `tail` are ready.
-    fn kick(&mut self, tail: u16) -> Result<()>;
+    ///
+    /// # Safety
+    /// The doorbell hands memory to the device. Every descriptor from the
+    /// device's head up to `tail`, and every buffer those descriptors
+    /// name, must be memory that no CPU reference touches (other than
+    /// [`Coherent`](pfrag::dma::Coherent)'s atomic accessors) from this
+    /// call until the device reports the packet done (the status
+    /// write-back of its last descriptor) or is detached. A model reads that memory through
+    /// [`Translate`](pfrag::dma::Translate); a real NIC by DMA.
+    /// [`tx::Queue`](crate::tx::Queue) keeps this promise for the
+    /// descriptors it writes: their buffers are frags it owns until it
+    /// reaps them, and its own header ring.
+    unsafe fn kick(&mut self, tail: u16) -> Result<()>;
     /// Stops the device using the ring (before the ring is freed).
     fn detach(&mut self) -> Result<()> {
         Ok(())

@@ -240,7 +240,9 @@ fn descriptor_at_an_unmapped_address_faults_without_an_iommu() {
         ring.write_u64(at + 8, w0[1]).unwrap();
         ring.write_u64(at + 16, w1[0]).unwrap();
         ring.write_u64(at + 24, w1[1]).unwrap();
-        nic.kick(((k + 2) % 8) as u16).unwrap();
+        // SAFETY: this test's own mapper maps only `ring`, coherent memory
+        // the CPU reaches through atomic accessors; anything else faults.
+        unsafe { nic.kick(((k + 2) % 8) as u16) }.unwrap();
     }
     let st = nic.stats();
     assert_eq!((st.faults, st.frames, st.delivered_bytes), (2, 0, 0));
@@ -260,7 +262,9 @@ fn descriptor_address_at_the_top_of_iova_space_is_a_fault() {
     let w = Desc::Data(Data::new(u64::MAX - 10, 100, cmd, 100, Popts::empty())).encode();
     ring.write_u64(0, w[0]).unwrap();
     ring.write_u64(8, w[1]).unwrap();
-    nic.kick(1).unwrap();
+    // SAFETY: this test's own mapper maps only `ring`, coherent memory
+    // the CPU reaches through atomic accessors; anything else faults.
+    unsafe { nic.kick(1) }.unwrap();
     assert_eq!(nic.stats().faults + nic.stats().bad_desc, 1);
 }
 
@@ -279,7 +283,9 @@ fn endless_chain_without_eop_is_dropped() {
         ring.write_u64(i * 16 + 8, w[1]).unwrap();
     }
     for k in 0..20u16 {
-        nic.kick((k * 5 + 5) % 8).unwrap();
+        // SAFETY: this test's own mapper maps only `ring`, coherent memory
+        // the CPU reaches through atomic accessors; anything else faults.
+        unsafe { nic.kick((k * 5 + 5) % 8) }.unwrap();
     }
     assert!(nic.stats().bad_desc >= 1);
     assert_eq!(nic.stats().packets, 0);

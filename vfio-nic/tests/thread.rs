@@ -143,12 +143,14 @@ fn kicking_a_detached_device_is_reported_at_the_next_doorbell() {
     let nic = SoftNic::new(iommu, softnic::Config::default());
     let mut dev = Threaded::spawn(nic, thread::Config::default()).unwrap();
     use vfio_nic::device::TxDevice;
-    dev.kick(3).unwrap();
+    // SAFETY: no ring is attached, so the device reads nothing.
+    unsafe { dev.kick(3) }.unwrap();
     // The device thread meets the doorbell with no ring attached; the
     // error comes back on a later doorbell, not lost.
     let t0 = Instant::now();
     loop {
-        match dev.kick(3) {
+        // SAFETY: as above.
+        match unsafe { dev.kick(3) } {
             Err(Error::NotAttached) => break,
             Ok(()) if t0.elapsed() < WAIT => std::thread::yield_now(),
             other => panic!("{other:?}"),

@@ -248,14 +248,17 @@ impl<M: Translate> Translate for Faulty<M> {
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
         self.inner.translate(iova, access)
     }
-    fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
-        self.inner.read(iova, len, f)
+    unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.inner.read(iova, len, f) }
     }
-    fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
-        self.inner.write(iova, src)
+    unsafe fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.inner.write(iova, src) }
     }
-    fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
-        self.inner.write_u32(iova, v)
+    unsafe fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.inner.write_u32(iova, v) }
     }
 }
 

@@ -45,7 +45,11 @@ fn fault(iova: Iova, access: Dir) -> Fault {
 
 /// Reads `len` bytes at `iova` through `translate`, handing `f` copies of
 /// them in pieces, each within one translated page. Used by the mappers' [`Translate::read`](super::Translate::read).
-pub(crate) fn device_read(
+///
+/// # Safety
+/// The `len` bytes at `iova` are handed to the device: no CPU reference to
+/// them is used during the call ([`Translate`](super::Translate)'s Safety).
+pub(crate) unsafe fn device_read(
     fence: &Fence,
     mut translate: impl FnMut(Iova, Dir) -> Result<Translation, Fault>,
     iova: Iova,
@@ -74,9 +78,8 @@ pub(crate) fn device_read(
             // waits in `quiesce` for this guard. The words touched lie in
             // that page (it is 4 KiB aligned). CPU accesses to those bytes
             // meanwhile are `Coherent`'s 32-bit atomics; other CPU memory
-            // (frags, regions) is the device's only between the doorbell
-            // and the status write-back, which the `Translate` docs require
-            // of every device.
+            // (frags, regions) no reference touches during this call: our
+            // caller promised so (the bytes are handed to the device).
             unsafe { mem::read_words(VirtAddr(t.addr.0 + p), &mut buf[..m]) };
             f(&buf[..m]);
             p += m;
@@ -88,7 +91,10 @@ pub(crate) fn device_read(
 
 /// Writes `src` at `iova` through `translate`, page by page. Used by the
 /// mappers' [`Translate::write`](super::Translate::write).
-pub(crate) fn device_write(
+///
+/// # Safety
+/// As for [`device_read`], for the `src.len()` bytes at `iova`.
+pub(crate) unsafe fn device_write(
     fence: &Fence,
     mut translate: impl FnMut(Iova, Dir) -> Result<Translation, Fault>,
     iova: Iova,
@@ -117,7 +123,10 @@ pub(crate) fn device_write(
 /// release store: a device's descriptor write-back, which the driver polls
 /// while the device runs (on a thread of its own). `iova` must be 4-byte
 /// aligned (a translation keeps the page offset, so the address is too).
-pub(crate) fn device_store_u32(
+///
+/// # Safety
+/// As for [`device_read`], for the 4 bytes at `iova`.
+pub(crate) unsafe fn device_store_u32(
     fence: &Fence,
     translate: impl FnOnce(Iova, Dir) -> Result<Translation, Fault>,
     iova: Iova,
@@ -134,8 +143,9 @@ pub(crate) fn device_store_u32(
     // SAFETY: as in `device_write`: the 4 bytes lie in one page whose
     // mapping is present and allows writes, so the memory is allocated
     // until the fence guard drops; the address is 4-byte aligned (the
-    // IOVA is, and translation keeps the page offset); and the driver
-    // reads the word only with a 32-bit atomic load (`Coherent::read_u32`).
+    // IOVA is, and translation keeps the page offset); and the caller
+    // promised no CPU reference touches the word meanwhile (a driver
+    // polls it with `Coherent::read_u32`, an atomic load).
     unsafe { mem::store_u32_release(t.addr, v) };
     Ok(())
 }

@@ -281,14 +281,17 @@ impl Translate for Identity {
             }
         }
     }
-    fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
-        device_read(&self.fence, |i, d| self.translate(i, d), iova, len, f)
+    unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { device_read(&self.fence, |i, d| self.translate(i, d), iova, len, f) }
     }
-    fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
-        device_write(&self.fence, |i, d| self.translate(i, d), iova, src)
+    unsafe fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { device_write(&self.fence, |i, d| self.translate(i, d), iova, src) }
     }
-    fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
-        device_store_u32(&self.fence, |i, d| self.translate(i, d), iova, v)
+    unsafe fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { device_store_u32(&self.fence, |i, d| self.translate(i, d), iova, v) }
     }
 }
 
@@ -314,19 +317,28 @@ mod tests {
         let r = Region::new(2 * 4096, 4096, false).unwrap();
         let at = Iova(r.addr().raw() as u64);
         // An address nobody mapped: a fault, never a dereference.
-        assert!(id.read(Iova(0x1000), 8, &mut |_| {}).is_err());
-        assert!(id.read(at, 8, &mut |_| {}).is_err());
+        // SAFETY: (each device access here) no reference to `r`'s bytes
+        // is alive; the region is only mapped and unmapped.
+        unsafe {
+            assert!(id.read(Iova(0x1000), 8, &mut |_| {}).is_err());
+            assert!(id.read(at, 8, &mut |_| {}).is_err());
+        }
         let m = page_to_device(&r);
         // SAFETY: `r` outlives the mapping (unmapped below, before drop).
         unsafe { id.map(&m) }.unwrap();
         let mut seen = 0;
-        id.read(at, 4096, &mut |s| seen += s.len()).unwrap();
+        // SAFETY: as above.
+        unsafe { id.read(at, 4096, &mut |s| seen += s.len()) }.unwrap();
         assert_eq!(seen, 4096);
         // The second page is not mapped; writing the first is not allowed.
-        assert!(id.read(at, 4097, &mut |_| {}).is_err());
-        assert!(id.write(at, &[1]).is_err());
+        // SAFETY: as above.
+        unsafe {
+            assert!(id.read(at, 4097, &mut |_| {}).is_err());
+            assert!(id.write(at, &[1]).is_err());
+        }
         id.unmap(at, 4096).unwrap();
-        assert!(id.read(at, 1, &mut |_| {}).is_err());
+        // SAFETY: as above.
+        assert!(unsafe { id.read(at, 1, &mut |_| {}) }.is_err());
         assert_eq!(id.stats().faults, 5);
         assert_eq!(id.mapped_pages(), 0);
     }

@@ -292,13 +292,34 @@ pub struct Translation {
 /// The bytes move with 32-bit atomics, as the CPU's accesses to a
 /// [`Coherent`] region do, so a device access racing the CPU on coherent
 /// memory is no data race. Other memory (frags, [`Region`](crate::mem::Region)s)
-/// the CPU reaches with plain loads and stores: a device touches it only
-/// between the doorbell that hands it over and the status write-back that
-/// hands it back, as with real DMA. The TX queue and the device models
-/// keep to that. A device access to bytes the CPU is using at that moment
-/// (a frag whose owner holds [`Frag::as_mut_slice`](crate::frag::Frag::as_mut_slice))
-/// is a data race that these safe functions do not prevent: do not call
-/// them on memory you have not handed to the device.
+/// the CPU reaches with plain loads and stores and through `&mut [u8]`
+/// ([`Frag::as_mut_slice`](crate::frag::Frag::as_mut_slice)): a device may
+/// touch it only between the doorbell that hands it over and the status
+/// write-back that hands it back, as with real DMA. That is a promise only
+/// the code that hands memory to the device can make, so the accesses
+/// ([`read`](Self::read), [`write`](Self::write),
+/// [`write_u32`](Self::write_u32)) are `unsafe`; [`translate`](Self::translate),
+/// which touches nothing, is safe. A device model calls them from its
+/// doorbell, which is itself `unsafe` with the same promise (the TX queue
+/// makes it for the descriptors it wrote and the frags it owns).
+///
+/// Safe code cannot make a device access:
+///
+/// ```compile_fail,E0133
+/// use pfrag::dma::{Identity, Translate};
+/// use pfrag::Iova;
+///
+/// let iommu = Identity::new();
+/// let _ = iommu.read(Iova(0x1000), 8, &mut |_| {}); // needs `unsafe`
+/// ```
+///
+/// # Safety (for callers of the accesses)
+///
+/// The bytes an access touches are handed to the device: from the start
+/// of the call to its end, no reference to them is used (no `&mut [u8]`
+/// of a frag that covers them is alive, no `&[u8]` of them is read), except
+/// through [`Coherent`]'s accessors, which are atomic. Memory that no
+/// mapping covers needs no promise: the access faults.
 pub trait Translate: Send + Sync {
     /// Translates `iova` for `access`, or faults. The address is for
     /// inspection (tests, statistics); [`read`](Self::read) and
@@ -307,10 +328,18 @@ pub trait Translate: Send + Sync {
     /// DMA read of `len` bytes at `iova`: `f` sees them piece by piece, in
     /// order, each piece within one translated page. A fault stops the read
     /// (after the pieces before it).
-    fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault>;
+    ///
+    /// # Safety
+    /// The `len` bytes at `iova` are handed to the device (see the trait's
+    /// Safety section).
+    unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault>;
     /// DMA write of `src` at `iova`. A fault stops the write (after the
     /// pages before it).
-    fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault>;
+    ///
+    /// # Safety
+    /// The `src.len()` bytes at `iova` are handed to the device (see the
+    /// trait's Safety section).
+    unsafe fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault>;
     /// DMA write of one aligned 32-bit word (a descriptor's status), as a
     /// single atomic store with release ordering, so that a driver polling
     /// the word while the device runs on another thread sees it whole, and
@@ -318,8 +347,13 @@ pub trait Translate: Send + Sync {
     /// aligned (else a fault). The default goes through
     /// [`write`](Self::write), which is enough for a device that runs on
     /// the driver's thread; pfrag's mappers store atomically.
-    fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
-        self.write(iova, &v.to_le_bytes())
+    ///
+    /// # Safety
+    /// The 4 bytes at `iova` are handed to the device (see the trait's
+    /// Safety section).
+    unsafe fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        // SAFETY: the caller's promise covers these 4 bytes.
+        unsafe { self.write(iova, &v.to_le_bytes()) }
     }
 }
 
@@ -327,14 +361,17 @@ impl<T: Translate + ?Sized> Translate for std::sync::Arc<T> {
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
         (**self).translate(iova, access)
     }
-    fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
-        (**self).read(iova, len, f)
+    unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { (**self).read(iova, len, f) }
     }
-    fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
-        (**self).write(iova, src)
+    unsafe fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { (**self).write(iova, src) }
     }
-    fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
-        (**self).write_u32(iova, v)
+    unsafe fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { (**self).write_u32(iova, v) }
     }
 }
 

@@ -425,14 +425,17 @@ impl Translate for SoftIommu {
         latency::pay();
         t
     }
-    fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
-        device_read(&self.fence, |i, d| self.translate(i, d), iova, len, f)
+    unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { device_read(&self.fence, |i, d| self.translate(i, d), iova, len, f) }
     }
-    fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
-        device_write(&self.fence, |i, d| self.translate(i, d), iova, src)
+    unsafe fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { device_write(&self.fence, |i, d| self.translate(i, d), iova, src) }
     }
-    fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
-        device_store_u32(&self.fence, |i, d| self.translate(i, d), iova, v)
+    unsafe fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { device_store_u32(&self.fence, |i, d| self.translate(i, d), iova, v) }
     }
 }
 

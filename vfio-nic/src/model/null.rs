@@ -115,11 +115,13 @@ impl<T: Translate> TxDevice for NullNic<T> {
         self.ring.head()
     }
 
-    fn kick(&mut self, tail: u16) -> Result<()> {
+    unsafe fn kick(&mut self, tail: u16) -> Result<()> {
         self.ring.check(tail)?;
         while let Some(at) = self.ring.next(tail) {
             self.stats.descs += 1;
-            let Ok(words) = read_desc(&self.iommu, at) else {
+            // SAFETY: `at` lies between the head and `tail`: our caller
+            // handed this descriptor to the device.
+            let Ok(words) = (unsafe { read_desc(&self.iommu, at) }) else {
                 self.stats.faults += 1;
                 continue;
             };
@@ -127,7 +129,9 @@ impl<T: Translate> TxDevice for NullNic<T> {
                 Desc::Context(c) => self.hlen = (c.maclen() + c.iplen() + c.l4len()) as u64,
                 Desc::Data(d) => {
                     self.data(d);
-                    if d.cmd().contains(Dcmd::RS) && write_back(&self.iommu, at).is_err() {
+                    // SAFETY: `at` was handed over, as above.
+                    if d.cmd().contains(Dcmd::RS) && unsafe { write_back(&self.iommu, at) }.is_err()
+                    {
                         self.stats.faults += 1;
                     }
                 }

@@ -60,19 +60,31 @@ impl Ring {
 }
 
 /// Reads the descriptor at `at` through the IOMMU.
-pub(super) fn read_desc<T: Translate>(iommu: &T, at: Iova) -> Result<[u64; 2], Fault> {
+///
+/// # Safety
+/// `at` is a descriptor a doorbell handed to the device
+/// ([`TxDevice::kick`](crate::device::TxDevice::kick)'s promise).
+pub(super) unsafe fn read_desc<T: Translate>(iommu: &T, at: Iova) -> Result<[u64; 2], Fault> {
     let mut b = [0u8; desc::SIZE];
     let mut n = 0;
-    iommu.read(at, desc::SIZE, &mut |s| {
-        b[n..n + s.len()].copy_from_slice(s);
-        n += s.len();
-    })?;
+    // SAFETY: the caller's promise covers the descriptor's bytes.
+    unsafe {
+        iommu.read(at, desc::SIZE, &mut |s| {
+            b[n..n + s.len()].copy_from_slice(s);
+            n += s.len();
+        })
+    }?;
     let w = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
     Ok([w(0), w(8)])
 }
 
 /// Writes back descriptor-done into the descriptor at `at`.
-pub(super) fn write_back<T: Translate>(iommu: &T, at: Iova) -> Result<(), Fault> {
+///
+/// # Safety
+/// As for [`read_desc`]: `at` is a descriptor handed to the device.
+pub(super) unsafe fn write_back<T: Translate>(iommu: &T, at: Iova) -> Result<(), Fault> {
     let at = at.offset(desc::STATUS_OFFSET as u64);
-    iommu.write_u32(at, Sta::DD.bits())
+    // SAFETY: the status word lies in the descriptor the caller's promise
+    // covers.
+    unsafe { iommu.write_u32(at, Sta::DD.bits()) }
 }

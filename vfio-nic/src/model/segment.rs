@@ -43,7 +43,11 @@ fn pieces(
 
 /// Reads packet bytes `start..start + len` (offsets over the packet's
 /// buffers `bufs`) through `iommu`, piece by piece.
-pub(super) fn read_range<T: Translate>(
+///
+/// # Safety
+/// Every buffer in `bufs` is handed to the device (named by a descriptor a
+/// doorbell handed over, and not yet reported done).
+pub(super) unsafe fn read_range<T: Translate>(
     iommu: &T,
     bufs: &[(Iova, usize)],
     start: usize,
@@ -51,7 +55,9 @@ pub(super) fn read_range<T: Translate>(
     f: &mut dyn FnMut(&[u8]),
 ) -> Result<(), Fault> {
     for (at, n) in pieces(bufs, start, len) {
-        iommu.read(at, n, f)?;
+        // SAFETY: `pieces` yields ranges inside `bufs`, which the caller
+        // promised are handed to the device.
+        unsafe { iommu.read(at, n, f) }?;
     }
     Ok(())
 }

@@ -261,6 +261,13 @@ impl<T: Translate> SoftNic<T> {
         &self.iommu
     }
 
+    /// Drops a packet whose descriptors came without their end (`EOP`):
+    /// its buffers belong to a ring the device no longer uses.
+    fn forget_packet(&mut self) {
+        self.bufs.clear();
+        self.first = None;
+    }
+
     /// Distinct 4 KiB IOVA pages the current packet's buffers cover.
     fn count_pages(&mut self) -> u64 {
         self.pages.clear();
@@ -277,7 +284,12 @@ impl<T: Translate> SoftNic<T> {
 
     /// Parses the packet's context, first descriptor and header; `None`
     /// (counted) for a malformed packet, `Err` for a fault.
-    fn parse(&mut self, first: Data) -> Result<Option<(Packet, [u8; MAX_HDR])>, Fault> {
+    ///
+    /// # Safety
+    /// The buffers in `self.bufs` are handed to the device: a doorbell
+    /// named them, and the packet is not yet reported done
+    /// ([`TxDevice::kick`]'s promise).
+    unsafe fn parse(&mut self, first: Data) -> Result<Option<(Packet, [u8; MAX_HDR])>, Fault> {
         let total: usize = self.bufs.iter().map(|b| b.1).sum();
         let ctx = self.ctx;
         let (maclen, iplen, l4len) = (ctx.maclen(), ctx.iplen(), ctx.l4len());
@@ -300,10 +312,13 @@ impl<T: Translate> SoftNic<T> {
         }
         let mut hdr = [0u8; MAX_HDR];
         let mut at = 0;
-        read_range(&self.iommu, &self.bufs, 0, hlen, &mut |s| {
-            hdr[at..at + s.len()].copy_from_slice(s);
-            at += s.len();
-        })?;
+        // SAFETY: `self.bufs` is handed to the device (our caller's promise).
+        unsafe {
+            read_range(&self.iommu, &self.bufs, 0, hlen, &mut |s| {
+                hdr[at..at + s.len()].copy_from_slice(s);
+                at += s.len();
+            })
+        }?;
         let tcp = maclen + iplen;
         let sport = u16::from_be_bytes([hdr[tcp], hdr[tcp + 1]]);
         let verify = self.cfg.verify;
@@ -334,17 +349,24 @@ impl<T: Translate> SoftNic<T> {
         )))
     }
 
-    fn process(&mut self) {
+    /// Processes the packet whose buffers `self.bufs` holds.
+    /// # Safety
+    /// The buffers in `self.bufs` are handed to the device: a doorbell
+    /// named them, and the packet is not yet reported done
+    /// ([`TxDevice::kick`]'s promise).
+    unsafe fn process(&mut self) {
         self.stats.packets += 1;
         let Some(first) = self.first.take() else {
             self.stats.bad_desc += 1;
             return;
         };
         if first.popts().is_empty() && !first.cmd().contains(Dcmd::TSE) {
-            self.raw(first);
+            // SAFETY: our caller's promise, passed on.
+            unsafe { self.raw(first) };
             return;
         }
-        let (pkt, hdr) = match self.parse(first) {
+        // SAFETY: our caller's promise, passed on.
+        let (pkt, hdr) = match unsafe { self.parse(first) } {
             Ok(Some(p)) => p,
             Ok(None) => {
                 self.stats.bad_desc += 1;
@@ -356,9 +378,12 @@ impl<T: Translate> SoftNic<T> {
             }
         };
         let hlen = pkt.maclen + pkt.iplen + pkt.l4len;
-        let read = match self.cfg.touch {
-            Touch::Checksum => self.segment(&hdr[..hlen], &pkt),
-            Touch::Pages => self.touch_pages(hlen, &pkt),
+        // SAFETY: our caller's promise, passed on.
+        let read = unsafe {
+            match self.cfg.touch {
+                Touch::Checksum => self.segment(&hdr[..hlen], &pkt),
+                Touch::Pages => self.touch_pages(hlen, &pkt),
+            }
         };
         let Ok((out, frames)) = read else {
             self.stats.faults += 1;
@@ -379,7 +404,12 @@ impl<T: Translate> SoftNic<T> {
     }
 
     /// A packet without offloads: its bytes go out as one frame, as given.
-    fn raw(&mut self, first: Data) {
+    ///
+    /// # Safety
+    /// The buffers in `self.bufs` are handed to the device: a doorbell
+    /// named them, and the packet is not yet reported done
+    /// ([`TxDevice::kick`]'s promise).
+    unsafe fn raw(&mut self, first: Data) {
         let total: usize = self.bufs.iter().map(|b| b.1).sum();
         if first.paylen() as usize != total {
             self.stats.bad_desc += 1;
@@ -387,11 +417,14 @@ impl<T: Translate> SoftNic<T> {
         }
         let mut frame = Vec::with_capacity(if self.cfg.capture { total } else { 0 });
         let capture = self.cfg.capture;
-        let read = read_range(&self.iommu, &self.bufs, 0, total, &mut |s| {
-            if capture {
-                frame.extend_from_slice(s);
-            }
-        });
+        // SAFETY: `self.bufs` is handed to the device (our caller's promise).
+        let read = unsafe {
+            read_range(&self.iommu, &self.bufs, 0, total, &mut |s| {
+                if capture {
+                    frame.extend_from_slice(s);
+                }
+            })
+        };
         if read.is_err() {
             self.stats.faults += 1;
             return;
@@ -407,7 +440,16 @@ impl<T: Translate> SoftNic<T> {
     }
 
     /// Reads one cache line at the start of every 4 KiB page of the payload.
-    fn touch_pages(&self, hlen: usize, pkt: &Packet) -> Result<(Outcome, Vec<Vec<u8>>), Fault> {
+    ///
+    /// # Safety
+    /// The buffers in `self.bufs` are handed to the device: a doorbell
+    /// named them, and the packet is not yet reported done
+    /// ([`TxDevice::kick`]'s promise).
+    unsafe fn touch_pages(
+        &self,
+        hlen: usize,
+        pkt: &Packet,
+    ) -> Result<(Outcome, Vec<Vec<u8>>), Fault> {
         let mut out = Outcome {
             frames: pkt.frames() as u64,
             ok: true,
@@ -421,12 +463,16 @@ impl<T: Translate> SoftNic<T> {
                 let page_left = (pfrag::PAGE_SIZE - (at.raw() & (pfrag::PAGE_SIZE - 1))) as usize;
                 let take = (len - off).min(64).min(page_left);
                 let stream = pkt.stream0().wrapping_add((pos + off - hlen) as u32);
-                self.iommu.read(at, take, &mut |s| {
-                    if pkt.verify {
-                        out.ok &= pattern::verify(pkt.flow, stream, s);
-                        out.verified += s.len() as u64;
-                    }
-                })?;
+                // SAFETY: `take` bytes at `at` lie inside this buffer of
+                // `self.bufs`, which our caller promised is handed over.
+                unsafe {
+                    self.iommu.read(at, take, &mut |s| {
+                        if pkt.verify {
+                            out.ok &= pattern::verify(pkt.flow, stream, s);
+                            out.verified += s.len() as u64;
+                        }
+                    })
+                }?;
                 off += page_left.min(len - off);
             }
             pos += len;
@@ -442,12 +488,21 @@ impl<T: Translate> SoftNic<T> {
     ///
     /// Like a TSO engine, it fetches the payload segment by segment: each
     /// segment's pages are translated for that segment.
-    fn segment(&self, hdr: &[u8], pkt: &Packet) -> Result<(Outcome, Vec<Vec<u8>>), Fault> {
+    ///
+    /// # Safety
+    /// The buffers in `self.bufs` are handed to the device: a doorbell
+    /// named them, and the packet is not yet reported done
+    /// ([`TxDevice::kick`]'s promise).
+    unsafe fn segment(&self, hdr: &[u8], pkt: &Packet) -> Result<(Outcome, Vec<Vec<u8>>), Fault> {
         let mut seg = Segmenter::new(pkt, hdr, self.cfg.capture);
         for (at, len) in segments(pkt.paylen, pkt.mss) {
-            read_range(&self.iommu, &self.bufs, hdr.len() + at, len, &mut |s| {
-                seg.feed(s)
-            })?;
+            // SAFETY: `self.bufs` is handed to the device (our caller's
+            // promise).
+            unsafe {
+                read_range(&self.iommu, &self.bufs, hdr.len() + at, len, &mut |s| {
+                    seg.feed(s)
+                })
+            }?;
         }
         Ok((seg.out, seg.frames))
     }
@@ -468,18 +523,27 @@ impl<T: Translate> crate::device::Model for SoftNic<T> {
 
 impl<T: Translate> TxDevice for SoftNic<T> {
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
-        self.ring.attach(ring, len)
+        self.ring.attach(ring, len)?;
+        self.forget_packet();
+        Ok(())
+    }
+
+    fn detach(&mut self) -> Result<()> {
+        self.forget_packet();
+        Ok(())
     }
 
     fn head(&mut self) -> Option<u16> {
         self.ring.head()
     }
 
-    fn kick(&mut self, tail: u16) -> Result<()> {
+    unsafe fn kick(&mut self, tail: u16) -> Result<()> {
         self.ring.check(tail)?;
         while let Some(at) = self.ring.next(tail) {
             self.stats.descs += 1;
-            let words = match read_desc(&self.iommu, at) {
+            // SAFETY: `at` lies between the head and `tail`: our caller
+            // handed this descriptor to the device.
+            let words = match unsafe { read_desc(&self.iommu, at) } {
                 Ok(w) => w,
                 Err(_) => {
                     self.stats.faults += 1;
@@ -501,15 +565,22 @@ impl<T: Translate> TxDevice for SoftNic<T> {
                         // More buffers than one packet may have: a broken
                         // chain (no EOP). Drop it rather than grow forever.
                         self.stats.bad_desc += 1;
-                        self.bufs.clear();
-                        self.first = None;
+                        self.forget_packet();
                         continue;
                     }
                     if d.cmd().contains(Dcmd::EOP) {
-                        self.process();
+                        // SAFETY: every buffer in `self.bufs` was named by
+                        // a descriptor of this doorbell or an earlier one
+                        // of the same attachment (`attach` and `detach`
+                        // forget a partial packet), and the packet is not
+                        // reported done before its last descriptor's
+                        // write-back, below: our caller's promise.
+                        unsafe { self.process() };
                         self.bufs.clear();
                     }
-                    if d.cmd().contains(Dcmd::RS) && write_back(&self.iommu, at).is_err() {
+                    // SAFETY: `at` was handed over, as above.
+                    if d.cmd().contains(Dcmd::RS) && unsafe { write_back(&self.iommu, at) }.is_err()
+                    {
                         self.stats.faults += 1;
                     }
                 }

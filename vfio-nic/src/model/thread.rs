@@ -147,7 +147,10 @@ fn serve_all<D: Model>(s: &Shared<D>) -> u64 {
     // the doorbell, and a later one covers this one.
     let bell = s.doorbell.load(Ordering::Acquire);
     if bell != NO_DOORBELL {
-        if let Err(e) = d.kick(bell as u16) {
+        // SAFETY: `bell` was stored by `Threaded::kick`, whose caller
+        // handed the descriptors up to its tail to the device, for the
+        // ring attached now (attach and detach void the doorbell).
+        if let Err(e) = unsafe { d.kick(bell as u16) } {
             lock(&s.error).get_or_insert(e);
         }
     }
@@ -190,7 +193,9 @@ fn serve_paced<D: Model>(s: &Shared<D>, ns_per_byte: f64, wire: &mut Wire) -> u6
             _ => return bell,
         };
         let before = d.counters();
-        if let Err(e) = d.kick((head + 1) % len) {
+        // SAFETY: the descriptor at `head` lies before `tail`, the latest
+        // doorbell of this attachment: its caller handed it over.
+        if let Err(e) = unsafe { d.kick((head + 1) % len) } {
             lock(&s.error).get_or_insert(e);
             return bell;
         }
@@ -219,7 +224,9 @@ impl<D: Model + Send + 'static> TxDevice for Threaded<D> {
 
     /// The doorbell: stores `tail` for the device thread (release), after
     /// reporting an error the device thread met since the last doorbell.
-    fn kick(&mut self, tail: u16) -> Result<()> {
+    /// The device thread serves it later; the caller's promise lasts until
+    /// the packets are reported done, so it covers that.
+    unsafe fn kick(&mut self, tail: u16) -> Result<()> {
         if let Some(e) = lock(&self.shared.error).take() {
             return Err(e);
         }

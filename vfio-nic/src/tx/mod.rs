@@ -433,7 +433,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
 
     /// Rings the doorbell for everything posted.
     pub fn kick(&mut self) -> Result<()> {
-        self.dev.kick(self.tail)
+        // SAFETY: the descriptors from the device's head to `tail` are
+        // this queue's, written by `post_frags` since the ring was attached
+        // at `new`; they name the frags in `in_flight`, which the queue
+        // owns (no `&mut` to them can exist) until `reap` sees the
+        // packet's write-back, and header slots of the queue's own bounce
+        // ring, reused only after that write-back too.
+        unsafe { self.dev.kick(self.tail) }
     }
 
     /// Reaps until nothing is in flight. Fails with [`Error::Timeout`] if

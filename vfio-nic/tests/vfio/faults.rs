@@ -65,7 +65,10 @@ fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
     println!("pcap-blocked-flow: {BLOCKED_FLOW}");
     let log_end = kmsg_end();
     post(BLOCKED_FLOW, 0, bad, 1000);
-    nic.kick(3).unwrap();
+    // SAFETY: the descriptors name `hdr_mem` (coherent memory, which the
+    // CPU touches only through atomic accessors) and `bad`, which nothing
+    // maps any more; the device only reads.
+    unsafe { nic.kick(3) }.unwrap();
     let t0 = Instant::now();
     while !dd(2) && t0.elapsed() < Duration::from_secs(3) {
         std::thread::sleep(Duration::from_millis(1));
@@ -92,7 +95,9 @@ fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
     vfio_nic::gen::pattern::fill(GOOD_FLOW as u32, 0, &mut data);
     payload.write(0, &data).unwrap();
     post(GOOD_FLOW, 3, payload.iova(), 1000);
-    nic.kick(6).unwrap();
+    // SAFETY: the new descriptors name `hdr_mem` and `payload`, coherent
+    // memory that the CPU leaves alone until the write-back.
+    unsafe { nic.kick(6) }.unwrap();
     let t0 = Instant::now();
     while !dd(5) {
         assert!(

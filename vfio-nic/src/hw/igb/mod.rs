@@ -556,7 +556,7 @@ impl<R: Regs> TxDevice for Igb<R> {
         Ok(())
     }
 
-    fn kick(&mut self, tail: u16) -> Result<()> {
+    unsafe fn kick(&mut self, tail: u16) -> Result<()> {
         let len = self.ring_len.ok_or(Error::NotAttached)?;
         if tail >= len {
             return Err(Error::BadConfig {
