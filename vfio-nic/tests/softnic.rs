@@ -601,3 +601,23 @@ fn memory_limit_makes_the_queue_back_off() {
     q.send(0, payload).unwrap();
     assert_eq!(acct.bytes(), limit);
 }
+
+/// A packet cut short (no `EOP`) when the ring is attached again is
+/// forgotten: its buffers belonged to the old ring, which the driver may
+/// reuse, so the next packet is made of its own buffers only.
+#[test]
+fn attach_forgets_a_packet_cut_short() {
+    let mut r = RawRing::new(Dir::BIDIRECTIONAL);
+    let at = r.ring.iova().raw();
+    let data = |len: u16, cmd: Dcmd| {
+        Desc::Data(Data::new(at + 64, len, cmd, u32::from(len), Popts::empty()))
+    };
+    r.put(0, data(16, Dcmd::empty()));
+    r.kick(1).unwrap();
+    r.nic.attach(r.ring.iova(), 8).unwrap();
+    r.put(0, data(32, Dcmd::EOP | Dcmd::RS));
+    r.kick(1).unwrap();
+    let st = r.nic.stats();
+    assert_eq!((st.packets, st.bad_desc, st.frames), (1, 0, 1), "{st:?}");
+    assert_eq!(r.dd(0), Sta::DD.bits());
+}
