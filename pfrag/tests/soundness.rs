@@ -262,9 +262,12 @@ fn pinned_chunks_count_toward_max_bytes() {
 
 /// A device (through `Translate`, as the software models reach memory)
 /// and the CPU (through `Coherent`) touching the same coherent bytes at
-/// once: both sides move 32-bit atomics, so Miri's race detector finds no
-/// data race, on unaligned edges too, and through `SoftIommu` as through
-/// `Identity`.
+/// once, as a status write-back and the driver polling it do: device
+/// writes and the CPU's accesses are 32-bit atomics, so Miri's race
+/// detector finds no data race, on unaligned edges too; a device read
+/// beside the CPU's reads of the same bytes is none either (a CPU write
+/// there would be, and `Translate::read`'s caller promises there is none).
+/// Through `SoftIommu` as through `Identity`.
 #[test]
 fn device_and_cpu_on_the_same_coherent_bytes_do_not_race() {
     use pfrag::dma::{Coherent, Dir, Identity};
@@ -277,13 +280,15 @@ fn device_and_cpu_on_the_same_coherent_bytes_do_not_race() {
                 let mut b = [0u8; 11];
                 c.read(1, &mut b).unwrap();
                 c.write(3, &[2u8; 9]).unwrap();
+                c.read(33, &mut b).unwrap();
             });
             s.spawn(|| {
                 // SAFETY: the bytes are `c`'s, coherent memory that the
-                // CPU touches only through its atomic accessors.
+                // CPU touches only through its atomic accessors, and it
+                // only reads bytes 32.. (which the device reads).
                 unsafe {
                     d.mapper().write(iova.offset(2), &[1u8; 10]).unwrap();
-                    d.mapper().read(iova.offset(1), 13, &mut |_| {}).unwrap();
+                    d.mapper().read(iova.offset(32), 13, &mut |_| {}).unwrap();
                 }
             });
         });

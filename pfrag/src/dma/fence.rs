@@ -16,7 +16,7 @@
 use std::sync::{RwLock, RwLockReadGuard};
 
 use super::{Dir, Fault, Translation};
-use crate::addr::{Iova, VirtAddr};
+use crate::addr::Iova;
 use crate::mem;
 
 /// Device accesses in progress; see the module docs.
@@ -36,19 +36,16 @@ impl Fence {
     }
 }
 
-/// Bytes a device read hands its reader at once (a copy, on the stack).
-const READ_PIECE: usize = 512;
-
 fn fault(iova: Iova, access: Dir) -> Fault {
     Fault { iova, access }
 }
 
-/// Reads `len` bytes at `iova` through `translate`, handing `f` copies of
-/// them in pieces, each within one translated page. Used by the mappers' [`Translate::read`](super::Translate::read).
+/// Reads `len` bytes at `iova` through `translate`, handing `f` one piece
+/// per translated page. Used by the mappers' [`Translate::read`](super::Translate::read).
 ///
 /// # Safety
-/// The `len` bytes at `iova` are handed to the device: no CPU reference to
-/// them is used during the call ([`Translate`](super::Translate)'s Safety).
+/// Nothing writes the `len` bytes at `iova` during the call
+/// ([`Translate`](super::Translate)'s Safety): `f` is lent them as `&[u8]`.
 pub(crate) unsafe fn device_read(
     fence: &Fence,
     mut translate: impl FnMut(Iova, Dir) -> Result<Translation, Fault>,
@@ -64,26 +61,15 @@ pub(crate) unsafe fn device_read(
         let _in = fence.enter();
         let t = translate(at, Dir::TO_DEVICE)?;
         let n = usize::try_from(t.len).unwrap_or(usize::MAX).min(len - off);
-        // Copied out word by word with atomic loads, never lent as a
-        // reference: a `Coherent` word the CPU writes meanwhile (with its
-        // own 32-bit atomics) is then no data race.
-        let mut buf = [0u8; READ_PIECE];
-        let mut p = 0;
-        while p < n {
-            let m = (n - p).min(READ_PIECE);
-            // SAFETY: `t` covers `n` bytes of one page whose mapping is
-            // present now (the mapper just translated it), so the page is
-            // allocated: the mapper's `unsafe map` caller keeps it so until
-            // an unmap (and flush) removed the translation, and that unmap
-            // waits in `quiesce` for this guard. The words touched lie in
-            // that page (it is 4 KiB aligned). CPU accesses to those bytes
-            // meanwhile are `Coherent`'s 32-bit atomics; other CPU memory
-            // (frags, regions) no reference touches during this call: our
-            // caller promised so (the bytes are handed to the device).
-            unsafe { mem::read_words(VirtAddr(t.addr.0 + p), &mut buf[..m]) };
-            f(&buf[..m]);
-            p += m;
-        }
+        // SAFETY: `t` covers `n` bytes of one page whose mapping is present
+        // now (the mapper just translated it), so the memory is allocated:
+        // the mapper's `unsafe map` caller keeps it so until an unmap (and
+        // flush) removed the translation, and that unmap waits in
+        // `quiesce` for this guard, which outlives the slice (it lives only
+        // during `f`). Nothing writes the bytes meanwhile: our caller's
+        // promise. Concurrent reads, atomic (`Coherent`) or not, are no
+        // data race.
+        f(unsafe { mem::slice(t.addr, n) });
         off += n;
     }
     Ok(())
@@ -93,7 +79,8 @@ pub(crate) unsafe fn device_read(
 /// mappers' [`Translate::write`](super::Translate::write).
 ///
 /// # Safety
-/// As for [`device_read`], for the `src.len()` bytes at `iova`.
+/// No CPU access touches the `src.len()` bytes at `iova` during the call
+/// other than [`Coherent`](super::Coherent)'s 32-bit atomics.
 pub(crate) unsafe fn device_write(
     fence: &Fence,
     mut translate: impl FnMut(Iova, Dir) -> Result<Translation, Fault>,
@@ -110,9 +97,11 @@ pub(crate) unsafe fn device_write(
         let n = usize::try_from(t.len)
             .unwrap_or(usize::MAX)
             .min(src.len() - off);
-        // SAFETY: as in `device_read`; the translation allows writes, and
-        // the words are written with 32-bit atomics (the edge words by
-        // compare-and-swap), as `Coherent`'s CPU accesses are.
+        // SAFETY: the page is allocated, as in `device_read`, and the
+        // translation allows writes. The words are written with 32-bit
+        // atomics (the edge words by compare-and-swap), and the only CPU
+        // accesses meanwhile are `Coherent`'s 32-bit atomics (our caller's
+        // promise): no data race.
         unsafe { mem::write_words(t.addr, &src[off..off + n]) };
         off += n;
     }
@@ -125,7 +114,7 @@ pub(crate) unsafe fn device_write(
 /// aligned (a translation keeps the page offset, so the address is too).
 ///
 /// # Safety
-/// As for [`device_read`], for the 4 bytes at `iova`.
+/// As for [`device_write`], for the 4 bytes at `iova`.
 pub(crate) unsafe fn device_store_u32(
     fence: &Fence,
     translate: impl FnOnce(Iova, Dir) -> Result<Translation, Fault>,

@@ -289,10 +289,12 @@ pub struct Translation {
 /// translation is still running, so memory freed after its unmap (and, for
 /// lazy invalidation, after its flush) is never touched again.
 ///
-/// The bytes move with 32-bit atomics, as the CPU's accesses to a
-/// [`Coherent`] region do, so a device access racing the CPU on coherent
-/// memory is no data race. Other memory (frags, [`Region`](crate::mem::Region)s)
-/// the CPU reaches with plain loads and stores and through `&mut [u8]`
+/// A device write moves its bytes with 32-bit atomics, as the CPU's
+/// accesses to a [`Coherent`] region do, so a status write-back racing the
+/// driver's polling is no data race. A device read lends the reader the
+/// bytes in place (no copy): nothing may write them meanwhile. Other memory
+/// (frags, [`Region`](crate::mem::Region)s) the CPU reaches with plain
+/// loads and stores and through `&mut [u8]`
 /// ([`Frag::as_mut_slice`](crate::frag::Frag::as_mut_slice)): a device may
 /// touch it only between the doorbell that hands it over and the status
 /// write-back that hands it back, as with real DMA. That is a promise only
@@ -315,11 +317,17 @@ pub struct Translation {
 ///
 /// # Safety (for callers of the accesses)
 ///
-/// The bytes an access touches are handed to the device: from the start
-/// of the call to its end, no reference to them is used (no `&mut [u8]`
-/// of a frag that covers them is alive, no `&[u8]` of them is read), except
-/// through [`Coherent`]'s accessors, which are atomic. Memory that no
-/// mapping covers needs no promise: the access faults.
+/// The bytes an access touches are handed to the device, from the start
+/// of the call to its end:
+/// - for a [`read`](Self::read), nothing writes them (no `&mut [u8]` that
+///   covers them is alive, no [`Coherent`] write touches them); reads by
+///   the CPU meanwhile are fine;
+/// - for a [`write`](Self::write) or [`write_u32`](Self::write_u32), no
+///   reference to them is alive, and the only CPU accesses are
+///   [`Coherent`]'s accessors, which are atomic (a driver polling a status
+///   word).
+///
+/// Memory that no mapping covers needs no promise: the access faults.
 pub trait Translate: Send + Sync {
     /// Translates `iova` for `access`, or faults. The address is for
     /// inspection (tests, statistics); [`read`](Self::read) and
@@ -330,8 +338,8 @@ pub trait Translate: Send + Sync {
     /// (after the pieces before it).
     ///
     /// # Safety
-    /// The `len` bytes at `iova` are handed to the device (see the trait's
-    /// Safety section).
+    /// Nothing writes the `len` bytes at `iova` during the call (see the
+    /// trait's Safety section).
     unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault>;
     /// DMA write of `src` at `iova`. A fault stops the write (after the
     /// pages before it).
