@@ -33,6 +33,10 @@ impl<D> Timed<D> {
 }
 
 impl<D: TxDevice> TxDevice for Timed<D> {
+    type Format = D::Format;
+    fn format(&self) -> D::Format {
+        self.inner.format()
+    }
     fn attach(&mut self, ring: Iova, len: u16) -> vfio_nic::Result<()> {
         self.inner.attach(ring, len)
     }

@@ -19,6 +19,13 @@ use crate::error::Result;
 /// let _ = nic.kick(1); // needs `unsafe`
 /// ```
 pub trait TxDevice {
+    /// The descriptor format the device reads: a queue over the device
+    /// writes this one, so a format cannot be paired with a device that
+    /// reads another.
+    type Format: crate::format::Format;
+    /// The format, as the device was set up (a format may depend on what
+    /// the device offers).
+    fn format(&self) -> Self::Format;
     /// Points the device at a ring of `len` descriptors at `ring`.
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()>;
     /// Doorbell: descriptors before `tail` are ready.

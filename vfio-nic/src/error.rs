@@ -62,6 +62,15 @@ pub enum Error {
         /// What is wrong with the headers.
         why: crate::offload::HeaderFault,
     },
+    /// The device's descriptor format cannot carry this offload; nothing
+    /// was posted.
+    #[error("the {format} descriptor format cannot carry {offload}")]
+    UnsupportedOffload {
+        /// The offload asked for.
+        offload: &'static str,
+        /// The format's name ([`Format::NAME`](crate::format::Format::NAME)).
+        format: &'static str,
+    },
     /// The PHY reported an error for an MDIC access (MDIC.E set).
     #[error("PHY access failed: MDIC = {mdic:#010x} has its error bit set")]
     Mdic {

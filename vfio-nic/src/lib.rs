@@ -27,6 +27,7 @@ pub mod csum;
 pub mod desc;
 pub mod device;
 pub mod error;
+pub mod format;
 pub mod gen;
 #[cfg(feature = "vfio")]
 pub mod hw;

@@ -7,7 +7,6 @@ use std::fmt;
 
 use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, TcpHeader, UdpHeader};
 
-use crate::desc::MAX_PAYLEN;
 use crate::error::{Error, Result};
 
 /// What the device does to a packet.
@@ -27,7 +26,8 @@ pub enum Offload {
 }
 
 impl Offload {
-    fn name(self) -> &'static str {
+    /// What it is called in errors and reports.
+    pub fn name(self) -> &'static str {
         match self {
             Offload::None => "a frame without offload",
             Offload::Checksum => "checksum offload",
@@ -134,14 +134,22 @@ fn bad(offload: Offload, why: HeaderFault) -> Error {
 /// Checks `headers` (Ethernet + IPv4 + TCP or UDP, nothing else) for
 /// `offload` of a packet with `payload` bytes after them, and returns where
 /// the layers are (`None` for [`Offload::None`], which needs nothing).
-pub fn check(headers: &[u8], payload: usize, offload: Offload) -> Result<Option<Layout>> {
+/// `max_payload` is the format's limit
+/// ([`Format::MAX_PAYLOAD`](crate::format::Format::MAX_PAYLOAD)): the
+/// payload of a TSO packet, the whole frame of any other.
+pub fn check(
+    headers: &[u8],
+    payload: usize,
+    offload: Offload,
+    max_payload: usize,
+) -> Result<Option<Layout>> {
     if headers.is_empty() {
         return Err(bad(offload, HeaderFault::Empty));
     }
     let total = headers.len() + payload;
     let max = match offload {
-        Offload::Tso { .. } => MAX_PAYLEN + headers.len(),
-        _ => MAX_PAYLEN,
+        Offload::Tso { .. } => max_payload.saturating_add(headers.len()),
+        _ => max_payload,
     };
     if total > max {
         return Err(Error::PayloadTooLarge {
@@ -204,6 +212,7 @@ pub fn check(headers: &[u8], payload: usize, offload: Offload) -> Result<Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::desc::MAX_PAYLEN;
     use etherparse::PacketBuilder;
 
     fn tcp_headers(payload: usize) -> Vec<u8> {
@@ -220,11 +229,13 @@ mod tests {
     #[test]
     fn tcp_headers_give_their_layout() {
         let h = tcp_headers(100);
-        let l = check(&h, 100, Offload::Checksum).unwrap().unwrap();
+        let l = check(&h, 100, Offload::Checksum, MAX_PAYLEN)
+            .unwrap()
+            .unwrap();
         assert_eq!((l.maclen, l.iplen, l.l4len, l.l4), (14, 20, 20, L4::Tcp));
         assert_eq!(l.len(), 54);
-        assert!(check(&h, 9000, Offload::Tso { mss: 1448 }).is_ok());
-        assert_eq!(check(&h, 5, Offload::None).unwrap(), None);
+        assert!(check(&h, 9000, Offload::Tso { mss: 1448 }, MAX_PAYLEN).is_ok());
+        assert_eq!(check(&h, 5, Offload::None, MAX_PAYLEN).unwrap(), None);
     }
 
     #[test]
@@ -235,20 +246,20 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(
-            why(check(&h, 99, Offload::Checksum)),
+            why(check(&h, 99, Offload::Checksum, MAX_PAYLEN)),
             HeaderFault::IpLength {
                 header: 140,
                 packet: 139
             }
         );
         assert!(matches!(
-            why(check(&h[..50], 100, Offload::Checksum)),
+            why(check(&h[..50], 100, Offload::Checksum, MAX_PAYLEN)),
             HeaderFault::Parse(_)
         ));
         let mut longer = h.clone();
         longer.push(0);
         assert!(matches!(
-            why(check(&longer, 100, Offload::Tso { mss: 1448 })),
+            why(check(&longer, 100, Offload::Tso { mss: 1448 }, MAX_PAYLEN)),
             HeaderFault::Length {
                 given: 55,
                 parsed: 54
@@ -257,11 +268,11 @@ mod tests {
         let mut arp = h.clone();
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
         assert_eq!(
-            why(check(&arp, 100, Offload::Checksum)),
+            why(check(&arp, 100, Offload::Checksum, MAX_PAYLEN)),
             HeaderFault::NotIpv4(0x0806)
         );
         assert_eq!(
-            why(check(&h, 100, Offload::Tso { mss: 0 })),
+            why(check(&h, 100, Offload::Tso { mss: 0 }, MAX_PAYLEN)),
             HeaderFault::ZeroMss
         );
     }
@@ -275,10 +286,12 @@ mod tests {
             .write(&mut v, &[0u8; 10])
             .unwrap();
         v.truncate(42);
-        let l = check(&v, 10, Offload::Checksum).unwrap().unwrap();
+        let l = check(&v, 10, Offload::Checksum, MAX_PAYLEN)
+            .unwrap()
+            .unwrap();
         assert_eq!((l.l4len, l.l4), (8, L4::Udp));
         assert!(matches!(
-            check(&v, 10, Offload::Tso { mss: 1000 }),
+            check(&v, 10, Offload::Tso { mss: 1000 }, MAX_PAYLEN),
             Err(Error::BadHeaders {
                 why: HeaderFault::TsoNeedsTcp,
                 ..
@@ -289,7 +302,7 @@ mod tests {
     #[test]
     fn empty_headers_are_bad_headers_for_every_offload() {
         for o in [Offload::None, Offload::Checksum, Offload::Tso { mss: 1448 }] {
-            match check(&[], 100, o) {
+            match check(&[], 100, o, MAX_PAYLEN) {
                 Err(Error::BadHeaders {
                     why: HeaderFault::Empty,
                     ..
@@ -303,7 +316,7 @@ mod tests {
     fn past_paylen_is_refused() {
         let h = tcp_headers(0);
         assert!(matches!(
-            check(&h, MAX_PAYLEN + 1, Offload::Tso { mss: 1448 }),
+            check(&h, MAX_PAYLEN + 1, Offload::Tso { mss: 1448 }, MAX_PAYLEN),
             Err(Error::PayloadTooLarge {
                 max: MAX_PAYLEN,
                 ..

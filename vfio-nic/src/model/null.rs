@@ -107,6 +107,11 @@ impl<T: Translate> NullNic<T> {
 }
 
 impl<T: Translate> TxDevice for NullNic<T> {
+    type Format = crate::format::igb::Advanced;
+    fn format(&self) -> Self::Format {
+        crate::format::igb::Advanced
+    }
+
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         self.ring.attach(ring, len)
     }

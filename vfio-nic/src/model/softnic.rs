@@ -522,6 +522,11 @@ impl<T: Translate> crate::device::Model for SoftNic<T> {
 }
 
 impl<T: Translate> TxDevice for SoftNic<T> {
+    type Format = crate::format::igb::Advanced;
+    fn format(&self) -> Self::Format {
+        crate::format::igb::Advanced
+    }
+
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         self.ring.attach(ring, len)?;
         self.forget_packet();

@@ -213,6 +213,11 @@ fn wire_of(d: &NicStats) -> u64 {
 }
 
 impl<D: Model + Send + 'static> TxDevice for Threaded<D> {
+    type Format = D::Format;
+    fn format(&self) -> D::Format {
+        lock(&self.shared.dev).format()
+    }
+
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         let mut d = lock(&self.shared.dev);
         d.attach(ring, len)?;

@@ -58,26 +58,33 @@ use pfrag::frag::{Frag, FragCache};
 use pfrag::pool::{self, Policy, Pool};
 use pfrag::{Iova, Order};
 
-use crate::desc::{self, Context, Desc, Sta};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
+use crate::format::{Format, Status};
 
 pub use crate::offload::Offload;
 pub use detach::IntoDeviceError;
 
-/// Largest buffer one data descriptor carries (DTALEN is 16 bits).
-pub const MAX_DESC_LEN: usize = u16::MAX as usize;
+/// The format of the descriptors a queue over device `D` writes.
+type Fmt<D> = <D as TxDevice>::Format;
+/// The offload state that format's device keeps.
+type FmtContext<D> = <Fmt<D> as Format>::Context;
 
-/// The data descriptors one buffer takes: pieces of at most
-/// [`MAX_DESC_LEN`] bytes that cross no multiple of `boundary`.
-fn pieces(iova: Iova, len: usize, boundary: Option<usize>) -> impl Iterator<Item = (Iova, usize)> {
+/// The data descriptors one buffer takes: pieces of at most `max` bytes
+/// (the format's largest buffer) that cross no multiple of `boundary`.
+fn pieces(
+    iova: Iova,
+    len: usize,
+    max: usize,
+    boundary: Option<usize>,
+) -> impl Iterator<Item = (Iova, usize)> {
     let mut done = 0usize;
     std::iter::from_fn(move || {
         if done >= len {
             return None;
         }
         let at = iova.offset(done as u64);
-        let mut n = (len - done).min(MAX_DESC_LEN);
+        let mut n = (len - done).min(max);
         if let Some(b) = boundary {
             n = n.min(b - (at.raw() as usize & (b - 1)));
         }
@@ -226,6 +233,9 @@ pub struct Stats {
     pub unmap_errors: u64,
     /// Sends refused because the pool hit a memory limit.
     pub mem_backoffs: u64,
+    /// Packets the device completed with an error flag set
+    /// ([`Status::Error`]).
+    pub device_errors: u64,
     /// Packets sent inline: headers and payload in one bounce slot, one
     /// data descriptor, no frag.
     pub inline_packets: u64,
@@ -247,6 +257,7 @@ impl Stats {
             ring_full: self.ring_full - earlier.ring_full,
             unmap_errors: self.unmap_errors - earlier.unmap_errors,
             mem_backoffs: self.mem_backoffs - earlier.mem_backoffs,
+            device_errors: self.device_errors - earlier.device_errors,
             inline_packets: self.inline_packets - earlier.inline_packets,
             contexts_skipped: self.contexts_skipped - earlier.contexts_skipped,
         }
@@ -288,9 +299,20 @@ pub struct Queue<M: DmaMapper, D: TxDevice> {
     pending: VecDeque<Pending<M>>,
     /// Emptied frag vectors, reused to avoid allocating per packet.
     spare: Vec<Vec<Frag<M>>>,
+    /// The device's descriptor format.
+    fmt: Fmt<D>,
     /// The offload context the device holds (the last one written).
-    ctx: Option<Context>,
+    ctx: Option<FmtContext<D>>,
     stats: Stats,
+}
+
+/// A completed packet: its token, and how the device reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The token the packet was sent with.
+    pub token: u64,
+    /// The device's verdict.
+    pub status: Status,
 }
 
 impl<M: DmaMapper, D: TxDevice> std::fmt::Debug for Queue<M, D> {
@@ -328,9 +350,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 });
             }
         }
+        let fmt = dev.format();
+        check_format::<Fmt<D>>()?;
         let ring = Coherent::new(
             domain.clone(),
-            usize::from(cfg.ring) * desc::SIZE,
+            usize::from(cfg.ring) * Fmt::<D>::DESC_SIZE,
             Dir::BIDIRECTIONAL,
         )?;
         let hdr_pool = Pool::new(
@@ -355,6 +379,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             bounce,
             pending: VecDeque::with_capacity(usize::from(cfg.ring)),
             spare: Vec::new(),
+            fmt,
             ctx: None,
             stats: Stats::default(),
         })
@@ -407,19 +432,21 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// that does not fit.
     pub fn descs_needed(&self, len: usize) -> usize {
         let chunk = self.cache.pool().chunk_size();
-        let per = chunk.min(MAX_DESC_LEN);
+        let per = chunk.min(Fmt::<D>::MAX_BUF);
+        let ctx = usize::from(Fmt::<D>::HAS_CONTEXT);
         match self.cfg.boundary {
-            None => 2 + len.div_ceil(per) + 1,
+            None => ctx + 1 + len.div_ceil(per) + 1,
             // Each frag may start mid-boundary and cost one more split.
-            Some(b) => 2 + len.div_ceil(per.min(b)) + len.div_ceil(chunk) + 1,
+            Some(b) => ctx + 1 + len.div_ceil(per.min(b)) + len.div_ceil(chunk) + 1,
         }
     }
 
-    fn write_desc(&self, idx: u16, d: Desc) -> Result<()> {
-        let w = d.encode();
-        let off = usize::from(idx) * desc::SIZE;
-        self.ring.write_u64(off, w[0])?;
-        self.ring.write_u64(off + 8, w[1])?;
+    /// Writes the descriptor the format encoded into `words` at `idx`.
+    fn write_desc(&self, idx: u16, words: &[u64]) -> Result<()> {
+        let off = usize::from(idx) * Fmt::<D>::DESC_SIZE;
+        for (i, w) in words.iter().enumerate() {
+            self.ring.write_u64(off + 8 * i, *w)?;
+        }
         Ok(())
     }
 
@@ -458,10 +485,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// a timeout `out` still holds the tokens of every packet completed
     /// before it; the rest stay in flight and come back from a later reap.
     pub fn wait_tokens(&mut self, timeout: Duration, out: &mut Vec<u64>) -> Result<usize> {
-        self.wait_with(timeout, |t| out.push(t))
+        self.wait_with(timeout, |c| out.push(c.token))
     }
 
-    fn wait_with(&mut self, timeout: Duration, mut each: impl FnMut(u64)) -> Result<usize> {
+    fn wait_with(&mut self, timeout: Duration, mut each: impl FnMut(Completion)) -> Result<usize> {
         let mut done = 0;
         let mut since = Instant::now();
         let mut backoff = Backoff::default();
@@ -497,17 +524,26 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// `out`, oldest first: how the caller learns what finished (the role
     /// of an skb destructor or a DPDK free callback).
     pub fn reap_tokens(&mut self, out: &mut Vec<u64>) -> Result<usize> {
-        self.reap_with(|t| out.push(t))
+        self.reap_with(|c| out.push(c.token))
     }
 
-    fn reap_with(&mut self, mut done: impl FnMut(u64)) -> Result<usize> {
+    /// [`reap`](Self::reap), appending each completed packet's token and
+    /// the device's verdict on it ([`Status`]) to `out`, oldest first.
+    /// Packets with [`Status::Error`] are counted in
+    /// [`Stats::device_errors`] too.
+    pub fn reap_completions(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
+        self.reap_with(|c| out.push(c))
+    }
+
+    fn reap_with(&mut self, mut done: impl FnMut(Completion)) -> Result<usize> {
         let mut n = 0;
         while let Some(p) = self.pending.front() {
-            let sta = self
-                .ring
-                .read_u32(usize::from(p.last) * desc::SIZE + desc::STATUS_OFFSET)?;
-            if sta & Sta::DD.bits() == 0 {
+            let at = usize::from(p.last) * Fmt::<D>::DESC_SIZE + Fmt::<D>::STATUS_OFFSET;
+            let Some(status) = self.fmt.status(self.ring.read_u32(at)?) else {
                 break;
+            };
+            if status != Status::Ok {
+                self.stats.device_errors += 1;
             }
             let mut p = self.pending.pop_front().expect("front exists");
             self.used -= usize::from(p.ndesc);
@@ -521,10 +557,37 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 self.spare.push(p.frags);
             }
             self.drop_header(p.hdr);
-            done(p.token);
+            done(Completion {
+                token: p.token,
+                status,
+            });
             n += 1;
         }
         self.stats.completed += n as u64;
         Ok(n)
     }
+}
+
+/// Refuses a format whose constants the engine cannot use: a descriptor
+/// that is not a whole number of 64-bit words, or a status word outside it.
+fn check_format<F: Format>() -> Result<()> {
+    if F::DESC_SIZE == 0 || F::DESC_SIZE % 8 != 0 || F::DESC_SIZE > 64 {
+        return Err(Error::BadConfig {
+            what: "format descriptor size (a multiple of 8 bytes, at most 64)",
+            value: F::DESC_SIZE as u64,
+        });
+    }
+    if F::STATUS_OFFSET % 4 != 0 || F::STATUS_OFFSET + 4 > F::DESC_SIZE {
+        return Err(Error::BadConfig {
+            what: "format status offset (an aligned word inside the descriptor)",
+            value: F::STATUS_OFFSET as u64,
+        });
+    }
+    if F::MAX_BUF == 0 {
+        return Err(Error::BadConfig {
+            what: "format largest buffer",
+            value: 0,
+        });
+    }
+    Ok(())
 }

@@ -10,17 +10,24 @@ use pfrag::dma::DmaMapper;
 use pfrag::frag::Frag;
 use pfrag::Iova;
 
-use super::{pieces, Hdr, Pending, Queue};
-use crate::desc::{self, Context, Data, Dcmd, Desc, Popts};
+use super::{pieces, Fmt, FmtContext, Hdr, Pending, Queue};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
-use crate::offload::{self, Layout, Offload, L4};
+use crate::format::{Buf, Format, Packet};
+use crate::offload::{self, Layout, Offload};
+
+/// Room for one descriptor's words: formats of up to 64 bytes.
+const MAX_DESC_WORDS: usize = 8;
 
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// The most payload one packet may carry: the pool's limit, and the
-    /// 82576's 18-bit PAYLEN.
+    /// format's ([`Format::MAX_PAYLOAD`]; the 82576's PAYLEN is 18 bits).
     pub fn max_payload(&self) -> usize {
-        self.cache.pool().config().max_payload.min(desc::MAX_PAYLEN)
+        self.cache
+            .pool()
+            .config()
+            .max_payload
+            .min(Fmt::<D>::MAX_PAYLOAD)
     }
 
     /// Sends one packet: `headers` (Ethernet + IPv4 + TCP/UDP for an
@@ -97,7 +104,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         headers: &[u8],
         parts: &[IoSlice<'_>],
         len: usize,
-        ctx: Ctx,
+        ctx: Ctx<FmtContext<D>>,
         offload: Offload,
         token: u64,
     ) -> Result<()> {
@@ -107,23 +114,20 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let bytes = std::iter::once(headers).chain(parts.iter().map(|p| &**p));
         let b = self.bounce.as_mut().expect("inline_fits saw a bounce ring");
         let iova = b.fill_parts(usize::from(idx), bytes)?;
-        let frame = headers.len() + len;
-        let popts = match offload {
-            Offload::None => Popts::empty(),
-            _ => Popts::IXSM | Popts::TXSM,
+        let pkt = Packet {
+            offload,
+            hlen: headers.len(),
+            len,
         };
-        let d = Data::new(
-            iova.raw(),
-            frame as u16,
-            Dcmd::IFCS | Dcmd::EOP | Dcmd::RS,
-            frame as u32,
-            popts,
-        );
-        let written = match ctx {
-            Ctx::Write(c) => self.write_desc(self.tail, Desc::Context(c)),
-            _ => Ok(()),
-        }
-        .and_then(|()| self.write_desc(idx, Desc::Data(d)));
+        let buf = Buf {
+            iova,
+            len: headers.len() + len,
+            first: true,
+            last: true,
+        };
+        let written = self
+            .write_context(self.tail, ctx)
+            .and_then(|()| self.write_data(idx, buf, &pkt));
         if let Err(e) = written {
             self.drop_header(Hdr::Slot(usize::from(idx)));
             return Err(e);
@@ -145,15 +149,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// none when the device already holds the same context (the 82576
     /// keeps it per queue; DPDK's igb and ixgbe drivers skip it the same
     /// way).
-    fn context(&self, layout: Option<Layout>, offload: Offload) -> Ctx {
-        let Some(l) = layout else {
+    fn context(&self, layout: Option<Layout>, offload: Offload) -> Ctx<FmtContext<D>> {
+        let Some(l) = layout.filter(|_| Fmt::<D>::HAS_CONTEXT) else {
             return Ctx::NotNeeded;
         };
-        let mss = match offload {
-            Offload::Tso { mss } => mss,
-            _ => 0,
-        };
-        let c = Context::ipv4(l.maclen, l.iplen, l.l4len, mss, l.l4 == L4::Tcp);
+        let c = self.fmt.context(&l, offload);
         if self.ctx == Some(c) {
             Ctx::Held
         } else {
@@ -170,7 +170,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         &mut self,
         last: u16,
         ndesc: usize,
-        ctx: Ctx,
+        ctx: Ctx<FmtContext<D>>,
         hdr: Hdr<M>,
         frags: Vec<Frag<M>>,
         len: usize,
@@ -230,7 +230,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// empty, and `post` then tells whether it fits
     /// ([`Error::PacketTooLarge`] if it never can).
     pub fn room_for(&mut self, len: usize, offload: Offload) -> Result<()> {
-        let ctx = ctx_descs(offload);
+        let ctx = usize::from(Fmt::<D>::HAS_CONTEXT && offload != Offload::None);
         // The device may hold the context already: at least no context.
         self.check_capacity(self.descs_at_least(len))?;
         self.check_room(self.descs_needed(len) - 1 + ctx, ctx, Need::AtMost)
@@ -238,11 +238,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
 
     /// Descriptors a payload of `len` bytes needs at least (header + data,
     /// no context): no data descriptor carries more than a chunk,
-    /// [`MAX_DESC_LEN`](super::MAX_DESC_LEN) or the boundary.
+    /// the format's largest buffer or the boundary.
     fn descs_at_least(&self, len: usize) -> usize {
         let chunk = self.cache.pool().chunk_size();
         let per = chunk
-            .min(super::MAX_DESC_LEN)
+            .min(Fmt::<D>::MAX_BUF)
             .min(self.cfg.boundary.unwrap_or(usize::MAX));
         1 + len.div_ceil(per)
     }
@@ -294,7 +294,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 max: self.max_payload(),
             });
         }
-        offload::check(headers, len, offload)
+        if !self.fmt.supports(offload) {
+            return Err(Error::UnsupportedOffload {
+                offload: offload.name(),
+                format: Fmt::<D>::NAME,
+            });
+        }
+        offload::check(headers, len, offload, Fmt::<D>::MAX_PAYLOAD)
     }
 
     /// Whether `descs` descriptors, `ctx` of them context descriptors, fit
@@ -336,16 +342,17 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     fn post_frags(
         &mut self,
         headers: &[u8],
-        ctx: Ctx,
+        ctx: Ctx<FmtContext<D>>,
         offload: Offload,
         frags: &mut Vec<Frag<M>>,
         len: usize,
         token: u64,
     ) -> Result<()> {
         let boundary = self.cfg.boundary;
+        let max = Fmt::<D>::MAX_BUF;
         let data: usize = frags
             .iter()
-            .map(|f| pieces(f.iova(), f.len(), boundary).count())
+            .map(|f| pieces(f.iova(), f.len(), max, boundary).count())
             .sum();
         let nctx = ctx.descs();
         let ndesc = nctx + 1 + data;
@@ -371,50 +378,58 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         &self,
         hlen: usize,
         len: usize,
-        ctx: Ctx,
+        ctx: Ctx<FmtContext<D>>,
         offload: Offload,
         hdr_iova: Iova,
         frags: &[Frag<M>],
     ) -> Result<u16> {
-        let (tso, paylen, popts) = match offload {
-            Offload::Tso { .. } => (Dcmd::TSE, len, Popts::IXSM | Popts::TXSM),
-            Offload::Checksum => (Dcmd::empty(), hlen + len, Popts::IXSM | Popts::TXSM),
-            Offload::None => (Dcmd::empty(), hlen + len, Popts::empty()),
-        };
+        let pkt = Packet { offload, hlen, len };
         let mut idx = self.tail;
-        if let Ctx::Write(c) = ctx {
-            self.write_desc(idx, Desc::Context(c))?;
-            idx = self.next(idx);
-        }
-        let hdr = Data::new(
-            hdr_iova.raw(),
-            hlen as u16,
-            Dcmd::IFCS | tso,
-            paylen as u32,
-            popts,
-        );
-        self.write_desc(idx, Desc::Data(hdr))?;
+        self.write_context(idx, ctx)?;
+        idx = self.next_by(idx, ctx.descs());
+        let hdr = Buf {
+            iova: hdr_iova,
+            len: hlen,
+            first: true,
+            last: false,
+        };
+        self.write_data(idx, hdr, &pkt)?;
         let nfr = frags.len();
         for (i, f) in frags.iter().enumerate() {
-            let mut ps = pieces(f.iova(), f.len(), self.cfg.boundary).peekable();
-            while let Some((at, n)) = ps.next() {
+            let max = Fmt::<D>::MAX_BUF;
+            let mut ps = pieces(f.iova(), f.len(), max, self.cfg.boundary).peekable();
+            while let Some((iova, n)) = ps.next() {
                 idx = self.next(idx);
-                let end = if i + 1 == nfr && ps.peek().is_none() {
-                    Dcmd::EOP | Dcmd::RS
-                } else {
-                    Dcmd::empty()
+                let last = i + 1 == nfr && ps.peek().is_none();
+                let buf = Buf {
+                    iova,
+                    len: n,
+                    first: false,
+                    last,
                 };
-                let d = Data::new(
-                    at.raw(),
-                    n as u16,
-                    Dcmd::IFCS | tso | end,
-                    0,
-                    Popts::empty(),
-                );
-                self.write_desc(idx, Desc::Data(d))?;
+                self.write_data(idx, buf, &pkt)?;
             }
         }
         Ok(idx)
+    }
+
+    /// Writes the context descriptor at `idx` if `ctx` asks for one.
+    fn write_context(&self, idx: u16, ctx: Ctx<FmtContext<D>>) -> Result<()> {
+        if let Ctx::Write(c) = ctx {
+            let mut w = [0u64; MAX_DESC_WORDS];
+            let w = &mut w[..Fmt::<D>::DESC_SIZE / 8];
+            self.fmt.write_context(w, &c);
+            self.write_desc(idx, w)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the data descriptor for `buf` of `pkt` at `idx`.
+    fn write_data(&self, idx: u16, buf: Buf, pkt: &Packet) -> Result<()> {
+        let mut w = [0u64; MAX_DESC_WORDS];
+        let w = &mut w[..Fmt::<D>::DESC_SIZE / 8];
+        self.fmt.write_data(w, buf, pkt);
+        self.write_desc(idx, w)
     }
 
     pub(super) fn drop_header(&mut self, h: Hdr<M>) {
@@ -447,18 +462,18 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
 }
 
-/// What a packet needs of the device's offload context.
+/// What a packet needs of the device's offload context `C`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Ctx {
-    /// No offload: no context.
+enum Ctx<C> {
+    /// No offload (or a format without a context): no context.
     NotNeeded,
     /// The device holds the same context already: no descriptor.
     Held,
     /// A context descriptor to write first.
-    Write(Context),
+    Write(C),
 }
 
-impl Ctx {
+impl<C> Ctx<C> {
     /// Context descriptors the packet takes.
     fn descs(self) -> usize {
         usize::from(matches!(self, Ctx::Write(_)))
@@ -472,11 +487,6 @@ enum Need {
     Exact,
     /// Estimated before its frags exist: the packet needs at most this.
     AtMost,
-}
-
-/// Context descriptors a packet with `offload` takes at most.
-fn ctx_descs(offload: Offload) -> usize {
-    usize::from(offload != Offload::None)
 }
 
 /// Copies the gathered `parts` into `frags`, in order.

@@ -524,6 +524,11 @@ impl<R: Regs> Igb<R> {
 }
 
 impl<R: Regs> TxDevice for Igb<R> {
+    type Format = crate::format::igb::Advanced;
+    fn format(&self) -> Self::Format {
+        crate::format::igb::Advanced
+    }
+
     fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         let bytes = u32::from(len) * crate::desc::SIZE as u32;
         if len < 8 || len % 8 != 0 {

@@ -1,0 +1,72 @@
+//! The Intel 82576's advanced TX descriptors ([`crate::desc`]): a context
+//! descriptor that the device keeps per queue (header lengths, MSS, L4
+//! type), data descriptors whose first carries PAYLEN and the checksum
+//! options, and `DD` written back into the last descriptor of a packet.
+
+use super::{Buf, Format, Packet, Status};
+use crate::desc::{self, Context, Data, Dcmd, Desc, Popts, Sta};
+use crate::offload::{Layout, Offload, L4};
+
+/// The 82576 advanced descriptor format (datasheet 7.2.2), read by the
+/// real NIC ([`Igb`](crate::hw::igb::Igb)), the software NIC and the null
+/// device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Advanced;
+
+impl Format for Advanced {
+    const NAME: &'static str = "82576 advanced";
+    const DESC_SIZE: usize = desc::SIZE;
+    /// DTALEN is 16 bits.
+    const MAX_BUF: usize = u16::MAX as usize;
+    /// PAYLEN is 18 bits.
+    const MAX_PAYLOAD: usize = desc::MAX_PAYLEN;
+    const STATUS_OFFSET: usize = desc::STATUS_OFFSET;
+    const HAS_CONTEXT: bool = true;
+
+    type Context = Context;
+
+    fn context(&self, l: &Layout, offload: Offload) -> Context {
+        let mss = match offload {
+            Offload::Tso { mss } => mss,
+            _ => 0,
+        };
+        Context::ipv4(l.maclen, l.iplen, l.l4len, mss, l.l4 == L4::Tcp)
+    }
+
+    fn write_context(&self, d: &mut [u64], ctx: &Context) {
+        d.copy_from_slice(&Desc::Context(*ctx).encode());
+    }
+
+    /// The first buffer carries PAYLEN (the payload for TSO, the whole
+    /// frame otherwise) and the checksum options; the last ends the packet
+    /// and asks for the write-back.
+    fn write_data(&self, d: &mut [u64], buf: Buf, pkt: &Packet) {
+        let (tso, popts) = match pkt.offload {
+            Offload::Tso { .. } => (Dcmd::TSE, Popts::IXSM | Popts::TXSM),
+            Offload::Checksum => (Dcmd::empty(), Popts::IXSM | Popts::TXSM),
+            Offload::None => (Dcmd::empty(), Popts::empty()),
+        };
+        let (paylen, popts) = match (buf.first, pkt.offload) {
+            (false, _) => (0, Popts::empty()),
+            (true, Offload::Tso { .. }) => (pkt.len, popts),
+            (true, _) => (pkt.hlen + pkt.len, popts),
+        };
+        let end = if buf.last {
+            Dcmd::EOP | Dcmd::RS
+        } else {
+            Dcmd::empty()
+        };
+        let data = Data::new(
+            buf.iova.raw(),
+            buf.len as u16,
+            Dcmd::IFCS | tso | end,
+            paylen as u32,
+            popts,
+        );
+        d.copy_from_slice(&Desc::Data(data).encode());
+    }
+
+    fn status(&self, word: u32) -> Option<Status> {
+        (word & Sta::DD.bits() != 0).then_some(Status::Ok)
+    }
+}
