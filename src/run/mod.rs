@@ -187,6 +187,10 @@ impl RunConfig {
             fit_whole: self.fit_whole,
             queue,
             boundary,
+            // The link carries the run's segments: at least Ethernet's
+            // MTU, more for an MSS past 1460 (jumbo frames).
+            mtu: (usize::from(self.mss) + HDR_LEN - 14).max(usize::from(tx::Config::DEFAULT_MTU))
+                as u16,
             ..tx::Config::default()
         }
     }

@@ -62,6 +62,15 @@ pub enum Error {
         /// What is wrong with the headers.
         why: crate::offload::HeaderFault,
     },
+    /// A frame longer than the queue's MTU allows (without TSO, the whole
+    /// frame; with it, each segment: headers + MSS); nothing was posted.
+    #[error("a frame of {len} bytes is longer than the MTU allows ({max} bytes with the Ethernet header)")]
+    FrameTooLong {
+        /// Bytes of the frame (or of one TSO segment).
+        len: usize,
+        /// The most the MTU allows: MTU + 14.
+        max: usize,
+    },
     /// The device's descriptor format cannot carry this offload; nothing
     /// was posted.
     #[error("the {format} descriptor format cannot carry {offload}")]

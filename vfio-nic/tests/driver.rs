@@ -303,7 +303,7 @@ fn context_is_written_only_when_the_offload_changes() {
 #[test]
 fn wait_hands_back_the_tokens_it_reaps() {
     let mut q = queue(2);
-    let payload = bytes(3000, 6);
+    let payload = bytes(1400, 6);
     let hdr = udp_headers(&payload);
     let n = 20u64;
     for t in 0..n {
@@ -377,7 +377,7 @@ fn a_packet_larger_than_the_whole_ring_is_too_large_not_ring_full() {
 #[test]
 fn into_device_with_packets_in_flight_hands_the_queue_back() {
     let mut q = queue(2);
-    let payload = bytes(3000, 5);
+    let payload = bytes(1400, 5);
     q.send(&udp_headers(&payload), &payload, Offload::Checksum, 41)
         .unwrap();
     let e = q.into_device().unwrap_err();
@@ -406,8 +406,63 @@ fn into_device_errors_convert_for_question_mark() {
         Ok(())
     }
     let mut q = queue(2);
-    let payload = bytes(3000, 5);
+    let payload = bytes(1400, 5);
     q.send(&udp_headers(&payload), &payload, Offload::Checksum, 1)
         .unwrap();
     assert!(matches!(detach(q), Err(Error::Busy { in_flight: 1 })));
+}
+
+/// The MTU the queue is configured with bounds every frame on the wire: a
+/// frame without TSO, and each segment of a TSO packet. A longer one is
+/// refused before anything is posted or carved.
+#[test]
+fn frames_longer_than_the_mtu_are_refused() {
+    let mut q = queue(2);
+    let raw = bytes(9042, 1);
+    let (frags, descs) = (q.cache().stats().frags, q.stats().descs);
+    assert!(matches!(
+        q.send(&raw[..14], &raw[14..], Offload::None, 1),
+        Err(Error::FrameTooLong {
+            len: 9042,
+            max: 1514
+        })
+    ));
+    let hdr = tcp_headers(1, 3000);
+    assert!(matches!(
+        q.send(&hdr, &bytes(3000, 2), Offload::Tso { mss: 1461 }, 2),
+        Err(Error::FrameTooLong {
+            len: 1515,
+            max: 1514
+        })
+    ));
+    assert_eq!((q.cache().stats().frags, q.stats().descs), (frags, descs));
+    assert_eq!(q.in_flight(), 0);
+    // At the limit they go.
+    q.send(&raw[..14], &raw[14..1514], Offload::None, 3)
+        .unwrap();
+    q.send(&hdr, &bytes(3000, 2), Offload::Tso { mss: 1460 }, 4)
+        .unwrap();
+    assert_eq!(drain(&mut q), [3, 4]);
+    // A jumbo MTU takes the 9042-byte frame; an MTU below 68 is refused.
+    let jumbo = tx::Config {
+        mtu: 9028,
+        ..tx::Config::default()
+    };
+    let mut q = queue_with(2, jumbo);
+    q.send(&raw[..14], &raw[14..], Offload::None, 5).unwrap();
+    assert_eq!(drain(&mut q), [5]);
+    assert_eq!(q.device_mut().take_frames()[0], raw);
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    let pool = Pool::new(domain.clone(), cfg).unwrap();
+    let nic = SoftNic::new(iommu, softnic::Config::default());
+    let tiny = tx::Config {
+        mtu: 67,
+        ..tx::Config::default()
+    };
+    assert!(matches!(
+        tx::Queue::new(domain, pool, nic, tiny),
+        Err(Error::BadConfig { value: 67, .. })
+    ));
 }

@@ -212,7 +212,12 @@ fn segments_span_the_pages_their_mss_implies() {
         )
         .unwrap();
         let nic = SoftNic::new(iommu, softnic::Config::default());
-        let mut q = tx::Queue::new(domain, pool, nic, tx::Config::default()).unwrap();
+        // Jumbo frames: segments of up to 8192 payload bytes.
+        let txc = tx::Config {
+            mtu: 9000,
+            ..tx::Config::default()
+        };
+        let mut q = tx::Queue::new(domain, pool, nic, txc).unwrap();
         let mut g = vfio_nic::gen::Traffic::new(1, mss).unwrap();
         g.send(&mut q, 0, payload).unwrap();
         q.kick().unwrap();

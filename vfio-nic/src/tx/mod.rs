@@ -133,8 +133,8 @@ impl std::str::FromStr for HeaderMode {
 
 /// Settings of a [`Queue`]. [`Config::default()`]: a ring of 256
 /// descriptors, headers in 128-byte bounce slots, payloads fit whole, at
-/// most 64 data buffers per packet, no boundary split, pool queue 0 (the
-/// `DEFAULT_` constants hold these values).
+/// most 64 data buffers per packet, no boundary split, pool queue 0, MTU
+/// 1500 (the `DEFAULT_` constants hold these values).
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
     /// Descriptors in the ring: a multiple of 8, 8..=4096. Default 256
@@ -159,6 +159,12 @@ pub struct Config {
     /// The pool queue (reserve) whose chunks the payload cache takes.
     /// Default 0, the first (and, by default, the only) one.
     pub queue: usize,
+    /// The link's MTU: the most bytes after the Ethernet header of any
+    /// frame on the wire. A frame without TSO longer than `mtu + 14`, or a
+    /// TSO packet whose segments would be (headers + MSS), is refused
+    /// ([`Error::FrameTooLong`]). Default 1500 ([`Config::DEFAULT_MTU`]);
+    /// at least 68.
+    pub mtu: u16,
 }
 
 impl Config {
@@ -170,6 +176,10 @@ impl Config {
     pub const DEFAULT_FIT_WHOLE: bool = true;
     /// The default most data buffers per packet: 64.
     pub const DEFAULT_MAX_BUFS: usize = 64;
+    /// The default MTU: 1500 bytes, Ethernet's.
+    pub const DEFAULT_MTU: u16 = 1500;
+    /// The smallest MTU a queue accepts: 68 bytes, IPv4's minimum.
+    pub const MIN_MTU: u16 = 68;
 }
 
 impl Default for Config {
@@ -181,6 +191,7 @@ impl Default for Config {
             max_bufs: Config::DEFAULT_MAX_BUFS,
             boundary: None,
             queue: 0,
+            mtu: Config::DEFAULT_MTU,
         }
     }
 }
@@ -340,6 +351,12 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             return Err(Error::BadConfig {
                 what: "max_bufs (at least 2)",
                 value: cfg.max_bufs as u64,
+            });
+        }
+        if cfg.mtu < Config::MIN_MTU {
+            return Err(Error::BadConfig {
+                what: "mtu (at least 68)",
+                value: u64::from(cfg.mtu),
             });
         }
         if let Some(b) = cfg.boundary {

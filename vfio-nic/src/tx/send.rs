@@ -16,6 +16,10 @@ use crate::error::{Error, Result};
 use crate::format::{Buf, Format, Packet};
 use crate::offload::{self, Layout, Offload};
 
+/// Bytes of an Ethernet header (no VLAN tag): what a frame has beyond
+/// the MTU.
+const ETH_HLEN: usize = 14;
+
 /// Room for one descriptor's words: formats of up to 64 bytes.
 const MAX_DESC_WORDS: usize = 8;
 
@@ -300,7 +304,23 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 format: Fmt::<D>::NAME,
             });
         }
-        offload::check(headers, len, offload, Fmt::<D>::MAX_PAYLOAD)
+        let layout = offload::check(headers, len, offload, Fmt::<D>::MAX_PAYLOAD)?;
+        self.check_mtu(headers.len(), len, offload)?;
+        Ok(layout)
+    }
+
+    /// Refuses a frame longer than the MTU allows: the whole frame
+    /// without TSO, each segment (headers + MSS) with it.
+    fn check_mtu(&self, hlen: usize, len: usize, offload: Offload) -> Result<()> {
+        let max = usize::from(self.cfg.mtu) + ETH_HLEN;
+        let frame = match offload {
+            Offload::Tso { mss } => hlen + usize::from(mss).min(len),
+            _ => hlen + len,
+        };
+        if frame > max {
+            return Err(Error::FrameTooLong { len: frame, max });
+        }
+        Ok(())
     }
 
     /// Whether `descs` descriptors, `ctx` of them context descriptors, fit
