@@ -13,7 +13,8 @@ use pfrag::dma::{
 use pfrag::pool::{self, Policy, Pool, Reclaim};
 use pfrag::Order;
 use vfio_nic::csum::Csum;
-use vfio_nic::device::{Model, TxDevice};
+use vfio_nic::device::TxDevice;
+use vfio_nic::model::Model;
 use vfio_nic::gen::flow::HDR_LEN;
 use vfio_nic::gen::pattern;
 use vfio_nic::gen::Traffic;

@@ -4,7 +4,8 @@
 
 use nix::time::{clock_gettime, ClockId};
 use pfrag::Iova;
-use vfio_nic::device::{Model, TxDevice};
+use vfio_nic::device::TxDevice;
+use vfio_nic::model::Model;
 use vfio_nic::model::softnic::NicStats;
 use vfio_nic::model::thread::Threaded;
 

@@ -51,10 +51,3 @@ pub trait TxDevice {
         None
     }
 }
-
-/// A device model whose counters a run reads (the software NIC, the null
-/// device).
-pub trait Model: TxDevice {
-    /// The model's counters.
-    fn counters(&self) -> crate::model::softnic::NicStats;
-}

@@ -60,7 +60,7 @@ pub enum Error {
         /// The offload asked for.
         offload: &'static str,
         /// What is wrong with the headers.
-        why: crate::offload::HeaderFault,
+        why: HeaderFault,
     },
     /// A frame longer than the queue's MTU allows (without TSO, the whole
     /// frame; with it, each segment: headers + MSS); nothing was posted.
@@ -246,3 +246,57 @@ impl Error {
 
 /// Shorthand for this crate's results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a packet's headers cannot carry the offload asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HeaderFault {
+    /// The headers do not parse (what etherparse said).
+    Parse(String),
+    /// Not IPv4 (the ether type found).
+    NotIpv4(u16),
+    /// Not TCP or UDP (the IP protocol number found).
+    NotTcpOrUdp(u8),
+    /// TSO of something other than TCP.
+    TsoNeedsTcp,
+    /// The headers are longer or shorter than the layers they hold.
+    Length {
+        /// Bytes given.
+        given: usize,
+        /// Bytes the parsed headers take.
+        parsed: usize,
+    },
+    /// The IPv4 total length does not match the packet (checksum offload
+    /// of an unsegmented packet).
+    IpLength {
+        /// What the header says.
+        header: usize,
+        /// What the packet is.
+        packet: usize,
+    },
+    /// An MSS of 0.
+    ZeroMss,
+    /// No header bytes: every packet starts with at least its Ethernet
+    /// header, in a descriptor of its own.
+    Empty,
+}
+
+impl std::fmt::Display for HeaderFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeaderFault::Parse(s) => write!(f, "headers do not parse: {s}"),
+            HeaderFault::NotIpv4(t) => write!(f, "ether type {t:#06x} is not IPv4"),
+            HeaderFault::NotTcpOrUdp(p) => write!(f, "IP protocol {p} is not TCP or UDP"),
+            HeaderFault::TsoNeedsTcp => write!(f, "TSO needs TCP"),
+            HeaderFault::Length { given, parsed } => write!(
+                f,
+                "{given} header bytes given, the Ethernet, IPv4 and L4 headers take {parsed}"
+            ),
+            HeaderFault::IpLength { header, packet } => write!(
+                f,
+                "IPv4 total length {header} does not match the packet's {packet} bytes"
+            ),
+            HeaderFault::ZeroMss => write!(f, "MSS 0"),
+            HeaderFault::Empty => write!(f, "no header bytes given"),
+        }
+    }
+}

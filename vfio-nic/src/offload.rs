@@ -7,6 +7,7 @@ use std::fmt;
 
 use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, TcpHeader, UdpHeader};
 
+pub use crate::error::HeaderFault;
 use crate::error::{Error, Result};
 
 /// What the device does to a packet.
@@ -45,59 +46,6 @@ pub enum L4 {
     Udp,
 }
 
-/// Why a packet's headers cannot carry the offload asked for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HeaderFault {
-    /// The headers do not parse (what etherparse said).
-    Parse(String),
-    /// Not IPv4 (the ether type found).
-    NotIpv4(u16),
-    /// Not TCP or UDP (the IP protocol number found).
-    NotTcpOrUdp(u8),
-    /// TSO of something other than TCP.
-    TsoNeedsTcp,
-    /// The headers are longer or shorter than the layers they hold.
-    Length {
-        /// Bytes given.
-        given: usize,
-        /// Bytes the parsed headers take.
-        parsed: usize,
-    },
-    /// The IPv4 total length does not match the packet (checksum offload
-    /// of an unsegmented packet).
-    IpLength {
-        /// What the header says.
-        header: usize,
-        /// What the packet is.
-        packet: usize,
-    },
-    /// An MSS of 0.
-    ZeroMss,
-    /// No header bytes: every packet starts with at least its Ethernet
-    /// header, in a descriptor of its own.
-    Empty,
-}
-
-impl fmt::Display for HeaderFault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HeaderFault::Parse(s) => write!(f, "headers do not parse: {s}"),
-            HeaderFault::NotIpv4(t) => write!(f, "ether type {t:#06x} is not IPv4"),
-            HeaderFault::NotTcpOrUdp(p) => write!(f, "IP protocol {p} is not TCP or UDP"),
-            HeaderFault::TsoNeedsTcp => write!(f, "TSO needs TCP"),
-            HeaderFault::Length { given, parsed } => write!(
-                f,
-                "{given} header bytes given, the Ethernet, IPv4 and L4 headers take {parsed}"
-            ),
-            HeaderFault::IpLength { header, packet } => write!(
-                f,
-                "IPv4 total length {header} does not match the packet's {packet} bytes"
-            ),
-            HeaderFault::ZeroMss => write!(f, "MSS 0"),
-            HeaderFault::Empty => write!(f, "no header bytes given"),
-        }
-    }
-}
 
 /// Where the layers of an offloaded packet's headers are: what the context
 /// descriptor tells the device.

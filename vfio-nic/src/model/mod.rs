@@ -18,3 +18,10 @@ pub mod softnic;
 pub mod thread;
 
 pub use softnic::NicStats as Stats;
+
+/// A device model whose counters a run reads (the software NIC, the null
+/// device, either on a thread).
+pub trait Model: crate::device::TxDevice {
+    /// The model's counters.
+    fn counters(&self) -> softnic::NicStats;
+}

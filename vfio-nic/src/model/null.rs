@@ -10,7 +10,8 @@ use pfrag::{Iova, PAGE_SIZE};
 
 use super::ring::{read_desc, write_back, Ring};
 use crate::desc::{self, Dcmd, Desc};
-use crate::device::{Model, TxDevice};
+use super::Model;
+use crate::device::TxDevice;
 use crate::error::Result;
 use crate::model::softnic::{self, NicStats, MAX_BUFS};
 

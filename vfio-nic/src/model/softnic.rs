@@ -515,7 +515,7 @@ impl<T: Translate> SoftNic<T> {
     }
 }
 
-impl<T: Translate> crate::device::Model for SoftNic<T> {
+impl<T: Translate> super::Model for SoftNic<T> {
     fn counters(&self) -> NicStats {
         self.stats
     }

@@ -25,7 +25,8 @@ use std::time::Instant;
 use pfrag::Iova;
 
 use super::softnic::{NicStats, WIRE_GAP};
-use crate::device::{Model, TxDevice};
+use super::Model;
+use crate::device::TxDevice;
 use crate::error::{Error, Result};
 
 /// Settings of a device thread. [`Config::default()`] does not pace.
