@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use pfrag::dma::{DmaMapper, Domain, Identity, SoftIommu, SoftIommuConfig, Translate};
 use pfrag::pool::{self, Policy, Pool};
 use pfrag::Order;
-use vfio_nic::model::Model;
 use vfio_nic::model::null::NullNic;
+use vfio_nic::model::Model;
 use vfio_nic::offload::Offload;
 use vfio_nic::tx::{self, Queue};
 

@@ -14,7 +14,6 @@ use pfrag::pool::{self, Policy, Pool, Reclaim};
 use pfrag::Order;
 use vfio_nic::csum::Csum;
 use vfio_nic::device::TxDevice;
-use vfio_nic::model::Model;
 use vfio_nic::gen::flow::HDR_LEN;
 use vfio_nic::gen::pattern;
 use vfio_nic::gen::Traffic;
@@ -22,6 +21,7 @@ use vfio_nic::hw::igb::{Igb, IgbConfig};
 use vfio_nic::hw::vfio::{VfioMapper, VfioPci};
 use vfio_nic::model::null::NullNic;
 use vfio_nic::model::softnic::{self, SoftNic, Touch};
+use vfio_nic::model::Model;
 use vfio_nic::tx::{self, HeaderMode};
 
 /// The IOMMU under the software NIC.

@@ -5,9 +5,9 @@
 use nix::time::{clock_gettime, ClockId};
 use pfrag::Iova;
 use vfio_nic::device::TxDevice;
-use vfio_nic::model::Model;
 use vfio_nic::model::softnic::NicStats;
 use vfio_nic::model::thread::Threaded;
+use vfio_nic::model::Model;
 
 /// CPU time the calling thread has used, in ns (`CLOCK_THREAD_CPUTIME_ID`;
 /// 0 if the clock cannot be read, which Linux never refuses).

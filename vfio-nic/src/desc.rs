@@ -149,13 +149,23 @@ impl Context {
     /// An IPv4 context for TCP (`tcp`) or UDP: header lengths and, for TSO,
     /// the MSS.
     pub fn ipv4(maclen: u8, iplen: u16, l4len: u8, mss: u16, tcp: bool) -> Context {
+        Context::new(true, maclen, iplen, l4len, mss, tcp)
+    }
+    /// A context for IPv4 (`ipv4`) or IPv6, TCP (`tcp`) or UDP: header
+    /// lengths and, for TSO, the MSS.
+    pub fn new(ipv4: bool, maclen: u8, iplen: u16, l4len: u8, mss: u16, tcp: bool) -> Context {
         let l4t = if tcp { Tucmd::L4T_TCP } else { Tucmd::empty() };
+        let ip = if ipv4 { Tucmd::IPV4 } else { Tucmd::empty() };
         Context {
             vlan_macip_lens: (u32::from(maclen) << MACLEN_SHIFT) | (u32::from(iplen) & IPLEN_MASK),
             seqnum_seed: 0,
-            type_tucmd_mlhl: (Tucmd::IPV4 | l4t).bits() | DTYP_CTXT | Dcmd::DEXT.bits(),
+            type_tucmd_mlhl: (ip | l4t).bits() | DTYP_CTXT | Dcmd::DEXT.bits(),
             mss_l4len_idx: (u32::from(mss) << MSS_SHIFT) | (u32::from(l4len) << L4LEN_SHIFT),
         }
+    }
+    /// Whether the packet is IPv4 (else IPv6).
+    pub fn is_ipv4(&self) -> bool {
+        Tucmd::from_bits_truncate(self.type_tucmd_mlhl).contains(Tucmd::IPV4)
     }
     /// Whether the L4 protocol is TCP (else UDP).
     pub fn is_tcp(&self) -> bool {

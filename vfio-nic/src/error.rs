@@ -252,8 +252,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum HeaderFault {
     /// The headers do not parse (what etherparse said).
     Parse(String),
-    /// Not IPv4 (the ether type found).
-    NotIpv4(u16),
+    /// Neither IPv4 nor IPv6 (the ether type found).
+    NotIp(u16),
     /// Not TCP or UDP (the IP protocol number found).
     NotTcpOrUdp(u8),
     /// TSO of something other than TCP.
@@ -265,8 +265,9 @@ pub enum HeaderFault {
         /// Bytes the parsed headers take.
         parsed: usize,
     },
-    /// The IPv4 total length does not match the packet (checksum offload
-    /// of an unsegmented packet).
+    /// The length the IP header states (IPv4's total length, IPv6's 40 +
+    /// payload length) does not match the packet (checksum offload of an
+    /// unsegmented packet).
     IpLength {
         /// What the header says.
         header: usize,
@@ -284,16 +285,16 @@ impl std::fmt::Display for HeaderFault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             HeaderFault::Parse(s) => write!(f, "headers do not parse: {s}"),
-            HeaderFault::NotIpv4(t) => write!(f, "ether type {t:#06x} is not IPv4"),
+            HeaderFault::NotIp(t) => write!(f, "ether type {t:#06x} is neither IPv4 nor IPv6"),
             HeaderFault::NotTcpOrUdp(p) => write!(f, "IP protocol {p} is not TCP or UDP"),
             HeaderFault::TsoNeedsTcp => write!(f, "TSO needs TCP"),
             HeaderFault::Length { given, parsed } => write!(
                 f,
-                "{given} header bytes given, the Ethernet, IPv4 and L4 headers take {parsed}"
+                "{given} header bytes given, the Ethernet, IP and L4 headers take {parsed}"
             ),
             HeaderFault::IpLength { header, packet } => write!(
                 f,
-                "IPv4 total length {header} does not match the packet's {packet} bytes"
+                "the IP header's length {header} does not match the packet's {packet} bytes"
             ),
             HeaderFault::ZeroMss => write!(f, "MSS 0"),
             HeaderFault::Empty => write!(f, "no header bytes given"),

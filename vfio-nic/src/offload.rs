@@ -1,11 +1,15 @@
-//! What the 82576 does to a packet on its way out (checksum insertion, TCP
-//! segmentation), and the check that a packet's headers allow it. Headers
-//! are parsed with `etherparse`; a header the offload cannot use is a typed
-//! error, found before anything is posted.
+//! What a NIC does to a packet on its way out (checksum insertion, TCP
+//! segmentation), and the NIC-independent check that a packet's headers
+//! allow it: Ethernet, IPv4 or IPv6, TCP or UDP. Headers are parsed with
+//! `etherparse`; a header the offload cannot use is a typed error, found
+//! before anything is posted. A format's own limits (what its device can
+//! carry) are the format's ([`crate::format::Format`]).
 
 use std::fmt;
 
-use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, TcpHeader, UdpHeader};
+use etherparse::{
+    EtherType, Ethernet2Header, IpNumber, Ipv4Header, Ipv6Header, TcpHeader, UdpHeader,
+};
 
 pub use crate::error::HeaderFault;
 use crate::error::{Error, Result};
@@ -16,10 +20,11 @@ pub enum Offload {
     /// Nothing: the frame goes out exactly as given (one frame, checksums
     /// as the caller wrote them; no context descriptor).
     None,
-    /// Insert the IPv4 header checksum and the TCP or UDP checksum.
+    /// Insert the TCP or UDP checksum (and, for IPv4, the header checksum).
     Checksum,
     /// TCP segmentation: cut the payload into `mss`-byte segments, each with
-    /// its own IPv4 length, id, TCP sequence and both checksums.
+    /// its own IP length (IPv4: and id and header checksum), TCP sequence
+    /// and checksum.
     Tso {
         /// Payload bytes per segment.
         mss: u16,
@@ -37,6 +42,15 @@ impl Offload {
     }
 }
 
+/// The IP version of an offloaded packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ip {
+    /// IPv4: a header checksum, an id per segment.
+    V4,
+    /// IPv6 (a fixed 40-byte header, no extension headers).
+    V6,
+}
+
 /// The transport protocol of an offloaded packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum L4 {
@@ -46,14 +60,15 @@ pub enum L4 {
     Udp,
 }
 
-
 /// Where the layers of an offloaded packet's headers are: what the context
 /// descriptor tells the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     /// Ethernet header bytes.
     pub maclen: u8,
-    /// IPv4 header bytes.
+    /// The IP version.
+    pub ip: Ip,
+    /// IP header bytes (40 for IPv6).
     pub iplen: u16,
     /// TCP or UDP header bytes.
     pub l4len: u8,
@@ -113,11 +128,22 @@ pub fn check(
     }
     let parse = |e: &dyn fmt::Display| bad(offload, HeaderFault::Parse(e.to_string()));
     let (eth, rest) = Ethernet2Header::from_slice(headers).map_err(|e| parse(&e))?;
-    if eth.ether_type != EtherType::IPV4 {
-        return Err(bad(offload, HeaderFault::NotIpv4(eth.ether_type.0)));
-    }
-    let (ip, rest) = Ipv4Header::from_slice(rest).map_err(|e| parse(&e))?;
-    let (l4, l4len, rest) = match ip.protocol {
+    // The IP header: its version, length, the protocol after it, and the
+    // IP packet's length it states (for checksum offload of one frame).
+    let (ip, iplen, proto, stated, rest) = match eth.ether_type {
+        EtherType::IPV4 => {
+            let (h, rest) = Ipv4Header::from_slice(rest).map_err(|e| parse(&e))?;
+            let stated = usize::from(h.total_len);
+            (Ip::V4, h.header_len(), h.protocol, stated, rest)
+        }
+        EtherType::IPV6 => {
+            let (h, rest) = Ipv6Header::from_slice(rest).map_err(|e| parse(&e))?;
+            let stated = Ipv6Header::LEN + usize::from(h.payload_length);
+            (Ip::V6, Ipv6Header::LEN, h.next_header, stated, rest)
+        }
+        t => return Err(bad(offload, HeaderFault::NotIp(t.0))),
+    };
+    let (l4, l4len, rest) = match proto {
         IpNumber::TCP => {
             let (t, rest) = TcpHeader::from_slice(rest).map_err(|e| parse(&e))?;
             (L4::Tcp, t.header_len(), rest)
@@ -140,16 +166,17 @@ pub fn check(
     }
     let layout = Layout {
         maclen: Ethernet2Header::LEN as u8,
-        iplen: ip.header_len() as u16,
+        ip,
+        iplen: iplen as u16,
         l4len: l4len as u8,
         l4,
     };
     let ip_packet = total - Ethernet2Header::LEN;
-    if offload == Offload::Checksum && usize::from(ip.total_len) != ip_packet {
+    if offload == Offload::Checksum && stated != ip_packet {
         return Err(bad(
             offload,
             HeaderFault::IpLength {
-                header: usize::from(ip.total_len),
+                header: stated,
                 packet: ip_packet,
             },
         ));
@@ -217,7 +244,7 @@ mod tests {
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
         assert_eq!(
             why(check(&arp, 100, Offload::Checksum, MAX_PAYLEN)),
-            HeaderFault::NotIpv4(0x0806)
+            HeaderFault::NotIp(0x0806)
         );
         assert_eq!(
             why(check(&h, 100, Offload::Tso { mss: 0 }, MAX_PAYLEN)),

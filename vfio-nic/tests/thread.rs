@@ -8,9 +8,9 @@ use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
 use pfrag::pool::{self, Policy, Pool};
 use pfrag::Order;
 use vfio_nic::check::wire::WireCheck;
-use vfio_nic::model::Model;
 use vfio_nic::model::softnic::{self, SoftNic, Touch, WIRE_GAP};
 use vfio_nic::model::thread::{self, Threaded};
+use vfio_nic::model::Model;
 use vfio_nic::tx;
 use vfio_nic::Error;
 

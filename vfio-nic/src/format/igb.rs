@@ -5,7 +5,7 @@
 
 use super::{Buf, Format, Packet, Status};
 use crate::desc::{self, Context, Data, Dcmd, Desc, Popts, Sta};
-use crate::offload::{Layout, Offload, L4};
+use crate::offload::{Ip, Layout, Offload, L4};
 
 /// The 82576 advanced descriptor format (datasheet 7.2.2), read by the
 /// real NIC ([`Igb`](crate::hw::igb::Igb)), the software NIC and the null
@@ -30,7 +30,8 @@ impl Format for Advanced {
             Offload::Tso { mss } => mss,
             _ => 0,
         };
-        Context::ipv4(l.maclen, l.iplen, l.l4len, mss, l.l4 == L4::Tcp)
+        let ipv4 = l.ip == Ip::V4;
+        Context::new(ipv4, l.maclen, l.iplen, l.l4len, mss, l.l4 == L4::Tcp)
     }
 
     fn write_context(&self, d: &mut [u64], ctx: &Context) {
@@ -38,12 +39,16 @@ impl Format for Advanced {
     }
 
     /// The first buffer carries PAYLEN (the payload for TSO, the whole
-    /// frame otherwise) and the checksum options; the last ends the packet
-    /// and asks for the write-back.
+    /// frame otherwise) and the checksum options (the IP checksum for
+    /// IPv4 only); the last ends the packet and asks for the write-back.
     fn write_data(&self, d: &mut [u64], buf: Buf, pkt: &Packet) {
+        let sums = match pkt.layout.map(|l| l.ip) {
+            Some(Ip::V4) => Popts::IXSM | Popts::TXSM,
+            _ => Popts::TXSM,
+        };
         let (tso, popts) = match pkt.offload {
-            Offload::Tso { .. } => (Dcmd::TSE, Popts::IXSM | Popts::TXSM),
-            Offload::Checksum => (Dcmd::empty(), Popts::IXSM | Popts::TXSM),
+            Offload::Tso { .. } => (Dcmd::TSE, sums),
+            Offload::Checksum => (Dcmd::empty(), sums),
             Offload::None => (Dcmd::empty(), Popts::empty()),
         };
         let (paylen, popts) = match (buf.first, pkt.offload) {

@@ -44,6 +44,8 @@ pub struct Packet {
     pub hlen: usize,
     /// Payload bytes after the headers.
     pub len: usize,
+    /// Where the header layers are, for an offload (`None` without one).
+    pub layout: Option<Layout>,
 }
 
 /// How the device reported a completed packet.

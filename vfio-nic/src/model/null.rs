@@ -9,8 +9,8 @@ use pfrag::dma::{Dir, Fault, Translate};
 use pfrag::{Iova, PAGE_SIZE};
 
 use super::ring::{read_desc, write_back, Ring};
-use crate::desc::{self, Dcmd, Desc};
 use super::Model;
+use crate::desc::{self, Dcmd, Desc};
 use crate::device::TxDevice;
 use crate::error::Result;
 use crate::model::softnic::{self, NicStats, MAX_BUFS};

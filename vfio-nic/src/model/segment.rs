@@ -174,9 +174,17 @@ impl<'a> Segmenter<'a> {
         let mut h = [0u8; MAX_HDR];
         h[..hlen].copy_from_slice(self.hdr);
         let ip = &mut h[maclen..maclen + iplen];
-        ip[2..4].copy_from_slice(&((iplen + l4len + self.len) as u16).to_be_bytes());
-        ip[4..6].copy_from_slice(&self.id0.wrapping_add(self.k as u16).to_be_bytes());
-        if p.popts.contains(Popts::IXSM) {
+        // IPv4: total length, id, header checksum; IPv6: payload length.
+        // The pseudo-header's addresses follow.
+        let addrs = if p.ipv4 {
+            ip[2..4].copy_from_slice(&((iplen + l4len + self.len) as u16).to_be_bytes());
+            ip[4..6].copy_from_slice(&self.id0.wrapping_add(self.k as u16).to_be_bytes());
+            maclen + 12..maclen + 20
+        } else {
+            ip[4..6].copy_from_slice(&((l4len + self.len) as u16).to_be_bytes());
+            maclen + 8..maclen + 40
+        };
+        if p.ipv4 && p.popts.contains(Popts::IXSM) {
             ip[10..12].fill(0);
             let mut c = Csum::new();
             c.add(ip);
@@ -197,7 +205,7 @@ impl<'a> Segmenter<'a> {
         if p.popts.contains(Popts::TXSM) {
             t[at..at + 2].fill(0);
             let mut c = Csum::new();
-            c.add(&h[maclen + 12..maclen + 20]); // source and destination
+            c.add(&h[addrs]); // source and destination
             c.add_u16(proto);
             c.add_u16((l4len + self.len) as u16);
             c.add(&h[tcp..tcp + l4len]);

@@ -190,6 +190,8 @@ pub(super) struct Packet {
     pub(super) popts: Popts,
     /// TCP (else UDP), from the context descriptor.
     pub(super) tcp: bool,
+    /// IPv4 (else IPv6), from the context descriptor.
+    pub(super) ipv4: bool,
     /// Check the payload against the flow's pattern.
     pub(super) verify: bool,
 }
@@ -301,7 +303,12 @@ impl<T: Translate> SoftNic<T> {
         } else {
             l4len == 8 && !tse
         };
-        if hlen > MAX_HDR || hlen > total || iplen < 20 || !l4_ok || maclen < 14 {
+        let ip_ok = if ctx.is_ipv4() {
+            iplen >= 20
+        } else {
+            iplen == 40
+        };
+        if hlen > MAX_HDR || hlen > total || !ip_ok || !l4_ok || maclen < 14 {
             return Ok(None);
         }
         let paylen = total - hlen;
@@ -343,6 +350,7 @@ impl<T: Translate> SoftNic<T> {
                 mss,
                 popts: first.popts(),
                 tcp: tcp_ctx,
+                ipv4: ctx.is_ipv4(),
                 verify,
             },
             hdr,

@@ -66,8 +66,14 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let layout = self.check_packet(headers, len, offload)?;
         let ctx = self.context(layout, offload);
+        let pkt = Packet {
+            offload,
+            hlen: headers.len(),
+            len,
+            layout,
+        };
         if self.inline_fits(headers.len(), len, offload) {
-            return self.send_inline(headers, parts, len, ctx, offload, token);
+            return self.send_inline(headers, parts, ctx, pkt, token);
         }
         // The quick check of `room_for`, knowing whether a context
         // descriptor is needed.
@@ -80,7 +86,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             return Err(e);
         }
         copy_into(&mut frags, parts);
-        let r = self.post_frags(headers, ctx, offload, &mut frags, len, token);
+        let r = self.post_frags(headers, ctx, pkt, &mut frags, token);
         if r.is_err() {
             self.cache.complete_burst(frags.drain(..)).ok();
         }
@@ -107,9 +113,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         &mut self,
         headers: &[u8],
         parts: &[IoSlice<'_>],
-        len: usize,
         ctx: Ctx<FmtContext<D>>,
-        offload: Offload,
+        pkt: Packet,
         token: u64,
     ) -> Result<()> {
         let nctx = ctx.descs();
@@ -118,14 +123,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let bytes = std::iter::once(headers).chain(parts.iter().map(|p| &**p));
         let b = self.bounce.as_mut().expect("inline_fits saw a bounce ring");
         let iova = b.fill_parts(usize::from(idx), bytes)?;
-        let pkt = Packet {
-            offload,
-            hlen: headers.len(),
-            len,
-        };
         let buf = Buf {
             iova,
-            len: headers.len() + len,
+            len: headers.len() + pkt.len,
             first: true,
             last: true,
         };
@@ -143,7 +143,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             ctx,
             Hdr::Slot(usize::from(idx)),
             Vec::new(),
-            len,
+            pkt.len,
             token,
         );
         Ok(())
@@ -214,9 +214,15 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let len: usize = frags.iter().map(|f| f.len()).sum();
         let layout = self.check_packet(headers, len, offload)?;
         let ctx = self.context(layout, offload);
+        let pkt = Packet {
+            offload,
+            hlen: headers.len(),
+            len,
+            layout,
+        };
         let mut mine = self.spare.pop().unwrap_or_default();
         mine.append(frags);
-        let r = self.post_frags(headers, ctx, offload, &mut mine, len, token);
+        let r = self.post_frags(headers, ctx, pkt, &mut mine, token);
         if r.is_err() {
             frags.append(&mut mine);
         }
@@ -363,9 +369,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         &mut self,
         headers: &[u8],
         ctx: Ctx<FmtContext<D>>,
-        offload: Offload,
+        pkt: Packet,
         frags: &mut Vec<Frag<M>>,
-        len: usize,
         token: u64,
     ) -> Result<()> {
         let boundary = self.cfg.boundary;
@@ -379,7 +384,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.check_room(ndesc, nctx, Need::Exact)?;
         let hdr_idx = self.next_by(self.tail, nctx);
         let (hdr_iova, hold) = self.place_header(hdr_idx, headers)?;
-        let last = match self.write_packet(headers.len(), len, ctx, offload, hdr_iova, frags) {
+        let last = match self.write_packet(ctx, &pkt, hdr_iova, frags) {
             Ok(last) => last,
             Err(e) => {
                 self.drop_header(hold);
@@ -387,7 +392,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             }
         };
         let frags = std::mem::replace(frags, self.spare.pop().unwrap_or_default());
-        self.advance(last, ndesc, ctx, hold, frags, len, token);
+        self.advance(last, ndesc, ctx, hold, frags, pkt.len, token);
         Ok(())
     }
 
@@ -396,24 +401,21 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// one (which asks for write-back).
     fn write_packet(
         &self,
-        hlen: usize,
-        len: usize,
         ctx: Ctx<FmtContext<D>>,
-        offload: Offload,
+        pkt: &Packet,
         hdr_iova: Iova,
         frags: &[Frag<M>],
     ) -> Result<u16> {
-        let pkt = Packet { offload, hlen, len };
         let mut idx = self.tail;
         self.write_context(idx, ctx)?;
         idx = self.next_by(idx, ctx.descs());
         let hdr = Buf {
             iova: hdr_iova,
-            len: hlen,
+            len: pkt.hlen,
             first: true,
             last: false,
         };
-        self.write_data(idx, hdr, &pkt)?;
+        self.write_data(idx, hdr, pkt)?;
         let nfr = frags.len();
         for (i, f) in frags.iter().enumerate() {
             let max = Fmt::<D>::MAX_BUF;
@@ -427,7 +429,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                     first: false,
                     last,
                 };
-                self.write_data(idx, buf, &pkt)?;
+                self.write_data(idx, buf, pkt)?;
             }
         }
         Ok(idx)
