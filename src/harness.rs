@@ -148,8 +148,8 @@ fn run_ring<M: DmaMapper + Translate + 'static>(m: Arc<M>, input: &RingIn) -> Re
             verify: input.lazy,
         },
     );
-    nic.attach(ring.iova(), RING as u16)
-        .map_err(|e| e.to_string())?;
+    // SAFETY: `ring` is this run's, kept for the device until it drops.
+    unsafe { nic.attach(ring.iova(), RING as u16) }.map_err(|e| e.to_string())?;
     let mut walked = 0u64;
     let mut head = 0usize;
     for &t in input.tails.iter().take(4) {

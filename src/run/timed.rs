@@ -38,8 +38,9 @@ impl<D: TxDevice> TxDevice for Timed<D> {
     fn format(&self) -> D::Format {
         self.inner.format()
     }
-    fn attach(&mut self, ring: Iova, len: u16) -> vfio_nic::Result<()> {
-        self.inner.attach(ring, len)
+    unsafe fn attach(&mut self, ring: Iova, len: u16) -> vfio_nic::Result<()> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.inner.attach(ring, len) }
     }
     unsafe fn kick(&mut self, tail: u16) -> vfio_nic::Result<()> {
         let t0 = thread_cpu_ns();

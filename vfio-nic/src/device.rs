@@ -18,6 +18,19 @@ use crate::error::Result;
 /// let mut nic = NullNic::new(Identity::new());
 /// let _ = nic.kick(1); // needs `unsafe`
 /// ```
+///
+/// So does pointing it at a ring, which a queue's later doorbells would
+/// vouch for:
+///
+/// ```compile_fail,E0133
+/// use pfrag::dma::Identity;
+/// use pfrag::Iova;
+/// use vfio_nic::device::TxDevice;
+/// use vfio_nic::model::null::NullNic;
+///
+/// let mut nic = NullNic::new(Identity::new());
+/// let _ = nic.attach(Iova(0x1000), 8); // needs `unsafe`
+/// ```
 pub trait TxDevice {
     /// The descriptor format the device reads: a queue over the device
     /// writes this one, so a format cannot be paired with a device that
@@ -27,7 +40,16 @@ pub trait TxDevice {
     /// the device offers).
     fn format(&self) -> Self::Format;
     /// Points the device at a ring of `len` descriptors at `ring`.
-    fn attach(&mut self, ring: Iova, len: u16) -> Result<()>;
+    ///
+    /// # Safety
+    /// The doorbells rung after this call, by whoever rings them (a
+    /// [`tx::Queue`](crate::tx::Queue) that owns the device, say), hand over
+    /// descriptors of this ring: so `ring` must be `len` descriptors that
+    /// the caller keeps for the device until it attaches another ring or
+    /// detaches, and a device that a queue owns must not be re-pointed
+    /// behind the queue's back (the queue's own doorbell would then vouch
+    /// for descriptors it never wrote).
+    unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()>;
     /// Doorbell: descriptors before `tail` are ready.
     ///
     /// # Safety

@@ -16,7 +16,9 @@ use vfio_nic::Error;
 #[derive(Clone, Copy, Debug)]
 struct Odd<const SIZE: usize, const AT: usize>;
 
-impl<const SIZE: usize, const AT: usize> Format for Odd<SIZE, AT> {
+// SAFETY: it writes no descriptor at all (every word stays zero, which
+// the test device never reads).
+unsafe impl<const SIZE: usize, const AT: usize> Format for Odd<SIZE, AT> {
     const NAME: &'static str = "odd";
     const DESC_SIZE: usize = SIZE;
     const MAX_BUF: usize = 4096;
@@ -44,7 +46,7 @@ impl<F: Format + Copy + Default> TxDevice for Dev<F> {
     fn format(&self) -> F {
         F::default()
     }
-    fn attach(&mut self, _: Iova, _: u16) -> vfio_nic::Result<()> {
+    unsafe fn attach(&mut self, _: Iova, _: u16) -> vfio_nic::Result<()> {
         self.attached += 1;
         Ok(())
     }

@@ -228,7 +228,8 @@ fn descriptor_at_an_unmapped_address_faults_without_an_iommu() {
     let domain = Arc::new(Domain::new(id.clone()));
     let ring = Coherent::new(domain, 8 * 16, Dir::BIDIRECTIONAL).unwrap();
     let mut nic = SoftNic::new(id.clone(), softnic::Config::default());
-    nic.attach(ring.iova(), 8).unwrap();
+    // SAFETY: the ring is this test's, kept as long as the NIC.
+    unsafe { nic.attach(ring.iova(), 8) }.unwrap();
     // A live host buffer nobody mapped, and an address nothing backs.
     let private = vec![0u8; 8192];
     for (k, addr) in [(0u64, private.as_ptr() as u64), (2, 0x10)] {
@@ -257,7 +258,8 @@ fn descriptor_address_at_the_top_of_iova_space_is_a_fault() {
     let domain = Arc::new(Domain::new(id.clone()));
     let ring = Coherent::new(domain, 8 * 16, Dir::BIDIRECTIONAL).unwrap();
     let mut nic = SoftNic::new(id, softnic::Config::default());
-    nic.attach(ring.iova(), 8).unwrap();
+    // SAFETY: the ring is this test's, kept as long as the NIC.
+    unsafe { nic.attach(ring.iova(), 8) }.unwrap();
     let cmd = Dcmd::EOP | Dcmd::RS;
     let w = Desc::Data(Data::new(u64::MAX - 10, 100, cmd, 100, Popts::empty())).encode();
     ring.write_u64(0, w[0]).unwrap();
@@ -276,7 +278,8 @@ fn endless_chain_without_eop_is_dropped() {
     let domain = Arc::new(Domain::new(id.clone()));
     let ring = Coherent::new(domain, 8 * 16, Dir::BIDIRECTIONAL).unwrap();
     let mut nic = SoftNic::new(id, softnic::Config::default());
-    nic.attach(ring.iova(), 8).unwrap();
+    // SAFETY: the ring is this test's, kept as long as the NIC.
+    unsafe { nic.attach(ring.iova(), 8) }.unwrap();
     let w = Desc::Data(Data::new(0x1000, 100, Dcmd::empty(), 0, Popts::empty())).encode();
     for i in 0..8 {
         ring.write_u64(i * 16, w[0]).unwrap();

@@ -355,7 +355,8 @@ impl RawRing {
         let domain = Arc::new(Domain::new(iommu.clone()));
         let ring = Coherent::new(domain, 8 * 16, dir).unwrap();
         let mut nic = SoftNic::new(iommu.clone(), softnic::Config::default());
-        nic.attach(ring.iova(), 8).unwrap();
+        // SAFETY: the ring is this test's, kept as long as the NIC.
+        unsafe { nic.attach(ring.iova(), 8) }.unwrap();
         RawRing { iommu, ring, nic }
     }
 
@@ -619,7 +620,8 @@ fn attach_forgets_a_packet_cut_short() {
     };
     r.put(0, data(16, Dcmd::empty()));
     r.kick(1).unwrap();
-    r.nic.attach(r.ring.iova(), 8).unwrap();
+    // SAFETY: the same ring again.
+    unsafe { r.nic.attach(r.ring.iova(), 8) }.unwrap();
     r.put(0, data(32, Dcmd::EOP | Dcmd::RS));
     r.kick(1).unwrap();
     let st = r.nic.stats();

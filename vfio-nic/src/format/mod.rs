@@ -62,7 +62,18 @@ pub enum Status {
 /// Descriptors are written as little-endian 64-bit words (every format
 /// here is a multiple of 8 bytes), into a slot the engine picks; a format
 /// never sees an index.
-pub trait Format {
+///
+/// # Safety
+///
+/// The queue's doorbell hands the device exactly the buffers it gave the
+/// format ([`TxDevice::kick`](crate::device::TxDevice::kick)'s promise),
+/// so an implementation promises that the descriptors it writes name no
+/// other memory: as the device that reads this format decodes them,
+/// [`write_data`](Self::write_data) makes it read `buf.len` bytes at
+/// `buf.iova` and nothing else, and [`write_context`](Self::write_context)
+/// makes it read no memory at all. The status word is the only place the
+/// device writes.
+pub unsafe trait Format {
     /// A short name, for errors and reports.
     const NAME: &'static str;
     /// Bytes of one descriptor: a multiple of 8.

@@ -113,7 +113,7 @@ impl<T: Translate> TxDevice for NullNic<T> {
         crate::format::igb::Advanced
     }
 
-    fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
+    unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         self.ring.attach(ring, len)
     }
 

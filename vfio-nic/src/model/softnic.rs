@@ -535,7 +535,7 @@ impl<T: Translate> TxDevice for SoftNic<T> {
         crate::format::igb::Advanced
     }
 
-    fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
+    unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         self.ring.attach(ring, len)?;
         self.forget_packet();
         Ok(())

@@ -219,9 +219,10 @@ impl<D: Model + Send + 'static> TxDevice for Threaded<D> {
         lock(&self.shared.dev).format()
     }
 
-    fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
+    unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         let mut d = lock(&self.shared.dev);
-        d.attach(ring, len)?;
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { d.attach(ring, len) }?;
         self.shared.len.store(len, Ordering::Relaxed);
         self.shared.doorbell.store(NO_DOORBELL, Ordering::Release);
         *lock(&self.shared.error) = None;

@@ -384,7 +384,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             }
             HeaderMode::Mapped => None,
         };
-        dev.attach(ring.iova(), cfg.ring)?;
+        // SAFETY: `ring` is this queue's own, kept until the device is
+        // detached or the queue dropped (the device first); the queue owns
+        // the device from here, and `device_mut` cannot re-attach it
+        // without `unsafe`.
+        unsafe { dev.attach(ring.iova(), cfg.ring) }?;
         Ok(Queue {
             dev,
             cfg,

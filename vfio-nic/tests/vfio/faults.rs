@@ -20,7 +20,8 @@ fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
     // VFIO) on the next line and the region dropped at the end of the test.
     let bad = unsafe { domain.map(secret.addr(), 4096, 4096, Dir::TO_DEVICE) }.unwrap();
     domain.unmap(bad, 4096).unwrap();
-    nic.attach(ring.iova(), 64).unwrap();
+    // SAFETY: the ring is this test's, kept as long as the NIC.
+    unsafe { nic.attach(ring.iova(), 64) }.unwrap();
     let put = |i: usize, d: Desc| {
         let w = d.encode();
         ring.write_u64(i * desc::SIZE, w[0]).unwrap();

@@ -529,7 +529,7 @@ impl<R: Regs> TxDevice for Igb<R> {
         crate::format::igb::Advanced
     }
 
-    fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
+    unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         let bytes = u32::from(len) * crate::desc::SIZE as u32;
         if len < 8 || len % 8 != 0 {
             return Err(Error::BadConfig {
