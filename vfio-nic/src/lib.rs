@@ -2,12 +2,15 @@
 //!
 //! The NIC side of pfrag, by layer:
 //!
-//! - the driver: [`tx::Queue`] sends a driver's own packets (copying,
+//! - the TX engine: [`tx::Queue`] sends a driver's own packets (copying,
 //!   vectored or zero-copy, with [`offload::Offload`]s) over any
-//!   [`device::TxDevice`], writing Intel 82576 advanced descriptors
-//!   ([`desc`]) and reaping completions with their tokens;
+//!   [`device::TxDevice`], writing the descriptors of the device's
+//!   [`format::Format`], and reaps completions with their tokens and
+//!   status;
+//! - descriptor formats ([`format`]): the Intel 82576's advanced
+//!   descriptors ([`format::igb`], their encoding in [`desc`]);
 //! - device models ([`model`]): the software NIC and the null device, which
-//!   consume the same descriptors through an IOMMU translation;
+//!   consume the 82576's descriptors through an IOMMU translation;
 //! - hardware ([`hw`]): MMIO, VFIO and the 82576 (igb) driver;
 //! - checking ([`check`]): the frame checker used on model output and on
 //!   captures of the real device;
@@ -24,7 +27,6 @@ pub struct ReadmeDoctests;
 
 pub mod check;
 pub mod csum;
-pub mod desc;
 pub mod device;
 pub mod error;
 pub mod format;
@@ -48,3 +50,4 @@ fn proptest_config() -> proptest::test_runner::Config {
 }
 
 pub use error::{Error, Result};
+pub use format::igb::desc;

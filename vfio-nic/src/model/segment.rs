@@ -4,10 +4,45 @@
 use pfrag::dma::{Fault, Translate};
 use pfrag::Iova;
 
-use super::softnic::{Packet, MAX_HDR};
 use crate::csum::Csum;
 use crate::desc::Popts;
-use crate::gen::pattern;
+use crate::gen::{flow, pattern};
+
+/// The largest header the model parses.
+pub(super) const MAX_HDR: usize = 256;
+
+/// What the model parsed of one packet, once, from its context descriptor,
+/// first data descriptor and header.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Packet {
+    pub(super) maclen: usize,
+    pub(super) iplen: usize,
+    pub(super) l4len: usize,
+    /// TCP sequence number of the first payload byte.
+    pub(super) seq0: u32,
+    pub(super) flow: u32,
+    pub(super) paylen: usize,
+    pub(super) mss: usize,
+    pub(super) popts: Popts,
+    /// TCP (else UDP), from the context descriptor.
+    pub(super) tcp: bool,
+    /// IPv4 (else IPv6), from the context descriptor.
+    pub(super) ipv4: bool,
+    /// Check the payload against the flow's pattern.
+    pub(super) verify: bool,
+}
+
+impl Packet {
+    /// Stream offset of the first payload byte (where its pattern starts).
+    pub(super) fn stream0(&self) -> u32 {
+        self.seq0.wrapping_sub(flow::isn(self.flow))
+    }
+
+    /// Frames the packet goes out as: one per MSS segment, at least one.
+    pub(super) fn frames(&self) -> usize {
+        self.paylen.div_ceil(self.mss).max(1)
+    }
+}
 
 /// What one packet produced, committed to the counters only once the whole
 /// packet was read without a fault.

@@ -16,8 +16,8 @@ use pfrag::dma::{Fault, Translate};
 use pfrag::Iova;
 
 use super::ring::{read_desc, write_back, Ring};
-use super::segment::{range_pages, read_range, segments, Outcome, Segmenter};
-use crate::desc::{Context, Data, Dcmd, Desc, Popts};
+use super::segment::{range_pages, read_range, segments, Outcome, Packet, Segmenter, MAX_HDR};
+use crate::desc::{Context, Data, Dcmd, Desc};
 use crate::device::TxDevice;
 use crate::error::Result;
 use crate::gen::flow;
@@ -171,42 +171,6 @@ pub fn wire_bytes(frames: u64, hlen: usize, paylen: usize) -> u64 {
 /// Most data buffers one packet may chain (the TX queue's default
 /// `max_bufs`); a longer chain is a malformed packet.
 pub const MAX_BUFS: usize = 64;
-
-/// The largest header the model parses.
-pub(super) const MAX_HDR: usize = 256;
-
-/// What the model parsed of one packet, once, from its context descriptor,
-/// first data descriptor and header.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Packet {
-    pub(super) maclen: usize,
-    pub(super) iplen: usize,
-    pub(super) l4len: usize,
-    /// TCP sequence number of the first payload byte.
-    pub(super) seq0: u32,
-    pub(super) flow: u32,
-    pub(super) paylen: usize,
-    pub(super) mss: usize,
-    pub(super) popts: Popts,
-    /// TCP (else UDP), from the context descriptor.
-    pub(super) tcp: bool,
-    /// IPv4 (else IPv6), from the context descriptor.
-    pub(super) ipv4: bool,
-    /// Check the payload against the flow's pattern.
-    pub(super) verify: bool,
-}
-
-impl Packet {
-    /// Stream offset of the first payload byte (where its pattern starts).
-    pub(super) fn stream0(&self) -> u32 {
-        self.seq0.wrapping_sub(flow::isn(self.flow))
-    }
-
-    /// Frames the packet goes out as: one per MSS segment, at least one.
-    pub(super) fn frames(&self) -> usize {
-        self.paylen.div_ceil(self.mss).max(1)
-    }
-}
 
 /// The software NIC.
 pub struct SoftNic<T: Translate> {

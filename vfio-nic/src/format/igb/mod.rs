@@ -1,11 +1,13 @@
-//! The Intel 82576's advanced TX descriptors ([`crate::desc`]): a context
+//! The Intel 82576's advanced TX descriptors ([`desc`]): a context
 //! descriptor that the device keeps per queue (header lengths, MSS, L4
 //! type), data descriptors whose first carries PAYLEN and the checksum
 //! options, and `DD` written back into the last descriptor of a packet.
 
+pub mod desc;
+
 use super::{Buf, Format, Packet, Status};
-use crate::desc::{self, Context, Data, Dcmd, Desc, Popts, Sta};
 use crate::offload::{Ip, Layout, Offload, L4};
+use desc::{Context, Data, Dcmd, Desc, Popts, Sta};
 
 /// The 82576 advanced descriptor format (datasheet 7.2.2), read by the
 /// real NIC ([`Igb`](crate::hw::igb::Igb)), the software NIC and the null
