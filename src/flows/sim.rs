@@ -215,7 +215,8 @@ impl<'a> Sim<'a> {
             }
         };
         let nic = SoftNic::new(mapper.clone(), softnic::Config::default());
-        let q = tx::Queue::new(domain, pool, nic, tx::Config::default())?;
+        // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
+        let q = unsafe { tx::Queue::new(domain, pool, nic, tx::Config::default()) }?;
         let mut rng = Rng(cfg.seed | 1);
         let flows = (0..cfg.flows)
             .map(|i| flow_state(cfg, i, &mut rng))

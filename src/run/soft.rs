@@ -152,8 +152,13 @@ impl<M: DmaMapper + Translate + 'static, D: Model + Send + 'static> Bench<'_, M,
             self.progress.fetch_add(n, Ordering::Relaxed);
         };
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
+        // SAFETY: every `make_nic` of this crate builds its model on the
+        // mapper it is handed, `self.mapper`, which `self.domain` maps
+        // through.
         let setup = nic
-            .and_then(|nic| tx::Queue::new(self.domain.clone(), self.pool.clone(), nic, tx))
+            .and_then(|nic| unsafe {
+                tx::Queue::new(self.domain.clone(), self.pool.clone(), nic, tx)
+            })
             .and_then(|q| Ok((q, Traffic::new(cfg.flows, cfg.mss)?)))
             .map_err(RunError::from)
             .and_then(|(mut q, mut g)| {

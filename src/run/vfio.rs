@@ -45,14 +45,18 @@ pub fn run_vfio(
     // No buffer may cross a 4 KiB page: QEMU's emulated 82576 drops them
     // behind an emulated IOMMU.
     let tx = cfg.tx_config(0, Some(pfrag::PAGE_SIZE as usize));
-    let mut q = tx::Queue::new(domain, pool.clone(), nic, tx)?;
+    // SAFETY: the NIC is the VFIO device in the container that `domain`
+    // maps into.
+    let mut q = unsafe { tx::Queue::new(domain, pool.clone(), nic, tx) }?;
     let mut gen = Traffic::new(cfg.flows, cfg.mss)?;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     pump(&mut q, &mut gen, cfg, cfg.warmup, &mut rng, tick)?;
 
     let magic = crate::vm::MARK_MAGIC | (window & 0x7f_ffff) << 1;
     let (m0, q0, c0, pool0) = (mapper.stats(), q.stats(), q.cache().stats(), pool.stats());
-    let g0 = q.device_mut().stats()?.good_packets;
+    // SAFETY: the device is only asked for its counters, never replaced
+    // or re-pointed.
+    let g0 = unsafe { q.device_mut() }.stats()?.good_packets;
     q.device().mark(magic)?;
     let (t0, cpu0) = (Instant::now(), thread_cpu_ns());
     let bytes = pump(&mut q, &mut gen, cfg, cfg.packets, &mut rng, tick)?;
@@ -61,7 +65,8 @@ pub fn run_vfio(
     q.device().mark(magic | 1)?;
     let m = mapper.stats().since(&m0);
     let (qs, cs) = (q.stats(), q.cache().stats());
-    let sent = q.device_mut().stats()?.good_packets - g0;
+    // SAFETY: as above.
+    let sent = unsafe { q.device_mut() }.stats()?.good_packets - g0;
     let pool1 = pool.stats();
     // The device counts packets it sent whole; the frames themselves are
     // checked where they are captured.

@@ -72,7 +72,8 @@ fn run(a: &Args) -> Result<(), vfio_nic::Error> {
         boundary: Some(4096),
         ..tx::Config::default()
     };
-    let mut q = tx::Queue::new(domain, pool, nic, cfg)?;
+    // SAFETY: the NIC is the VFIO device in the container `domain` maps into.
+    let mut q = unsafe { tx::Queue::new(domain, pool, nic, cfg) }?;
     let mut g: Traffic<VfioMapper> = Traffic::new(a.flow + 1, a.mss)?;
     let wait = Duration::from_secs(10);
     let mut sent = 0u64;

@@ -71,6 +71,13 @@ pub enum Error {
         /// The most the MTU allows: MTU + 14.
         max: usize,
     },
+    /// Memory mapped in another DMA domain than the queue's ring: its IOVAs
+    /// would name other memory on the queue's device. Nothing was posted.
+    #[error("{what} is mapped in another DMA domain than the queue's")]
+    WrongDomain {
+        /// What: the pool, or a frag.
+        what: &'static str,
+    },
     /// The device's descriptor format cannot carry this offload; nothing
     /// was posted.
     #[error("the {format} descriptor format cannot carry {offload}")]
@@ -274,6 +281,14 @@ pub enum HeaderFault {
         /// What the packet is.
         packet: usize,
     },
+    /// More header bytes than one buffer of the device's format carries
+    /// (headers are never split).
+    TooLong {
+        /// Header bytes given.
+        len: usize,
+        /// The format's largest buffer.
+        max: usize,
+    },
     /// An MSS of 0.
     ZeroMss,
     /// No header bytes: every packet starts with at least its Ethernet
@@ -295,6 +310,10 @@ impl std::fmt::Display for HeaderFault {
             HeaderFault::IpLength { header, packet } => write!(
                 f,
                 "the IP header's length {header} does not match the packet's {packet} bytes"
+            ),
+            HeaderFault::TooLong { len, max } => write!(
+                f,
+                "{len} header bytes, more than one buffer of the format carries ({max})"
             ),
             HeaderFault::ZeroMss => write!(f, "MSS 0"),
             HeaderFault::Empty => write!(f, "no header bytes given"),

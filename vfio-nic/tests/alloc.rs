@@ -71,12 +71,15 @@ fn queue() -> (Pool<Arc<SoftIommu>>, Queue) {
     let domain = Arc::new(Domain::new(iommu.clone()));
     let cfg = pool::Config::new(Order::new(4).unwrap(), Policy::Persistent);
     let pool = Pool::new(domain.clone(), cfg).unwrap();
-    let q = tx::Queue::new(
-        domain,
-        pool.clone(),
-        NullNic::new(iommu),
-        tx::Config::default(),
-    );
+    // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
+    let q = unsafe {
+        tx::Queue::new(
+            domain,
+            pool.clone(),
+            NullNic::new(iommu),
+            tx::Config::default(),
+        )
+    };
     (pool, q.unwrap())
 }
 

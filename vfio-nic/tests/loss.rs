@@ -44,7 +44,8 @@ fn queue(
             ..softnic::Config::default()
         },
     );
-    let q = tx::Queue::new(domain, pool, nic, cfg).unwrap();
+    // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
+    let q = unsafe { tx::Queue::new(domain, pool, nic, cfg) }.unwrap();
     (m, common::Gen::new(q, flows))
 }
 
@@ -76,7 +77,7 @@ fn pump(q: &mut Queue, n: usize, len: usize) -> u64 {
 /// returns the payload bytes per flow.
 fn check(q: &mut Queue) -> WireCheck {
     let mut w = WireCheck::default();
-    for fr in q.device_mut().take_frames() {
+    for fr in q.take_frames() {
         w.frame(&fr).unwrap_or_else(|e| panic!("{e}"));
     }
     w
@@ -314,7 +315,8 @@ fn per_frag_mapped_headers_share_pages_without_an_iommu() {
         fit_whole: false,
         ..tx::Config::default()
     };
-    let q = tx::Queue::new(domain, pool, SoftNic::new(id.clone(), ncfg), cfg).unwrap();
+    // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
+    let q = unsafe { tx::Queue::new(domain, pool, SoftNic::new(id.clone(), ncfg), cfg) }.unwrap();
     let mut q = common::Gen::new(q, 2);
     let plan: Vec<(usize, usize)> = (0..n(60)).map(|i| (i % 2, 300)).collect();
     q.send_all(&plan);
@@ -322,7 +324,7 @@ fn per_frag_mapped_headers_share_pages_without_an_iommu() {
     assert_eq!((st.faults, st.bad_desc), (0, 0));
     assert_eq!(st.delivered_bytes, 300 * plan.len() as u64);
     let mut w = WireCheck::default();
-    for fr in q.device_mut().take_frames() {
+    for fr in q.take_frames() {
         w.frame(&fr).unwrap_or_else(|e| panic!("{e}"));
     }
     let per_flow = plan.len().div_ceil(2) * 300;

@@ -54,7 +54,8 @@ fn queue_flows(
         pool::Config::new(Order::new(order).unwrap(), policy),
     )
     .unwrap();
-    let q = tx::Queue::new(domain, pool, SoftNic::new(iommu.clone(), nic), cfg).unwrap();
+    // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
+    let q = unsafe { tx::Queue::new(domain, pool, SoftNic::new(iommu.clone(), nic), cfg) }.unwrap();
     (iommu, Gen::new(q, flows))
 }
 
@@ -120,7 +121,7 @@ fn tso_frames_are_correct_for_every_order_and_policy() {
             assert_eq!(st.bytes_verified, total as u64, "order {order} {policy:?}");
             assert_eq!((st.faults, st.bad_payload, st.bad_desc), (0, 0, 0));
             assert_eq!(iommu.stats().faults, 0);
-            let frames = q.device_mut().take_frames();
+            let frames = q.take_frames();
             let segs: usize = plan.iter().map(|p| p.1.div_ceil(1448)).sum();
             assert_eq!(frames.len(), segs);
             let per_flow = check_frames(&frames);
@@ -156,12 +157,15 @@ fn lazy_and_identity_deliver_every_byte() {
         pool::Config::new(Order::new(2).unwrap(), Policy::Persistent),
     )
     .unwrap();
-    let q = tx::Queue::new(
-        domain,
-        pool,
-        SoftNic::new(id, softnic::Config::default()),
-        tx::Config::default(),
-    )
+    // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
+    let q = unsafe {
+        tx::Queue::new(
+            domain,
+            pool,
+            SoftNic::new(id, softnic::Config::default()),
+            tx::Config::default(),
+        )
+    }
     .unwrap();
     let mut q = Gen::new(q, 1);
     for _ in 0..n(100) {
@@ -217,7 +221,8 @@ fn segments_span_the_pages_their_mss_implies() {
             mtu: 9000,
             ..tx::Config::default()
         };
-        let mut q = tx::Queue::new(domain, pool, nic, txc).unwrap();
+        // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
+        let mut q = unsafe { tx::Queue::new(domain, pool, nic, txc) }.unwrap();
         let mut g = vfio_nic::gen::Traffic::new(1, mss).unwrap();
         g.send(&mut q, 0, payload).unwrap();
         q.kick().unwrap();
@@ -440,7 +445,7 @@ fn wire_check_catches_corruption_loss_and_strangers() {
     }
     q.kick().unwrap();
     q.reap().unwrap();
-    let frames = q.device_mut().take_frames();
+    let frames = q.take_frames();
     assert_eq!(frames.len(), 4 * 4);
     let good = check_frames(&frames);
     assert_eq!(good.report().good_frames, 16);
@@ -521,7 +526,7 @@ fn boundary_keeps_every_buffer_inside_one_page() {
                     q.reap().unwrap();
                 }
                 let st = q.device().stats();
-                let frames = q.device_mut().take_frames();
+                let frames = q.take_frames();
                 let c = check_frames(&frames);
                 let sent = (big() + 3_000 + 9_000 + 100) as u64 * rounds as u64;
                 assert_eq!(c.report().payload_bytes, sent);
@@ -541,15 +546,18 @@ fn boundary_keeps_every_buffer_inside_one_page() {
     )
     .unwrap();
     let nic = SoftNic::new(iommu, softnic::Config::default());
-    let bad = tx::Queue::new(
-        domain,
-        pool,
-        nic,
-        tx::Config {
-            boundary: Some(3000),
-            ..tx::Config::default()
-        },
-    );
+    // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
+    let bad = unsafe {
+        tx::Queue::new(
+            domain,
+            pool,
+            nic,
+            tx::Config {
+                boundary: Some(3000),
+                ..tx::Config::default()
+            },
+        )
+    };
     assert!(matches!(bad, Err(Error::BadConfig { value: 3000, .. })));
 }
 
@@ -582,8 +590,9 @@ fn memory_limit_makes_the_queue_back_off() {
     )
     .unwrap();
     let nic = SoftNic::new(iommu, softnic::Config::default());
+    // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
     let mut q = Gen::new(
-        tx::Queue::new(domain, pool, nic, tx::Config::default()).unwrap(),
+        unsafe { tx::Queue::new(domain, pool, nic, tx::Config::default()) }.unwrap(),
         1,
     );
     let mut sent = 0;

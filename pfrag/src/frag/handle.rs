@@ -3,9 +3,10 @@
 //! owning thread's path without atomics is in [`super::FragCache`].
 
 use std::mem::ManuallyDrop;
+use std::sync::Arc;
 
 use crate::addr::{align_down, align_up, Iova, VirtAddr, PAGE_SIZE};
-use crate::dma::DmaMapper;
+use crate::dma::{DmaMapper, Domain};
 use crate::error::Result;
 use crate::mem;
 use crate::pool::{ChunkPtr, Shared};
@@ -60,6 +61,11 @@ impl<M: DmaMapper> Frag<M> {
     /// Always false: frags are never empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+    /// The DMA domain the frag is mapped in (its pool's): its IOVA means
+    /// this frag only there.
+    pub fn domain(&self) -> &Arc<Domain<M>> {
+        &shared(&self.chunk).domain
     }
     /// The frag's bytes, to fill before handing the IOVA to a device.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {

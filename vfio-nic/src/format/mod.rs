@@ -72,7 +72,10 @@ pub enum Status {
 /// [`write_data`](Self::write_data) makes it read `buf.len` bytes at
 /// `buf.iova` and nothing else, and [`write_context`](Self::write_context)
 /// makes it read no memory at all. The status word is the only place the
-/// device writes.
+/// device writes. And the queue frees a packet's buffers once
+/// [`status`](Self::status) says it is done, so `status` returns `Some`
+/// only for a word the device wrote back after it finished reading every
+/// buffer of the packet, never for what `write_data` itself left there.
 pub unsafe trait Format {
     /// A short name, for errors and reports.
     const NAME: &'static str;

@@ -24,4 +24,9 @@ pub use softnic::NicStats as Stats;
 pub trait Model: crate::device::TxDevice {
     /// The model's counters.
     fn counters(&self) -> softnic::NicStats;
+    /// The frames it captured so far, emptied (none for a model that
+    /// captures nothing).
+    fn take_frames(&mut self) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
 }

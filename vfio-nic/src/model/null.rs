@@ -170,7 +170,8 @@ mod tests {
         let cfg = pool::Config::new(pfrag::Order::new(4).unwrap(), Policy::Persistent);
         let pool = Pool::new(domain.clone(), cfg).unwrap();
         let nic = NullNic::new(iommu.clone());
-        let mut q = tx::Queue::new(domain, pool, nic, tx::Config::default()).unwrap();
+        // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
+        let mut q = unsafe { tx::Queue::new(domain, pool, nic, tx::Config::default()) }.unwrap();
         let mut g = Traffic::new(2, 1448).unwrap();
         // Under Miri, fewer and smaller packets (Tree Borrows tracks every
         // byte the pattern fill touches); each still starts on a fresh page.

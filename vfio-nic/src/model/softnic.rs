@@ -491,6 +491,9 @@ impl<T: Translate> super::Model for SoftNic<T> {
     fn counters(&self) -> NicStats {
         self.stats
     }
+    fn take_frames(&mut self) -> Vec<Vec<u8>> {
+        SoftNic::take_frames(self)
+    }
 }
 
 impl<T: Translate> TxDevice for SoftNic<T> {

@@ -258,6 +258,9 @@ impl<D: Model + Send + 'static> Model for Threaded<D> {
     fn counters(&self) -> NicStats {
         lock(&self.shared.dev).counters()
     }
+    fn take_frames(&mut self) -> Vec<Vec<u8>> {
+        lock(&self.shared.dev).take_frames()
+    }
 }
 
 impl<D: Model + Send + 'static> Drop for Threaded<D> {

@@ -19,7 +19,9 @@
 //! let domain = Arc::new(Domain::new(iommu.clone()));
 //! let pool = Pool::new(domain.clone(), pool::Config::new(Order::new(3)?, Policy::Persistent))?;
 //! let nic = SoftNic::new(iommu, softnic::Config { verify: false, capture: true, ..Default::default() });
-//! let mut q = Queue::new(domain, pool, nic, Config::default())?;
+//! // SAFETY: the model translates through `iommu`, which `domain` maps
+//! // through: the device sees the domain's mappings.
+//! let mut q = unsafe { Queue::new(domain, pool, nic, Config::default()) }?;
 //!
 //! // Ethernet + IPv4 + UDP headers, built with etherparse; the NIC fills
 //! // in both checksums.
@@ -37,7 +39,7 @@
 //!     q.reap_tokens(&mut done)?;
 //! }
 //! assert_eq!(done, [7]);
-//! let frame = &q.device_mut().take_frames()[0];
+//! let frame = &q.take_frames()[0];
 //! assert_eq!(&frame[42..], payload);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -154,7 +156,9 @@ pub struct Config {
     /// it. QEMU's emulated 82576 behind an emulated IOMMU maps each buffer
     /// as one IOTLB entry and silently drops a packet whose buffer crosses
     /// an IOMMU page, so runs under emulation set this to 4096; real
-    /// hardware needs no split. Default `None`.
+    /// hardware needs no split. Default `None`. Payload buffers are split
+    /// at it; a packet's headers (or a whole inline packet) are one buffer
+    /// in a bounce slot or a header frag, never split.
     pub boundary: Option<usize>,
     /// The pool queue (reserve) whose chunks the payload cache takes.
     /// Default 0, the first (and, by default, the only) one.
@@ -293,6 +297,41 @@ struct Pending<M: DmaMapper> {
 }
 
 /// A TX queue over device `D`, with pool memory mapped through `M`.
+///
+/// Building one promises that the device sees the domain's mappings
+/// ([`new`](Self::new) is `unsafe`), and reaching the device mutably
+/// promises not to replace it ([`device_mut`](Self::device_mut)):
+///
+/// ```compile_fail,E0133
+/// use std::sync::Arc;
+/// use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
+/// use pfrag::pool::{self, Policy, Pool};
+/// use pfrag::Order;
+/// use vfio_nic::model::softnic::{self, SoftNic};
+/// use vfio_nic::tx::{Config, Queue};
+///
+/// let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+/// let domain = Arc::new(Domain::new(iommu.clone()));
+/// let pool = Pool::new(domain.clone(), pool::Config::new(Order::new(0).unwrap(), Policy::Persistent)).unwrap();
+/// let nic = SoftNic::new(iommu, softnic::Config::default());
+/// let q = Queue::new(domain, pool, nic, Config::default()); // needs `unsafe`
+/// ```
+///
+/// ```compile_fail,E0133
+/// # use std::sync::Arc;
+/// # use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
+/// # use pfrag::pool::{self, Policy, Pool};
+/// # use pfrag::Order;
+/// # use vfio_nic::model::softnic::{self, SoftNic};
+/// # use vfio_nic::tx::{Config, Queue};
+/// # let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+/// # let domain = Arc::new(Domain::new(iommu.clone()));
+/// # let pool = Pool::new(domain.clone(), pool::Config::new(Order::new(0).unwrap(), Policy::Persistent)).unwrap();
+/// # let nic = SoftNic::new(iommu, softnic::Config::default());
+/// // SAFETY: the model translates through the domain's IOMMU.
+/// let mut q = unsafe { Queue::new(domain, pool, nic, Config::default()) }.unwrap();
+/// let _ = q.device_mut(); // needs `unsafe`: it could be swapped away
+/// ```
 pub struct Queue<M: DmaMapper, D: TxDevice> {
     /// Declared first so it is dropped (and stops) before any memory it may
     /// still read.
@@ -340,35 +379,28 @@ impl<M: DmaMapper, D: TxDevice> std::fmt::Debug for Queue<M, D> {
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// A queue whose payloads come from `pool`, with its ring, header
     /// memory and bounce ring mapped in `domain`, attached to `dev`.
-    pub fn new(domain: Arc<Domain<M>>, pool: Pool<M>, mut dev: D, cfg: Config) -> Result<Self> {
-        if cfg.ring < 8 || cfg.ring > 4096 || cfg.ring % 8 != 0 {
-            return Err(Error::BadConfig {
-                what: "ring (multiple of 8, 8..=4096)",
-                value: u64::from(cfg.ring),
-            });
-        }
-        if cfg.max_bufs < 2 {
-            return Err(Error::BadConfig {
-                what: "max_bufs (at least 2)",
-                value: cfg.max_bufs as u64,
-            });
-        }
-        if cfg.mtu < Config::MIN_MTU {
-            return Err(Error::BadConfig {
-                what: "mtu (at least 68)",
-                value: u64::from(cfg.mtu),
-            });
-        }
-        if let Some(b) = cfg.boundary {
-            if !b.is_power_of_two() || b < 64 {
-                return Err(Error::BadConfig {
-                    what: "boundary (a power of two, at least 64)",
-                    value: b as u64,
-                });
-            }
+    /// `pool` must be on `domain` ([`Error::WrongDomain`] otherwise).
+    ///
+    /// # Safety
+    /// `dev` reaches memory through `domain`'s mappings: a device model
+    /// built on the very IOMMU object that `domain` maps through (as
+    /// `SoftNic::new(iommu.clone(), ..)` beside `Domain::new(iommu)`), or a
+    /// NIC behind the IOMMU (VFIO container) that `domain` maps into. The
+    /// queue's doorbell vouches for descriptors naming IOVAs of `domain`;
+    /// a device that translated them through another IOMMU would read
+    /// whatever that one maps there.
+    pub unsafe fn new(
+        domain: Arc<Domain<M>>,
+        pool: Pool<M>,
+        mut dev: D,
+        cfg: Config,
+    ) -> Result<Self> {
+        check_config(&cfg)?;
+        check_format::<Fmt<D>>()?;
+        if !Arc::ptr_eq(pool.domain(), &domain) {
+            return Err(Error::WrongDomain { what: "the pool" });
         }
         let fmt = dev.format();
-        check_format::<Fmt<D>>()?;
         let ring = Coherent::new(
             domain.clone(),
             usize::from(cfg.ring) * Fmt::<D>::DESC_SIZE,
@@ -384,10 +416,14 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             }
             HeaderMode::Mapped => None,
         };
+        let cache = FragCache::for_queue(pool, cfg.queue)?;
         // SAFETY: `ring` is this queue's own, kept until the device is
-        // detached or the queue dropped (the device first); the queue owns
-        // the device from here, and `device_mut` cannot re-attach it
-        // without `unsafe`.
+        // detached or the queue dropped (the device first); nothing after
+        // this can fail, and the queue owns the device from here
+        // (`device_mut` is `unsafe`: the device is not re-pointed or
+        // replaced). The caller promised the device translates through
+        // `domain`, where the ring and every frag the queue posts are
+        // mapped.
         unsafe { dev.attach(ring.iova(), cfg.ring) }?;
         Ok(Queue {
             dev,
@@ -395,7 +431,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             ring,
             tail: 0,
             used: 0,
-            cache: FragCache::for_queue(pool, cfg.queue)?,
+            cache,
             hdr_cache: FragCache::new(hdr_pool),
             bounce,
             pending: VecDeque::with_capacity(usize::from(cfg.ring)),
@@ -411,7 +447,15 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         &self.dev
     }
     /// The device, mutably.
-    pub fn device_mut(&mut self) -> &mut D {
+    ///
+    /// # Safety
+    /// The device stays the one the queue attached to its ring: the caller
+    /// neither replaces it (`mem::swap` with another queue's device,
+    /// `mem::replace`) nor re-points it. The queue's doorbell vouches for
+    /// its own ring to that device; another device would read descriptors
+    /// the queue never wrote. For a model's captured frames,
+    /// [`take_frames`](Self::take_frames) is safe.
+    pub unsafe fn device_mut(&mut self) -> &mut D {
         &mut self.dev
     }
     /// The payload frag cache.
@@ -611,4 +655,32 @@ fn check_format<F: Format>() -> Result<()> {
         });
     }
     Ok(())
+}
+
+impl<M: DmaMapper, D: crate::model::Model> Queue<M, D> {
+    /// The frames the device model captured so far, emptied
+    /// ([`Model::take_frames`](crate::model::Model::take_frames)).
+    pub fn take_frames(&mut self) -> Vec<Vec<u8>> {
+        self.dev.take_frames()
+    }
+}
+
+/// Refuses settings the queue cannot use.
+fn check_config(cfg: &Config) -> Result<()> {
+    let bad = |what, value| Err(Error::BadConfig { what, value });
+    if cfg.ring < 8 || cfg.ring > 4096 || cfg.ring % 8 != 0 {
+        return bad("ring (multiple of 8, 8..=4096)", u64::from(cfg.ring));
+    }
+    if cfg.max_bufs < 2 {
+        return bad("max_bufs (at least 2)", cfg.max_bufs as u64);
+    }
+    if cfg.mtu < Config::MIN_MTU {
+        return bad("mtu (at least 68)", u64::from(cfg.mtu));
+    }
+    match cfg.boundary {
+        Some(b) if !b.is_power_of_two() || b < 64 => {
+            bad("boundary (a power of two, at least 64)", b as u64)
+        }
+        _ => Ok(()),
+    }
 }

@@ -5,6 +5,7 @@
 //! nothing: on error nothing is posted, advanced, allocated or leaked.
 
 use std::io::IoSlice;
+use std::sync::Arc;
 
 use pfrag::dma::DmaMapper;
 use pfrag::frag::Frag;
@@ -100,6 +101,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// the headers).
     fn inline_fits(&self, hlen: usize, len: usize, offload: Offload) -> bool {
         !matches!(offload, Offload::Tso { .. })
+            && hlen + len <= Fmt::<D>::MAX_BUF
             && self
                 .bounce
                 .as_ref()
@@ -213,6 +215,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     ) -> Result<()> {
         let len: usize = frags.iter().map(|f| f.len()).sum();
         let layout = self.check_packet(headers, len, offload)?;
+        let domain = self.cache.pool().domain();
+        if !frags.iter().all(|f| Arc::ptr_eq(f.domain(), domain)) {
+            return Err(Error::WrongDomain { what: "a frag" });
+        }
         let ctx = self.context(layout, offload);
         let pkt = Packet {
             offload,
@@ -311,6 +317,17 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             });
         }
         let layout = offload::check(headers, len, offload, Fmt::<D>::MAX_PAYLOAD)?;
+        // Headers go in one buffer, never split: the format must carry
+        // them whole.
+        if headers.len() > Fmt::<D>::MAX_BUF {
+            return Err(Error::BadHeaders {
+                offload: offload.name(),
+                why: crate::error::HeaderFault::TooLong {
+                    len: headers.len(),
+                    max: Fmt::<D>::MAX_BUF,
+                },
+            });
+        }
         self.check_mtu(headers.len(), len, offload)?;
         Ok(layout)
     }
@@ -470,15 +487,19 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
 
     fn place_header(&mut self, idx: u16, hdr: &[u8]) -> Result<(Iova, Hdr<M>)> {
+        let mut fallback = false;
         if let Some(b) = self.bounce.as_mut() {
             match b.fill(usize::from(idx), hdr) {
                 Ok(iova) => return Ok((iova, Hdr::Slot(usize::from(idx)))),
-                Err(pfrag::Error::HeaderTooLarge { .. }) => self.stats.header_fallbacks += 1,
+                Err(pfrag::Error::HeaderTooLarge { .. }) => fallback = true,
                 Err(e) => return Err(e.into()),
             }
         }
         let mut f = self.hdr_cache.refill(hdr.len(), true)?;
         f.as_mut_slice().copy_from_slice(hdr);
+        // Counted only once the header has its frag: a failed send counts
+        // nothing.
+        self.stats.header_fallbacks += u64::from(fallback);
         self.stats.mapped_headers += 1;
         Ok((f.iova(), Hdr::Frag(f)))
     }

@@ -118,9 +118,7 @@ fn stalled_transmitter_times_out_instead_of_hanging() {
     let mut q = persistent_queue(&domain, nic, 2);
     let mut g = traffic(1);
     // Transmitter off: descriptors are posted but never processed.
-    q.device_mut()
-        .write(vfio_nic::hw::igb::regs::TCTL, 0)
-        .unwrap();
+    q.device().write(vfio_nic::hw::igb::regs::TCTL, 0).unwrap();
     g.send(&mut q, 0, 3000).unwrap();
     q.kick().unwrap();
     // The wait ends (the test would hang otherwise), and only after its
@@ -143,7 +141,7 @@ fn stalled_transmitter_times_out_instead_of_hanging() {
     );
     // Back on, and the same packet completes.
     let on = vfio_nic::hw::igb::Tctl::EN | vfio_nic::hw::igb::Tctl::PSP;
-    q.device_mut()
+    q.device()
         .write(vfio_nic::hw::igb::regs::TCTL, on.bits())
         .unwrap();
     q.kick().unwrap();

@@ -13,8 +13,10 @@ fn mac_loopback_receives_what_was_sent() {
         pool::Config::new(Order::new(2).unwrap(), Policy::Persistent),
     )
     .unwrap();
+    // SAFETY: the NIC is the VFIO device in the container `domain` maps into.
     let mut q =
-        tx::Queue::new(domain, pool, nic, txcfg(HeaderMode::Bounce(SlotSize::B128))).unwrap();
+        unsafe { tx::Queue::new(domain, pool, nic, txcfg(HeaderMode::Bounce(SlotSize::B128))) }
+            .unwrap();
     let mut g = traffic(2);
     let mut rx = rx;
     let sizes = [8_000usize, 300, 8_000, 300, 16_000, 60];

@@ -66,7 +66,8 @@ fn persistent_queue(domain: &Dom, nic: Igb, order: u32) -> Queue {
     let cfg = pool::Config::new(Order::new(order).unwrap(), Policy::Persistent);
     let pool = Pool::new(domain.clone(), cfg).unwrap();
     let txc = txcfg(HeaderMode::Bounce(SlotSize::B128));
-    tx::Queue::new(domain.clone(), pool, nic, txc).unwrap()
+    // SAFETY: the NIC is the VFIO device in the container `domain` maps into.
+    unsafe { tx::Queue::new(domain.clone(), pool, nic, txc) }.unwrap()
 }
 
 /// The traffic generator for `flows` flows.

@@ -68,8 +68,10 @@ fn iovas_come_from_the_reported_ranges_not_from_addresses() {
     drop(held);
     cache.release();
     // The same pool carries traffic the host checks.
+    // SAFETY: the NIC is the VFIO device in the container `domain` maps into.
     let mut q =
-        tx::Queue::new(domain, pool, nic, txcfg(HeaderMode::Bounce(SlotSize::B128))).unwrap();
+        unsafe { tx::Queue::new(domain, pool, nic, txcfg(HeaderMode::Bounce(SlotSize::B128))) }
+            .unwrap();
     let mut g = traffic(2);
     for i in 0..8 {
         send(&mut q, &mut g, i % 2, 65_160).unwrap();

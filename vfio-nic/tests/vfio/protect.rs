@@ -59,7 +59,8 @@ fn device_writes_into_tx_payload(access: MapAccess) -> Attempt {
     )
     .unwrap();
     let cfg = txcfg(HeaderMode::Bounce(SlotSize::B128));
-    let mut q = tx::Queue::new(domain.clone(), tx_pool, nic, cfg).unwrap();
+    // SAFETY: the NIC is the VFIO device in the container `domain` maps into.
+    let mut q = unsafe { tx::Queue::new(domain.clone(), tx_pool, nic, cfg) }.unwrap();
     let log_end = kmsg_end();
     send(&mut q, &mut traffic(FLOW + 1), FLOW, 1000).unwrap();
     q.kick().unwrap();

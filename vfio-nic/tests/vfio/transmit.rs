@@ -15,7 +15,8 @@ fn tx_tso_and_small_packets_at_every_order_and_policy() {
             .unwrap();
             let before = nic.stats().unwrap().good_packets;
             let cfg = txcfg(header_for(policy));
-            let mut q = tx::Queue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
+            // SAFETY: the NIC is the VFIO device in the container `domain` maps into.
+            let mut q = unsafe { tx::Queue::new(domain.clone(), pool.clone(), nic, cfg) }.unwrap();
             let mut g = traffic(3);
             let sizes = [65_160usize, 200, 3_000, 1_448, 64_000, 60];
             let (mut frames, mut packets) = (0, 0);
@@ -84,7 +85,8 @@ fn mapping_limit_fails_per_frag_with_enospc_and_persistent_keeps_working() {
         )
         .unwrap();
         let cfg = txcfg(HeaderMode::Mapped);
-        let mut q = tx::Queue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
+        // SAFETY: the NIC is the VFIO device in the container `domain` maps into.
+        let mut q = unsafe { tx::Queue::new(domain.clone(), pool.clone(), nic, cfg) }.unwrap();
         let mut g = traffic(1);
         let mut sent = 0u64;
         let err = loop {
@@ -120,7 +122,8 @@ fn mapping_limit_fails_per_frag_with_enospc_and_persistent_keeps_working() {
     )
     .unwrap();
     let cfg = txcfg(HeaderMode::Bounce(SlotSize::B128));
-    let mut q = tx::Queue::new(domain.clone(), pool.clone(), nic, cfg).unwrap();
+    // SAFETY: the NIC is the VFIO device in the container `domain` maps into.
+    let mut q = unsafe { tx::Queue::new(domain.clone(), pool.clone(), nic, cfg) }.unwrap();
     let mut g = traffic(1);
     let n = 300u64;
     let mut m0 = None;

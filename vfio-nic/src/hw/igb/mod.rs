@@ -24,7 +24,8 @@
 //! let domain = Arc::new(Domain::new(VfioMapper::new(&pci)?));
 //! let nic = Igb::new(pci, IgbConfig::default())?;
 //! let pool = Pool::new(domain.clone(), pool::Config::new(Order::new(4)?, Policy::Persistent))?;
-//! let mut q = tx::Queue::new(domain, pool, nic, tx::Config::default())?;
+//! // SAFETY: the NIC is the VFIO device in the container `domain` maps into.
+//! let mut q = unsafe { tx::Queue::new(domain, pool, nic, tx::Config::default()) }?;
 //! let headers = [0u8; 14]; // a raw frame start: no offload asked for
 //! q.send(&headers, &[0u8; 1000], vfio_nic::offload::Offload::None, 1)?;
 //! q.kick()?;
