@@ -1,0 +1,160 @@
+//! A queue's settings ([`Config`], [`HeaderMode`]) and how a driver
+//! waits for a device ([`Backoff`]).
+
+use std::time::Duration;
+
+use pfrag::bounce::SlotSize;
+
+use crate::error::{Error, Result};
+
+/// Where packet headers go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderMode {
+    /// Copied into the premapped bounce ring: no mapping per packet.
+    Bounce(SlotSize),
+    /// Each header in its own frag, mapped per packet (the stock kernel's
+    /// `dma_map_single` of the skb head).
+    Mapped,
+}
+
+impl HeaderMode {
+    /// The lab's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeaderMode::Bounce(_) => "bounce",
+            HeaderMode::Mapped => "mapped",
+        }
+    }
+}
+
+impl std::fmt::Display for HeaderMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for HeaderMode {
+    type Err = String;
+    /// `bounce` (128-byte slots) or `mapped`.
+    fn from_str(s: &str) -> std::result::Result<HeaderMode, String> {
+        match s {
+            "bounce" => Ok(HeaderMode::Bounce(SlotSize::B128)),
+            "mapped" => Ok(HeaderMode::Mapped),
+            _ => Err(format!("'{s}' is not a header mode (bounce, mapped)")),
+        }
+    }
+}
+
+/// Settings of a [`Queue`](super::Queue). [`Config::default()`]: a ring of 256
+/// descriptors, headers in 128-byte bounce slots, payloads fit whole, at
+/// most 64 data buffers per packet, no boundary split, pool queue 0, MTU
+/// 1500 (the `DEFAULT_` constants hold these values).
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// Descriptors in the ring: a multiple of 8, 8..=4096. Default 256
+    /// ([`Config::DEFAULT_RING`]).
+    pub ring: u16,
+    /// Header placement. Default bounce slots of 128 bytes
+    /// ([`Config::DEFAULT_HEADER`]), which also carry a small packet's
+    /// payload inline.
+    pub header: HeaderMode,
+    /// Ask the frag cache to fit each payload whole in one chunk. Default
+    /// on ([`Config::DEFAULT_FIT_WHOLE`]).
+    pub fit_whole: bool,
+    /// Most data buffers per packet the device accepts. Default 64
+    /// ([`Config::DEFAULT_MAX_BUFS`]).
+    pub max_bufs: usize,
+    /// If set (a power of two), no data descriptor crosses a multiple of
+    /// it. QEMU's emulated 82576 behind an emulated IOMMU maps each buffer
+    /// as one IOTLB entry and silently drops a packet whose buffer crosses
+    /// an IOMMU page, so runs under emulation set this to 4096; real
+    /// hardware needs no split. Default `None`. Payload buffers are split
+    /// at it; a packet's headers (or a whole inline packet) are one buffer
+    /// in a bounce slot or a header frag, never split.
+    pub boundary: Option<usize>,
+    /// The pool queue (reserve) whose chunks the payload cache takes.
+    /// Default 0, the first (and, by default, the only) one.
+    pub queue: usize,
+    /// The link's MTU: the most bytes after the Ethernet header of any
+    /// frame on the wire. A frame without TSO longer than `mtu + 14`, or a
+    /// TSO packet whose segments would be (headers + MSS), is refused
+    /// ([`Error::FrameTooLong`]). Default 1500 ([`Config::DEFAULT_MTU`]);
+    /// at least 68.
+    pub mtu: u16,
+}
+
+impl Config {
+    /// The default ring size: 256 descriptors.
+    pub const DEFAULT_RING: u16 = 256;
+    /// The default header placement: bounce slots of 128 bytes.
+    pub const DEFAULT_HEADER: HeaderMode = HeaderMode::Bounce(SlotSize::B128);
+    /// Payloads are fit whole into one chunk by default.
+    pub const DEFAULT_FIT_WHOLE: bool = true;
+    /// The default most data buffers per packet: 64.
+    pub const DEFAULT_MAX_BUFS: usize = 64;
+    /// The default MTU: 1500 bytes, Ethernet's.
+    pub const DEFAULT_MTU: u16 = 1500;
+    /// The smallest MTU a queue accepts: 68 bytes, IPv4's minimum.
+    pub const MIN_MTU: u16 = 68;
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            ring: Config::DEFAULT_RING,
+            header: Config::DEFAULT_HEADER,
+            fit_whole: Config::DEFAULT_FIT_WHOLE,
+            max_bufs: Config::DEFAULT_MAX_BUFS,
+            boundary: None,
+            queue: 0,
+            mtu: Config::DEFAULT_MTU,
+        }
+    }
+}
+
+/// How a driver waits for a device that has completed nothing yet: it
+/// spins for a little, then sleeps, as a stopped queue would, so that a
+/// long wait costs little CPU. [`Queue::wait`](super::Queue::wait) waits so; a send loop that
+/// meets a full ring can too.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    idle: u32,
+}
+
+impl Backoff {
+    /// Spins for the first 64 pauses since the last reset, then sleeps
+    /// 20 µs per pause.
+    pub fn pause(&mut self) {
+        self.idle = self.idle.saturating_add(1);
+        if self.idle < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// Progress was made: spin again before sleeping.
+    pub fn reset(&mut self) {
+        self.idle = 0;
+    }
+}
+
+/// Refuses settings the queue cannot use.
+pub(super) fn check_config(cfg: &Config) -> Result<()> {
+    let bad = |what, value| Err(Error::BadConfig { what, value });
+    if cfg.ring < 8 || cfg.ring > 4096 || cfg.ring % 8 != 0 {
+        return bad("ring (multiple of 8, 8..=4096)", u64::from(cfg.ring));
+    }
+    if cfg.max_bufs < 2 {
+        return bad("max_bufs (at least 2)", cfg.max_bufs as u64);
+    }
+    if cfg.mtu < Config::MIN_MTU {
+        return bad("mtu (at least 68)", u64::from(cfg.mtu));
+    }
+    match cfg.boundary {
+        Some(b) if !b.is_power_of_two() || b < 64 => {
+            bad("boundary (a power of two, at least 64)", b as u64)
+        }
+        _ => Ok(()),
+    }
+}
