@@ -7,7 +7,7 @@
 //!   [`device::TxDevice`], writing the descriptors of the device's
 //!   [`format::Format`], and reaps completions with their tokens and
 //!   status;
-//! - descriptor formats ([`format`]): the Intel 82576's advanced
+//! - descriptor formats ([`format`](mod@format)): the Intel 82576's advanced
 //!   descriptors ([`format::igb`], their encoding in [`desc`]);
 //! - device models ([`model`]): the software NIC and the null device, which
 //!   consume the 82576's descriptors through an IOMMU translation;
