@@ -83,7 +83,8 @@ impl<D: Model> DeviceTime for Timed<D> {
 
 impl<D: Model + Send + 'static> DeviceTime for Threaded<Timed<D>> {
     fn device_ns(&self) -> u64 {
-        self.with(|d| d.cpu_ns)
+        // SAFETY: the model is only read, never replaced or re-pointed.
+        unsafe { self.with(|d| d.cpu_ns) }
     }
     fn own_thread(&self) -> bool {
         true

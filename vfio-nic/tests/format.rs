@@ -125,6 +125,14 @@ fn memory_of_another_domain_is_refused() {
         Err(Error::WrongDomain { what: "a frag" })
     ));
     assert_eq!((frags.len(), q.in_flight(), q.stats().descs), (1, 0, 0));
+    // A frag cache of another domain swapped in is refused too.
+    let mut foreign_cache = pfrag::frag::FragCache::new(pool_on(&b));
+    std::mem::swap(q.cache_mut(), &mut foreign_cache);
+    assert!(matches!(
+        q.send(&hdr, &[1u8; 200], Offload::None, 3),
+        Err(Error::WrongDomain { .. })
+    ));
+    std::mem::swap(q.cache_mut(), &mut foreign_cache);
     // A frag of the queue's own domain goes.
     let mut own = Vec::new();
     q.frags(100, &mut own).unwrap();

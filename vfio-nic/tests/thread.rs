@@ -85,7 +85,7 @@ fn device_thread_loses_and_reorders_nothing() {
     assert_eq!((st.faults, st.bad_payload, st.bad_desc), (0, 0, 0));
     // Every frame in order per flow: the wire check fails on a gap, a
     // repeat or a reordering of any flow's byte stream.
-    let frames = q.device().with(|d| d.take_frames());
+    let frames = q.take_frames();
     let mut c = WireCheck::default();
     for fr in &frames {
         c.frame(fr).unwrap_or_else(|e| panic!("{e}"));

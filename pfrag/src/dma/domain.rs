@@ -210,10 +210,26 @@ impl<M: DmaMapper> Domain<M> {
     }
 
     /// Unmaps one range and frees its IOVA (after the flush, if deferred).
+    /// Safe code cannot free an IOVA that a frag or ring still names:
+    ///
+    /// ```compile_fail,E0133
+    /// use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
+    /// use pfrag::Iova;
+    ///
+    /// let d = Domain::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    /// let _ = d.unmap(Iova(0x10_0000), 4096); // needs `unsafe`
+    /// ```
     /// On error the range stays mapped and its IOVA is kept out of
     /// circulation (counted in [`pinned`](Self::pinned)); the caller must
     /// keep the memory allocated for good.
-    pub fn unmap(&self, iova: Iova, len: u64) -> Result<Unmapped> {
+    ///
+    /// # Safety
+    /// The caller owns the mapping it removes: it made it with
+    /// [`map`](Self::map) or [`map_many`](Self::map_many), and nothing
+    /// else (a frag, a ring, another caller's region) names these IOVAs or
+    /// will use them again. The IOVA goes back to the allocator, and the
+    /// next mapping there may be someone else's memory.
+    pub unsafe fn unmap(&self, iova: Iova, len: u64) -> Result<Unmapped> {
         match self.mapper.unmap(iova, len) {
             Ok(how) => {
                 self.release(iova, len, how);
@@ -229,7 +245,14 @@ impl<M: DmaMapper> Domain<M> {
     /// Unmaps many ranges, one call per contiguous run, and frees the IOVA
     /// of every run that went. Runs whose unmap failed stay mapped and
     /// pinned, as with [`unmap`](Self::unmap), and are listed in the error.
-    pub fn unmap_many(&self, ranges: &[(Iova, u64)]) -> Result<Unmapped, PartialUnmap> {
+    ///
+    /// # Safety
+    /// The caller owns the mapping it removes: it made it with
+    /// [`map`](Self::map) or [`map_many`](Self::map_many), and nothing
+    /// else (a frag, a ring, another caller's region) names these IOVAs or
+    /// will use them again. The IOVA goes back to the allocator, and the
+    /// next mapping there may be someone else's memory.
+    pub unsafe fn unmap_many(&self, ranges: &[(Iova, u64)]) -> Result<Unmapped, PartialUnmap> {
         if ranges.is_empty() {
             return Ok(Unmapped::Flushed);
         }
@@ -269,8 +292,16 @@ impl<M: DmaMapper> Domain<M> {
     /// Unmaps one range and completes its invalidation, so its memory may
     /// be freed when this returns `Ok`. On error the memory must stay
     /// allocated for good.
-    pub fn retire(&self, iova: Iova, len: u64) -> Result<()> {
-        let how = self.unmap(iova, len)?;
+    ///
+    /// # Safety
+    /// The caller owns the mapping it removes: it made it with
+    /// [`map`](Self::map) or [`map_many`](Self::map_many), and nothing
+    /// else (a frag, a ring, another caller's region) names these IOVAs or
+    /// will use them again. The IOVA goes back to the allocator, and the
+    /// next mapping there may be someone else's memory.
+    pub unsafe fn retire(&self, iova: Iova, len: u64) -> Result<()> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        let how = unsafe { self.unmap(iova, len) }?;
         self.settle(how)
     }
 }
@@ -451,7 +482,9 @@ impl<M: DmaMapper> Coherent<M> {
 impl<M: DmaMapper> Drop for Coherent<M> {
     fn drop(&mut self) {
         let len = self.region.len() as u64;
-        if self.domain.retire(self.iova, len).is_ok() {
+        // SAFETY: the region's mapping is this `Coherent`'s own, made in
+        // `new`; it is going away, and nothing names its IOVA after this.
+        if unsafe { self.domain.retire(self.iova, len) }.is_ok() {
             // SAFETY: the mapping and its invalidation are complete: no
             // device can reach the region, and it is not used again.
             unsafe { ManuallyDrop::drop(&mut self.region) };
@@ -480,7 +513,8 @@ mod tests {
             assert_eq!(d.mapper().translate(*i, Dir::TO_DEVICE).unwrap().addr, *a);
         }
         let ranges: Vec<_> = iovas.iter().map(|&i| (i, 4096)).collect();
-        d.unmap_many(&ranges).unwrap();
+        // SAFETY: the mappings are this test's, made above.
+        unsafe { d.unmap_many(&ranges) }.unwrap();
         let s = d.mapper().stats();
         assert_eq!((s.unmap_calls, s.invalidations), (1, 1));
         assert_eq!(d.iova_in_use(), 0);

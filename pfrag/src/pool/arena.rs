@@ -372,7 +372,10 @@ impl<M: DmaMapper> Shared<M> {
                 (i != NO_IOVA).then_some((Iova(i), size))
             })
             .collect();
-        let (how, failed, mut err) = match self.domain.unmap_many(&ranges) {
+        // SAFETY: the chunks are the pool's, out of circulation (free, not
+        // carved), so no frag names their IOVAs; each loses its IOVA below
+        // unless its unmap failed.
+        let (how, failed, mut err) = match unsafe { self.domain.unmap_many(&ranges) } {
             Ok(how) => (how, Vec::new(), None),
             Err(p) => {
                 self.note_unmap_error();

@@ -163,7 +163,10 @@ impl<M: DmaMapper> Shared<M> {
     /// unmap makes the chunk wait for its flush before reuse; a failed one
     /// poisons the chunk (it is pinned when its last reference goes).
     pub(crate) fn unmap_part(&self, c: ChunkPtr<M>, iova: Iova, len: u64) -> Result<()> {
-        match self.domain.unmap(iova, len) {
+        // SAFETY: the range is the mapping a per-frag or per-chunk policy
+        // made for `c`, whose last user is done with it (its frag completed
+        // or the chunk's last reference went); it is not named again.
+        match unsafe { self.domain.unmap(iova, len) } {
             Ok(how) => {
                 if let Unmapped::Deferred { seq } = how {
                     c.get().flush_seq.fetch_max(seq, Ordering::Relaxed);

@@ -86,7 +86,14 @@ impl Bar {
     }
 
     /// Writes `v` to register `r`.
-    pub fn write(&self, r: Reg, v: u32) -> Result<()> {
+    ///
+    /// # Safety
+    /// A register write can point the device's DMA engines at any IOVA and
+    /// ring their doorbells (an 82576's TDBAL/TDT, RDBAL/RDT): the caller
+    /// promises that the write makes the device read or write no memory
+    /// that was not handed to it (a ring or buffer the caller keeps for the
+    /// device until it stops it).
+    pub unsafe fn write(&self, r: Reg, v: u32) -> Result<()> {
         self.store(r, v)
     }
 
@@ -117,14 +124,21 @@ pub trait Regs {
     /// Reads register `r`.
     fn read(&self, r: Reg) -> Result<u32>;
     /// Writes `v` to register `r`.
-    fn write(&self, r: Reg, v: u32) -> Result<()>;
+    ///
+    /// # Safety
+    /// A register write can point the device's DMA engines at any IOVA and
+    /// ring their doorbells (an 82576's TDBAL/TDT, RDBAL/RDT): the caller
+    /// promises that the write makes the device read or write no memory
+    /// that was not handed to it (a ring or buffer the caller keeps for the
+    /// device until it stops it).
+    unsafe fn write(&self, r: Reg, v: u32) -> Result<()>;
 }
 
 impl Regs for Bar {
     fn read(&self, r: Reg) -> Result<u32> {
         self.load(r)
     }
-    fn write(&self, r: Reg, v: u32) -> Result<()> {
+    unsafe fn write(&self, r: Reg, v: u32) -> Result<()> {
         self.store(r, v)
     }
 }

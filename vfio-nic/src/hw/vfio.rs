@@ -152,8 +152,9 @@ impl Regs for VfioPci {
     fn read(&self, r: Reg) -> Result<u32> {
         self.bar0().read(r)
     }
-    fn write(&self, r: Reg, v: u32) -> Result<()> {
-        self.bar0().write(r, v)
+    unsafe fn write(&self, r: Reg, v: u32) -> Result<()> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.bar0().write(r, v) }
     }
 }
 

@@ -103,7 +103,13 @@ impl<D: Model + Send + 'static> Threaded<D> {
     }
 
     /// Runs `f` on the model, between doorbells.
-    pub fn with<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
+    ///
+    /// # Safety
+    /// As for [`Queue::device_mut`](crate::tx::Queue::device_mut): `f`
+    /// neither replaces the model (`mem::swap` with another queue's model)
+    /// nor re-points it. [`Model::take_frames`] and
+    /// [`Model::counters`] are the safe ways in.
+    pub unsafe fn with<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
         f(&mut lock(&self.shared.dev))
     }
 

@@ -220,6 +220,9 @@ pub struct Queue<M: DmaMapper, D: TxDevice> {
     pending: VecDeque<Pending<M>>,
     /// Emptied frag vectors, reused to avoid allocating per packet.
     spare: Vec<Vec<Frag<M>>>,
+    /// The domain of the ring: every buffer the queue posts must be
+    /// mapped here (the device sees this domain's mappings).
+    domain: Arc<Domain<M>>,
     /// The device's descriptor format.
     fmt: Fmt<D>,
     /// The offload context the device holds (the last one written).
@@ -282,9 +285,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             pool::Config::new(Order::new(0)?, Policy::PerFrag),
         )?;
         let bounce = match cfg.header {
-            HeaderMode::Bounce(size) => {
-                Some(bounce::Ring::new(domain, usize::from(cfg.ring), size)?)
-            }
+            HeaderMode::Bounce(size) => Some(bounce::Ring::new(
+                domain.clone(),
+                usize::from(cfg.ring),
+                size,
+            )?),
             HeaderMode::Mapped => None,
         };
         let cache = FragCache::for_queue(pool, cfg.queue)?;
@@ -307,6 +312,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             bounce,
             pending: VecDeque::with_capacity(usize::from(cfg.ring)),
             spare: Vec::new(),
+            domain,
             fmt,
             ctx: None,
             stats: Stats::default(),

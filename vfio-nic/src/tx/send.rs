@@ -81,6 +81,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let nctx = ctx.descs();
         self.check_capacity(nctx + self.descs_at_least(len))?;
         self.check_room(self.descs_needed(len) - 1 + nctx, nctx, Need::AtMost)?;
+        // The cache may have been swapped for one over another domain
+        // (`cache_mut`): its frags would name other memory here.
+        if !Arc::ptr_eq(self.cache.pool().domain(), &self.domain) {
+            return Err(Error::WrongDomain {
+                what: "the queue's frag cache",
+            });
+        }
         let mut frags = self.spare.pop().unwrap_or_default();
         if let Err(e) = self.frags(len, &mut frags) {
             self.spare.push(frags);
@@ -215,8 +222,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     ) -> Result<()> {
         let len: usize = frags.iter().map(|f| f.len()).sum();
         let layout = self.check_packet(headers, len, offload)?;
-        let domain = self.cache.pool().domain();
-        if !frags.iter().all(|f| Arc::ptr_eq(f.domain(), domain)) {
+        if !frags.iter().all(|f| Arc::ptr_eq(f.domain(), &self.domain)) {
             return Err(Error::WrongDomain { what: "a frag" });
         }
         let ctx = self.context(layout, offload);

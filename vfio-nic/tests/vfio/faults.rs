@@ -19,7 +19,8 @@ fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
     // SAFETY: `secret` outlives the mapping: it is unmapped (strictly, by
     // VFIO) on the next line and the region dropped at the end of the test.
     let bad = unsafe { domain.map(secret.addr(), 4096, 4096, Dir::TO_DEVICE) }.unwrap();
-    domain.unmap(bad, 4096).unwrap();
+    // SAFETY: the mapping was made on the line above, for this test alone.
+    unsafe { domain.unmap(bad, 4096) }.unwrap();
     // SAFETY: the ring is this test's, kept as long as the NIC.
     unsafe { nic.attach(ring.iova(), 64) }.unwrap();
     let put = |i: usize, d: Desc| {
@@ -118,7 +119,8 @@ fn stalled_transmitter_times_out_instead_of_hanging() {
     let mut q = persistent_queue(&domain, nic, 2);
     let mut g = traffic(1);
     // Transmitter off: descriptors are posted but never processed.
-    q.device().write(vfio_nic::hw::igb::regs::TCTL, 0).unwrap();
+    // SAFETY: turning the transmitter off makes the NIC touch no memory.
+    unsafe { q.device().write(vfio_nic::hw::igb::regs::TCTL, 0) }.unwrap();
     g.send(&mut q, 0, 3000).unwrap();
     q.kick().unwrap();
     // The wait ends (the test would hang otherwise), and only after its
@@ -141,9 +143,9 @@ fn stalled_transmitter_times_out_instead_of_hanging() {
     );
     // Back on, and the same packet completes.
     let on = vfio_nic::hw::igb::Tctl::EN | vfio_nic::hw::igb::Tctl::PSP;
-    q.device()
-        .write(vfio_nic::hw::igb::regs::TCTL, on.bits())
-        .unwrap();
+    // SAFETY: back on, the NIC reads the queue's own ring and frags, which
+    // the queue handed over at its kick.
+    unsafe { q.device().write(vfio_nic::hw::igb::regs::TCTL, on.bits()) }.unwrap();
     q.kick().unwrap();
     assert_eq!(q.wait(WAIT).unwrap(), 1);
     expect_on_wire(segments(3000));

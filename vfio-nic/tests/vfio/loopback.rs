@@ -7,7 +7,8 @@ fn mac_loopback_receives_what_was_sent() {
     use vfio_nic::hw::igb::RxRing;
     let (domain, mut nic) = open();
     let rx = RxRing::new(domain.clone(), 128).unwrap();
-    nic.start_rx(&rx, true).unwrap();
+    // SAFETY: `rx` lives to the end of the test, after RX is stopped.
+    unsafe { nic.start_rx(&rx, true) }.unwrap();
     let pool = Pool::new(
         domain.clone(),
         pool::Config::new(Order::new(2).unwrap(), Policy::Persistent),
@@ -37,7 +38,9 @@ fn mac_loopback_receives_what_was_sent() {
                         .frame(&frame)
                         .unwrap_or_else(|e| panic!("frame {got}: {e}"));
                     got += 1;
-                    q.device().rx_tail(tail).unwrap();
+                    // SAFETY: the descriptors up to `tail` are `rx`'s,
+                    // read and handed back.
+                    unsafe { q.device().rx_tail(tail) }.unwrap();
                 }
                 None => {
                     assert!(

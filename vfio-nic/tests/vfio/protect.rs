@@ -50,7 +50,12 @@ fn device_writes_into_tx_payload(access: MapAccess) -> Attempt {
             .unwrap();
         ring.write_u64(i * desc::SIZE + 8, 0).unwrap();
     }
-    nic.start_rx_at(ring.iova(), RX_LEN, true).unwrap();
+    // SAFETY: on purpose, every RX buffer is the TX payload's page, so
+    // that the IOMMU's answer to the device's write shows: blocked under
+    // the narrow (read-only) mapping; in the read-write control run the
+    // NIC writes into `payload`, a frag no reference touches from here
+    // until it is read after `stop_rx`. The ring lives past that too.
+    unsafe { nic.start_rx_at(ring.iova(), RX_LEN, true) }.unwrap();
 
     // The frame to loop back comes from a pool of its own.
     let tx_pool = Pool::new(

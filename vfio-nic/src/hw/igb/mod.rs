@@ -264,28 +264,46 @@ impl<R: Regs> Igb<R> {
     }
 
     /// Writes a register.
-    pub fn write(&self, r: Reg, v: u32) -> Result<()> {
-        self.dev.write(r, v)
+    ///
+    /// # Safety
+    /// A register write can point the device's DMA engines at any IOVA and
+    /// ring their doorbells (an 82576's TDBAL/TDT, RDBAL/RDT): the caller
+    /// promises that the write makes the device read or write no memory
+    /// that was not handed to it (a ring or buffer the caller keeps for the
+    /// device until it stops it).
+    pub unsafe fn write(&self, r: Reg, v: u32) -> Result<()> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.dev.write(r, v) }
+    }
+
+    /// The driver's own register programming. It points the DMA engines
+    /// only at rings its callers handed over (`attach`, `start_rx`,
+    /// `start_rx_at`, all `unsafe`) and rings their doorbells only for
+    /// what they handed over (`kick`, `rx_tail`, `unsafe` too).
+    fn reg(&self, r: Reg, v: u32) -> Result<()> {
+        // SAFETY: see above: every write the driver makes keeps within
+        // what its callers handed to the device.
+        unsafe { self.dev.write(r, v) }
     }
 
     /// Masks interrupts, stops RX and TX, resets the MAC, clears the
     /// statistics and waits (bounded) for link.
     pub fn reset(&mut self) -> Result<()> {
-        self.write(regs::IMC, u32::MAX)?;
-        self.write(regs::EIMC, u32::MAX)?;
-        self.write(regs::RCTL, 0)?;
-        self.write(regs::TCTL, 0)?;
+        self.reg(regs::IMC, u32::MAX)?;
+        self.reg(regs::EIMC, u32::MAX)?;
+        self.reg(regs::RCTL, 0)?;
+        self.reg(regs::TCTL, 0)?;
         let ctrl = self.read(regs::CTRL)?;
-        self.write(regs::CTRL, ctrl | Ctrl::RST.bits())?;
+        self.reg(regs::CTRL, ctrl | Ctrl::RST.bits())?;
         wait_for("reset", self.cfg.reset_timeout, || {
             Ok(self.read(regs::CTRL)? & Ctrl::RST.bits() == 0)
         })?;
         // Interrupts come back unmasked after a reset.
-        self.write(regs::IMC, u32::MAX)?;
-        self.write(regs::EIMC, u32::MAX)?;
+        self.reg(regs::IMC, u32::MAX)?;
+        self.reg(regs::EIMC, u32::MAX)?;
         self.read(regs::ICR)?;
         let ctrl = self.read(regs::CTRL)?;
-        self.write(regs::CTRL, ctrl | Ctrl::SLU.bits())?;
+        self.reg(regs::CTRL, ctrl | Ctrl::SLU.bits())?;
         // Copper link comes up through auto-negotiation, restarted in the PHY.
         let bmcr = self.phy_read(PHY_CTRL)?;
         self.phy_write(
@@ -302,7 +320,7 @@ impl<R: Regs> Igb<R> {
     }
 
     fn mdic(&self, v: u32) -> Result<u32> {
-        self.write(regs::MDIC, v)?;
+        self.reg(regs::MDIC, v)?;
         let mut out = 0;
         wait_for("PHY access", self.cfg.enable_timeout, || {
             out = self.read(regs::MDIC)?;
@@ -365,7 +383,7 @@ impl<R: Regs> Igb<R> {
     /// measurement windows there (`vm/run.sh sweep` counts the IOMMU events
     /// between two marks).
     pub fn mark(&self, value: u32) -> Result<()> {
-        self.write(MARK_REG, value)
+        self.reg(MARK_REG, value)
     }
 
     /// The VFIO device.
@@ -476,8 +494,14 @@ impl<R: Regs> Igb<R> {
     /// with `loopback` in MAC loopback: transmitted frames come back to this
     /// queue instead of going to the wire. Call [`stop_rx`](Self::stop_rx)
     /// before dropping `rx` (dropping the `Igb` also stops it).
-    pub fn start_rx<M: DmaMapper>(&mut self, rx: &RxRing<M>, loopback: bool) -> Result<()> {
-        self.start_rx_at(rx.ring.iova(), rx.len, loopback)
+    ///
+    /// # Safety
+    /// `rx` stays alive, and its buffers the device's, until
+    /// [`stop_rx`](Self::stop_rx) or the driver's drop: the NIC writes
+    /// received frames into them.
+    pub unsafe fn start_rx<M: DmaMapper>(&mut self, rx: &RxRing<M>, loopback: bool) -> Result<()> {
+        // SAFETY: `rx`'s ring and buffers are what the caller handed over.
+        unsafe { self.start_rx_at(rx.ring.iova(), rx.len, loopback) }
     }
 
     /// As [`start_rx`](Self::start_rx), for a ring the caller built: `len`
@@ -485,42 +509,51 @@ impl<R: Regs> Igb<R> {
     /// `ring`, each pointing at a 2 KiB buffer ([`RX_BUF`]). The ring and
     /// every buffer must stay mapped, writable by the device, until
     /// [`stop_rx`](Self::stop_rx).
-    pub fn start_rx_at(&mut self, ring: Iova, len: u16, loopback: bool) -> Result<()> {
+    ///
+    /// # Safety
+    /// `ring` is `len` RX descriptors, and the buffers they name, that the
+    /// caller keeps for the device until [`stop_rx`](Self::stop_rx) or the
+    /// driver's drop: the NIC writes received frames where they point.
+    pub unsafe fn start_rx_at(&mut self, ring: Iova, len: u16, loopback: bool) -> Result<()> {
         check_rx_len(len)?;
         let base = ring.raw();
-        self.write(regs::RCTL, 0)?;
-        self.write(regs::rxdctl(0), 0)?;
-        self.write(regs::rdbal(0), base as u32)?;
-        self.write(regs::rdbah(0), (base >> 32) as u32)?;
-        self.write(regs::rdlen(0), u32::from(len) * crate::desc::SIZE as u32)?;
-        self.write(
+        self.reg(regs::RCTL, 0)?;
+        self.reg(regs::rxdctl(0), 0)?;
+        self.reg(regs::rdbal(0), base as u32)?;
+        self.reg(regs::rdbah(0), (base >> 32) as u32)?;
+        self.reg(regs::rdlen(0), u32::from(len) * crate::desc::SIZE as u32)?;
+        self.reg(
             regs::srrctl(0),
             SRRCTL_BSIZEPKT_2K | SRRCTL_DESCTYPE_ADV_ONEBUF,
         )?;
-        self.write(regs::rdh(0), 0)?;
-        self.write(regs::rxdctl(0), Rxdctl::ENABLE.bits())?;
+        self.reg(regs::rdh(0), 0)?;
+        self.reg(regs::rxdctl(0), Rxdctl::ENABLE.bits())?;
         wait_for("RX queue enable", self.cfg.enable_timeout, || {
             Ok(self.read(regs::rxdctl(0))? & Rxdctl::ENABLE.bits() != 0)
         })?;
         fence(Ordering::SeqCst);
-        self.write(regs::rdt(0), u32::from(len - 1))?;
+        self.reg(regs::rdt(0), u32::from(len - 1))?;
         let mut rctl = Rctl::EN | Rctl::UPE | Rctl::MPE | Rctl::BAM | Rctl::SECRC;
         if loopback {
             rctl |= Rctl::LBM_MAC;
         }
-        self.write(regs::RCTL, rctl.bits())
+        self.reg(regs::RCTL, rctl.bits())
     }
 
     /// Gives descriptors up to (not including) `tail` back to the device.
-    pub fn rx_tail(&self, tail: u16) -> Result<()> {
+    ///
+    /// # Safety
+    /// The descriptors up to `tail`, and their buffers, are the device's
+    /// (as for [`start_rx_at`](Self::start_rx_at)).
+    pub unsafe fn rx_tail(&self, tail: u16) -> Result<()> {
         fence(Ordering::SeqCst);
-        self.write(regs::rdt(0), u32::from(tail))
+        self.reg(regs::rdt(0), u32::from(tail))
     }
 
     /// Turns the receiver (and loopback) off.
     pub fn stop_rx(&self) -> Result<()> {
-        self.write(regs::RCTL, 0)?;
-        self.write(regs::rxdctl(0), 0)
+        self.reg(regs::RCTL, 0)?;
+        self.reg(regs::rxdctl(0), 0)
     }
 }
 
@@ -544,17 +577,17 @@ impl<R: Regs> TxDevice for Igb<R> {
                 value: ring.raw(),
             });
         }
-        self.write(regs::txdctl(0), 0)?;
-        self.write(regs::tdbal(0), ring.raw() as u32)?;
-        self.write(regs::tdbah(0), (ring.raw() >> 32) as u32)?;
-        self.write(regs::tdlen(0), bytes)?;
-        self.write(regs::tdh(0), 0)?;
-        self.write(regs::tdt(0), 0)?;
-        self.write(regs::txdctl(0), Txdctl::ENABLE.bits())?;
+        self.reg(regs::txdctl(0), 0)?;
+        self.reg(regs::tdbal(0), ring.raw() as u32)?;
+        self.reg(regs::tdbah(0), (ring.raw() >> 32) as u32)?;
+        self.reg(regs::tdlen(0), bytes)?;
+        self.reg(regs::tdh(0), 0)?;
+        self.reg(regs::tdt(0), 0)?;
+        self.reg(regs::txdctl(0), Txdctl::ENABLE.bits())?;
         wait_for("TX queue enable", self.cfg.enable_timeout, || {
             Ok(self.read(regs::txdctl(0))? & Txdctl::ENABLE.bits() != 0)
         })?;
-        self.write(
+        self.reg(
             regs::TCTL,
             Tctl::EN.bits() | Tctl::PSP.bits() | TCTL_CT | TCTL_COLD,
         )?;
@@ -573,12 +606,12 @@ impl<R: Regs> TxDevice for Igb<R> {
         // Descriptors were written with plain (volatile) stores to
         // write-back memory; they must be visible before the doorbell.
         fence(Ordering::SeqCst);
-        self.write(regs::tdt(0), u32::from(tail))
+        self.reg(regs::tdt(0), u32::from(tail))
     }
 
     fn detach(&mut self) -> Result<()> {
-        self.write(regs::TCTL, 0)?;
-        self.write(regs::txdctl(0), 0)?;
+        self.reg(regs::TCTL, 0)?;
+        self.reg(regs::txdctl(0), 0)?;
         self.ring_len = None;
         Ok(())
     }
@@ -592,8 +625,8 @@ impl<R: Regs> Drop for Igb<R> {
     fn drop(&mut self) {
         // Stop DMA before the rings and buffers the device may still use
         // are unmapped and freed.
-        let _ = self.write(regs::TCTL, 0);
-        let _ = self.write(regs::txdctl(0), 0);
+        let _ = self.reg(regs::TCTL, 0);
+        let _ = self.reg(regs::txdctl(0), 0);
         let _ = self.stop_rx();
     }
 }

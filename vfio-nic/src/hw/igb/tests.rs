@@ -27,7 +27,7 @@ impl Regs for Fake {
     fn read(&self, r: Reg) -> Result<u32> {
         Ok(self.get(r))
     }
-    fn write(&self, r: Reg, v: u32) -> Result<()> {
+    unsafe fn write(&self, r: Reg, v: u32) -> Result<()> {
         self.writes.borrow_mut().push((r.offset(), v));
         let stored = match r {
             CTRL => {
@@ -117,7 +117,8 @@ fn rx_queue_is_programmed_at_the_rx_stride() {
         SoftIommu::new(SoftIommuConfig::default()).unwrap(),
     ));
     let rx = RxRing::new(d, 32).unwrap();
-    nic.start_rx(&rx, true).unwrap();
+    // SAFETY: the registers are a fake: no device writes anything.
+    unsafe { nic.start_rx(&rx, true) }.unwrap();
     let r = nic.regs();
     assert_eq!(
         u64::from(r.get(rdbal(0))),
