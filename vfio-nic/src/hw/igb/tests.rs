@@ -3,6 +3,9 @@
 
 use super::regs::*;
 use super::*;
+use std::sync::Arc;
+
+use pfrag::dma::Domain;
 use std::cell::RefCell;
 use std::collections::HashMap;
 

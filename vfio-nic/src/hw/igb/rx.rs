@@ -1,0 +1,175 @@
+//! The 82576's receive queue 0: a ring of advanced one-buffer
+//! descriptors ([`RxRing`]) and the calls that hand it to the NIC, used
+//! with MAC loopback so that the guest can receive what it sent.
+
+use std::sync::Arc;
+
+use pfrag::dma::{Coherent, Dir, DmaMapper, Domain};
+use pfrag::Iova;
+
+use super::*;
+
+/// Accepts an RX ring length the 82576 takes: a multiple of 8, 8..=4096.
+fn check_rx_len(len: u16) -> Result<()> {
+    if !(8..=4096).contains(&len) || len % 8 != 0 {
+        return Err(Error::BadConfig {
+            what: "RX ring length (multiple of 8, 8..=4096)",
+            value: u64::from(len),
+        });
+    }
+    Ok(())
+}
+
+/// Receive queue 0 with advanced one-buffer descriptors and one 2 KiB
+/// buffer each, all
+/// in two coherent regions mapped through the IOMMU. Used with MAC
+/// loopback ([`Igb::start_rx`]) so that the guest can receive what it sent.
+pub struct RxRing<M: DmaMapper> {
+    pub(super) ring: Coherent<M>,
+    bufs: Coherent<M>,
+    pub(super) len: u16,
+    next: u16,
+}
+
+impl<M: DmaMapper> std::fmt::Debug for RxRing<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxRing")
+            .field("len", &self.len)
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+impl<M: DmaMapper> RxRing<M> {
+    /// A ring of `len` descriptors (a multiple of 8, 8..=4096), each with
+    /// its buffer, mapped in `domain`.
+    pub fn new(domain: Arc<Domain<M>>, len: u16) -> Result<RxRing<M>> {
+        check_rx_len(len)?;
+        let n = usize::from(len);
+        let ring = Coherent::new(domain.clone(), n * crate::desc::SIZE, Dir::BIDIRECTIONAL)?;
+        let bufs = Coherent::new(domain, n * RX_BUF, Dir::FROM_DEVICE)?;
+        let rx = RxRing {
+            ring,
+            bufs,
+            len,
+            next: 0,
+        };
+        for i in 0..len {
+            rx.arm(i)?;
+        }
+        Ok(rx)
+    }
+
+    /// Writes descriptor `i` in its read format: packet buffer address, and
+    /// a zero header address (which also clears the write-back status).
+    fn arm(&self, i: u16) -> Result<()> {
+        let off = usize::from(i) * crate::desc::SIZE;
+        let addr = self.bufs.iova().raw() + (usize::from(i) * RX_BUF) as u64;
+        self.ring.write_u64(off, addr)?;
+        self.ring.write_u64(off + 8, 0)?;
+        Ok(())
+    }
+
+    /// The next received frame, if its descriptor is done: its bytes (CRC
+    /// stripped), after which the descriptor is re-armed. Returns the tail
+    /// to hand back to the device with [`Igb::rx_tail`].
+    pub fn next_frame(&mut self) -> Result<Option<(Vec<u8>, u16)>> {
+        let off = usize::from(self.next) * crate::desc::SIZE;
+        // Write-back format, upper half: status/error (32 bits), length
+        // (16), VLAN (16).
+        let w1 = self.ring.read_u64(off + 8)?;
+        let status = RxSta::from_bits_truncate(w1 as u32);
+        if !status.contains(RxSta::DD) {
+            return Ok(None);
+        }
+        // Descriptor fields before the buffer: pairs with the device's write.
+        fence(Ordering::Acquire);
+        let len = ((w1 >> 32) & 0xffff) as usize;
+        let mut frame = vec![0u8; len.min(RX_BUF)];
+        self.bufs
+            .read(usize::from(self.next) * RX_BUF, &mut frame)?;
+        let done = self.next;
+        self.arm(done)?;
+        self.next = (self.next + 1) % self.len;
+        Ok(Some((frame, done)))
+    }
+
+    /// Descriptors in the ring.
+    pub fn len(&self) -> u16 {
+        self.len
+    }
+
+    /// Never true: a ring has at least 8 descriptors.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<R: Regs> Igb<R> {
+    /// Points receive queue 0 at `rx`, hands the device all but one of its
+    /// descriptors and enables the receiver, promiscuous, CRC stripped, and
+    /// with `loopback` in MAC loopback: transmitted frames come back to this
+    /// queue instead of going to the wire. Call [`stop_rx`](Self::stop_rx)
+    /// before dropping `rx` (dropping the `Igb` also stops it).
+    ///
+    /// # Safety
+    /// `rx` stays alive, and its buffers the device's, until
+    /// [`stop_rx`](Self::stop_rx) or the driver's drop: the NIC writes
+    /// received frames into them.
+    pub unsafe fn start_rx<M: DmaMapper>(&mut self, rx: &RxRing<M>, loopback: bool) -> Result<()> {
+        // SAFETY: `rx`'s ring and buffers are what the caller handed over.
+        unsafe { self.start_rx_at(rx.ring.iova(), rx.len, loopback) }
+    }
+
+    /// As [`start_rx`](Self::start_rx), for a ring the caller built: `len`
+    /// advanced one-buffer RX descriptors (a multiple of 8, 8..=4096) at
+    /// `ring`, each pointing at a 2 KiB buffer ([`RX_BUF`]). The ring and
+    /// every buffer must stay mapped, writable by the device, until
+    /// [`stop_rx`](Self::stop_rx).
+    ///
+    /// # Safety
+    /// `ring` is `len` RX descriptors, and the buffers they name, that the
+    /// caller keeps for the device until [`stop_rx`](Self::stop_rx) or the
+    /// driver's drop: the NIC writes received frames where they point.
+    pub unsafe fn start_rx_at(&mut self, ring: Iova, len: u16, loopback: bool) -> Result<()> {
+        check_rx_len(len)?;
+        let base = ring.raw();
+        self.reg(regs::RCTL, 0)?;
+        self.reg(regs::rxdctl(0), 0)?;
+        self.reg(regs::rdbal(0), base as u32)?;
+        self.reg(regs::rdbah(0), (base >> 32) as u32)?;
+        self.reg(regs::rdlen(0), u32::from(len) * crate::desc::SIZE as u32)?;
+        self.reg(
+            regs::srrctl(0),
+            SRRCTL_BSIZEPKT_2K | SRRCTL_DESCTYPE_ADV_ONEBUF,
+        )?;
+        self.reg(regs::rdh(0), 0)?;
+        self.reg(regs::rxdctl(0), Rxdctl::ENABLE.bits())?;
+        wait_for("RX queue enable", self.cfg.enable_timeout, || {
+            Ok(self.read(regs::rxdctl(0))? & Rxdctl::ENABLE.bits() != 0)
+        })?;
+        fence(Ordering::SeqCst);
+        self.reg(regs::rdt(0), u32::from(len - 1))?;
+        let mut rctl = Rctl::EN | Rctl::UPE | Rctl::MPE | Rctl::BAM | Rctl::SECRC;
+        if loopback {
+            rctl |= Rctl::LBM_MAC;
+        }
+        self.reg(regs::RCTL, rctl.bits())
+    }
+
+    /// Gives descriptors up to (not including) `tail` back to the device.
+    ///
+    /// # Safety
+    /// The descriptors up to `tail`, and their buffers, are the device's
+    /// (as for [`start_rx_at`](Self::start_rx_at)).
+    pub unsafe fn rx_tail(&self, tail: u16) -> Result<()> {
+        fence(Ordering::SeqCst);
+        self.reg(regs::rdt(0), u32::from(tail))
+    }
+
+    /// Turns the receiver (and loopback) off.
+    pub fn stop_rx(&self) -> Result<()> {
+        self.reg(regs::RCTL, 0)?;
+        self.reg(regs::rxdctl(0), 0)
+    }
+}
