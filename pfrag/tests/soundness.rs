@@ -301,3 +301,40 @@ fn device_and_cpu_on_the_same_coherent_bytes_do_not_race() {
     race(Identity::new());
     race(soft(Invalidation::Strict));
 }
+
+/// Two domains over one software IOMMU, lazy invalidation: the first
+/// frees an IOVA whose translation the IOTLB still caches (the unmap waits
+/// for its flush), the second hands the same IOVA out again at once. The
+/// new mapping must be what the device sees, never the first domain's
+/// memory, which a live frag now holds (found by review: the IOTLB entry
+/// used to survive the new map).
+#[test]
+fn a_fresh_mapping_never_sees_a_stale_translation_of_its_iova() {
+    use pfrag::dma::{Coherent, Dir};
+    let iommu = Arc::new(
+        SoftIommu::new(SoftIommuConfig {
+            invalidation: Invalidation::Lazy,
+            flush_queue: 1 << 20,
+            ..SoftIommuConfig::default()
+        })
+        .unwrap(),
+    );
+    let d1 = Arc::new(Domain::new(iommu.clone()));
+    let d2 = Arc::new(Domain::new(iommu.clone()));
+    let mut cache = FragCache::new(small_pool(&d1, 0, Policy::PerFrag));
+    let a = cache.refill(64, true).unwrap();
+    let x = a.iova();
+    iommu.translate(x, Dir::TO_DEVICE).unwrap(); // cached in the IOTLB
+    cache.complete(a).unwrap(); // lazy: the entry stays until a flush
+    let mut b = cache.refill(64, true).unwrap();
+    b.as_mut_slice().fill(0xab);
+    let ring = Coherent::new(d2, 4096, Dir::BIDIRECTIONAL).unwrap();
+    assert_eq!(ring.iova(), x, "the second domain reuses the IOVA");
+    let t = iommu.translate(ring.iova(), Dir::TO_DEVICE).unwrap();
+    assert_ne!(
+        t.addr.raw() & !0xfff,
+        b.addr().raw() & !0xfff,
+        "aliased a live frag"
+    );
+    b.as_mut_slice()[0] = 1;
+}

@@ -303,6 +303,13 @@ impl DmaMapper for SoftIommu {
                 source: errno(libc::EEXIST),
             });
         }
+        // A stale IOTLB entry for this range exists only if it was unmapped
+        // lazily, not yet flushed, and handed out again by an allocator
+        // other than the one that unmapped it (two domains over one
+        // IOMMU). A real driver never reuses an IOVA before its flush; the
+        // model drops such entries, so the device sees the new mapping and
+        // never the old memory.
+        st.iotlb.invalidate(m.iova.raw(), m.len);
         let n = written.len() as u64;
         st.stats.map_calls += 1;
         st.stats.ptes_written += n;
