@@ -36,6 +36,15 @@ enum Backend {
     Vfio,
 }
 
+/// The NIC whose descriptor format the queue writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Nic {
+    /// The Intel 82576's advanced descriptors.
+    Igb,
+    /// virtio-net's split virtqueue.
+    Virtio,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum OnOff {
     On,
@@ -100,6 +109,12 @@ struct Args {
     /// cost).
     #[arg(long, default_value = "soft")]
     model: DeviceModel,
+    /// The NIC format the queue writes: the 82576's (the software NIC or
+    /// the null device reads it) or virtio-net's (the virtio-net model on
+    /// virtio-queue reads it; --model soft). The `device_model` column
+    /// names the model.
+    #[arg(long, value_enum, default_value = "igb")]
+    nic: Nic,
     /// How much payload the NIC reads: every byte (checksum), or a line per
     /// page (pages).
     #[arg(long, default_value = "checksum")]
@@ -265,7 +280,7 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
                     // (threshold_mib is checked by `cli::mib` before this runs)
                     workload: Workload::Fixed,
                     limits: Limits::UNLIMITED,
-                    model: a.model,
+                    model: device_model(a),
                     device: device_setup(a),
                     mss,
                 });
@@ -273,6 +288,14 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
         }
     }
     out
+}
+
+/// The model behind the ring: `--model`, read through `--nic`'s format.
+fn device_model(a: &Args) -> DeviceModel {
+    match a.nic {
+        Nic::Igb => a.model,
+        Nic::Virtio => DeviceModel::Virtio,
+    }
 }
 
 fn main() -> ExitCode {
@@ -360,6 +383,12 @@ fn check_args(a: &Args) -> Result<(), String> {
         return Err(
             "--device-thread and --iommu-latency model the software NIC and IOMMU; \
                     they do not apply to --backend vfio"
+                .into(),
+        );
+    }
+    if a.nic == Nic::Virtio && (a.model == DeviceModel::Null || a.backend == Backend::Vfio) {
+        return Err(
+            "--nic virtio runs the virtio-net model on the host: it takes --model soft and --backend soft"
                 .into(),
         );
     }
@@ -542,7 +571,7 @@ fn all_delivered(a: &Args, rows: &[&Row]) -> bool {
             r.faults > 0
                 || (a.backend == Backend::Soft
                     && r.policy != "driver-limit"
-                    && a.model == DeviceModel::Soft
+                    && device_model(a).verifies()
                     && a.touch == Touch::Checksum
                     && r.bytes_verified != r.packets * r.payload_bytes as u64)
         })

@@ -246,9 +246,12 @@ boot() {
     # window. tsc=reliable: under TCG the guest's TSC is the host's, so the
     # clocksource watchdog has nothing to find; without it a 7.3 guest
     # stopped at boot with one CPU in the watchdog's cross-CPU skew check
-    # and the other in stop_machine, both with interrupts off.
+    # and the other in stop_machine, both with interrupts off. -smp 1: the
+    # guest tests run one at a time on one thread; with two vCPUs on a
+    # loaded 2-core host, a guest twice stopped for good (once at boot with
+    # RCU stall reports, once between two tests) waiting on the other vCPU.
     timeout --foreground -k 10 "$boot_timeout" qemu-system-x86_64 \
-        -accel tcg,thread=multi -cpu max -m 2048 -smp 2 \
+        -accel tcg -cpu max -m 2048 -smp 1 \
         -machine q35,kernel-irqchip=split -device intel-iommu,intremap=on,aw-bits="$aw_bits" \
         -kernel "$kernel" -initrd "$vm/initrd.gz" \
         -append "console=ttyS0 intel_iommu=on iommu.strict=1 quiet panic=-1 no_timer_check tsc=reliable" \

@@ -14,7 +14,7 @@
 
 use std::io;
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 
 use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
 
@@ -300,6 +300,27 @@ pub(crate) unsafe fn store_u32(addr: VirtAddr, v: u32, order: Ordering) {
 pub(crate) unsafe fn store_u32_release(addr: VirtAddr, v: u32) {
     // SAFETY: per the contract above.
     unsafe { store_u32(addr, v, Ordering::Release) }
+}
+
+/// Atomic 16-bit load (a split virtqueue's ring indices and entries).
+///
+/// # Safety
+/// `addr` is 2-byte aligned and lies in a live [`Region`], and every
+/// concurrent access to those 2 bytes (or to the 4-byte word around them)
+/// is a 16-bit atomic: no mixed-size race.
+pub(crate) unsafe fn load_u16(addr: VirtAddr, order: Ordering) -> u16 {
+    // SAFETY: per the contract above (alignment, liveness, and no
+    // concurrent non-atomic or mixed-size access).
+    unsafe { AtomicU16::from_ptr(addr.0 as *mut u16) }.load(order)
+}
+
+/// Atomic 16-bit store.
+///
+/// # Safety
+/// As [`load_u16`].
+pub(crate) unsafe fn store_u16(addr: VirtAddr, v: u16, order: Ordering) {
+    // SAFETY: per the contract above.
+    unsafe { AtomicU16::from_ptr(addr.0 as *mut u16) }.store(v, order)
 }
 
 /// The aligned 32-bit words that `addr..addr + len` touches, as one slice

@@ -21,6 +21,7 @@ use vfio_nic::hw::igb::{Igb, IgbConfig};
 use vfio_nic::hw::vfio::{VfioMapper, VfioPci};
 use vfio_nic::model::null::NullNic;
 use vfio_nic::model::softnic::{self, SoftNic, Touch};
+use vfio_nic::model::virtio::VirtioNet;
 use vfio_nic::model::Model;
 use vfio_nic::tx::{self, HeaderMode};
 
@@ -71,12 +72,13 @@ impl std::fmt::Display for DeviceModel {
 
 impl std::str::FromStr for DeviceModel {
     type Err = String;
-    /// `soft` or `null`.
+    /// `soft`, `null` or `virtio`.
     fn from_str(s: &str) -> Result<DeviceModel, String> {
         match s {
             "soft" => Ok(DeviceModel::Soft),
             "null" => Ok(DeviceModel::Null),
-            _ => Err(format!("'{s}' is not a device model (soft, null)")),
+            "virtio" => Ok(DeviceModel::Virtio),
+            _ => Err(format!("'{s}' is not a device model (soft, null, virtio)")),
         }
     }
 }
@@ -206,6 +208,10 @@ pub enum DeviceModel {
     /// The null device: translates every buffer page and completes, reading
     /// no payload: the driver's own cost.
     Null,
+    /// The virtio-net model (`virtio-queue`'s device side of the split
+    /// virtqueue): the queue writes virtio's format, and the model reads,
+    /// verifies and checksums every payload byte, segments GSO.
+    Virtio,
 }
 
 impl DeviceModel {
@@ -214,7 +220,14 @@ impl DeviceModel {
         match self {
             DeviceModel::Soft => "soft",
             DeviceModel::Null => "null",
+            DeviceModel::Virtio => "virtio",
         }
+    }
+
+    /// Whether the model reads and verifies every payload byte (with
+    /// `Touch::Checksum` for the software NIC; always for virtio).
+    pub fn verifies(self) -> bool {
+        matches!(self, DeviceModel::Soft | DeviceModel::Virtio)
     }
 }
 

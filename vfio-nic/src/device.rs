@@ -4,9 +4,12 @@ use pfrag::Iova;
 
 use crate::error::Result;
 
-/// A NIC TX queue engine: the [`SoftNic`](crate::model::softnic::SoftNic) model
-/// here, the 82576 through VFIO elsewhere. The queue owns the descriptor
-/// ring; the device reads descriptors from it and writes back `DD`.
+/// A NIC TX queue engine: the device models here
+/// ([`SoftNic`](crate::model::softnic::SoftNic),
+/// [`VirtioNet`](crate::model::virtio::VirtioNet), ...), the 82576 through
+/// VFIO elsewhere. The queue owns the ring; the device reads descriptors
+/// of its [`Format`](crate::format::Format) from it and reports completion
+/// the format's way (`DD`, a used ring).
 ///
 /// Ringing a model's doorbell yourself takes `unsafe`:
 ///
@@ -45,20 +48,24 @@ pub trait TxDevice {
     /// The doorbells rung after this call, by whoever rings them (a
     /// [`tx::Queue`](crate::tx::Queue) that owns the device, say), hand over
     /// descriptors of this ring: so `ring` must be `len` descriptors that
-    /// the caller keeps for the device until it attaches another ring or
+    /// the caller keeps for the device (the format's
+    /// [`ring_bytes`](crate::format::Format::ring_bytes) of memory) until it attaches another ring or
     /// detaches, and a device that a queue owns must not be re-pointed
     /// behind the queue's back (the queue's own doorbell would then vouch
     /// for descriptors it never wrote).
     unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()>;
-    /// Doorbell: descriptors before `tail` are ready.
+    /// Doorbell: descriptors before `tail` are ready (for a format with an
+    /// available ring, those it published there).
     ///
     /// # Safety
     /// The doorbell hands memory to the device. Every descriptor from the
-    /// device's head up to `tail`, and every buffer those descriptors
-    /// name, must be memory that no CPU reference touches (other than
-    /// [`Coherent`](pfrag::dma::Coherent)'s atomic accessors) from this
-    /// call until the device reports the packet done (the status
-    /// write-back of its last descriptor) or is detached. A model reads that memory through
+    /// device's head up to `tail` (or published in the available ring),
+    /// and every buffer those descriptors name, must be memory that no CPU
+    /// reference touches (other than [`Coherent`](pfrag::dma::Coherent)'s
+    /// atomic accessors, of the same size as the device's accesses to the
+    /// same bytes) from this call until the device reports the packet done
+    /// (the status write-back of its last descriptor, or its head in the
+    /// used ring) or is detached. A model reads that memory through
     /// [`Translate`](pfrag::dma::Translate); a real NIC by DMA.
     /// [`tx::Queue`](crate::tx::Queue) keeps this promise for the
     /// descriptors it writes: their buffers are frags it owns until it

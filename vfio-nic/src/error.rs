@@ -218,6 +218,20 @@ pub enum Error {
         /// BAR length.
         bar_len: usize,
     },
+    /// The virtqueue refused a setting or an access (the virtio-net
+    /// model's `virtio-queue`).
+    #[error("virtqueue: {0}")]
+    Virtqueue(#[source] virtio_queue::Error),
+    /// A device lacks a feature the driver cannot do without.
+    #[error("the device does not offer {feature} ({features:#x} offered): {why}")]
+    MissingFeature {
+        /// The feature.
+        feature: &'static str,
+        /// The feature bits the device offered.
+        features: u64,
+        /// Why it is needed.
+        why: &'static str,
+    },
     /// The device did not finish a step in time.
     #[error("device {what} did not complete in {waited_ms} ms")]
     DeviceTimeout {

@@ -451,6 +451,32 @@ impl<M: DmaMapper> Coherent<M> {
         unsafe { mem::store_u32(at, v, Ordering::Relaxed) };
         Ok(())
     }
+    /// Atomic 16-bit load with acquire ordering at `off` (2-byte aligned):
+    /// a split virtqueue's used index, which its device stores with a
+    /// 16-bit atomic.
+    ///
+    /// # Safety
+    /// No access of another size to the 4-byte word around `off` runs
+    /// meanwhile, on any thread (a mixed-size race): this region's CPU
+    /// accesses are otherwise 32-bit atomics, and `Coherent` is `Sync`.
+    pub unsafe fn read_u16(&self, off: usize) -> Result<u16> {
+        let at = self.at(off, 2, 2)?;
+        // SAFETY: in bounds and aligned (the region's base is page
+        // aligned); the caller promised no access of another size races.
+        Ok(unsafe { mem::load_u16(at, Ordering::Acquire) })
+    }
+    /// Atomic 16-bit store with release ordering at `off` (2-byte aligned):
+    /// a split virtqueue's available index, which publishes the entries
+    /// written before it.
+    ///
+    /// # Safety
+    /// As [`read_u16`](Self::read_u16).
+    pub unsafe fn write_u16(&self, off: usize, v: u16) -> Result<()> {
+        let at = self.at(off, 2, 2)?;
+        // SAFETY: as in `read_u16`.
+        unsafe { mem::store_u16(at, v, Ordering::Release) };
+        Ok(())
+    }
     /// 64-bit store at `off` (8-byte aligned), as two relaxed 32-bit atomic
     /// stores, low address first: not single-copy atomic (a descriptor is
     /// read by the device only after the doorbell).

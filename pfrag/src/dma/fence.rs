@@ -34,7 +34,30 @@ impl Fence {
     fn enter(&self) -> RwLockReadGuard<'_, ()> {
         self.0.read().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// A [`Hold`] on this fence.
+    pub(crate) fn hold(&self) -> Hold<'_> {
+        Hold(self.enter())
+    }
 }
+
+/// Keeps every unmap (and flush) of the [`Translate`](super::Translate)
+/// it came from ([`Translate::hold`](super::Translate::hold)) from
+/// returning while it is alive, so memory that a translation made
+/// meanwhile points at stays allocated until it drops: what a device model
+/// needs to reach translated memory through addresses of its own (a
+/// `vm-memory` view, as virtio device code expects), where
+/// [`read`](super::Translate::read) and [`write`](super::Translate::write)
+/// enter the fence per access.
+///
+/// While it is alive, the thread holding it must not unmap through that
+/// mapper (directly, or by dropping a pool or queue): the unmap would wait
+/// for this hold forever. Nor should it call
+/// [`read`](super::Translate::read) or [`write`](super::Translate::write)
+/// of the same mapper, which may wait behind an unmap that waits for it.
+#[derive(Debug)]
+#[must_use = "the fence is released as soon as the hold drops"]
+pub struct Hold<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);
 
 fn fault(iova: Iova, access: Dir) -> Fault {
     Fault { iova, access }

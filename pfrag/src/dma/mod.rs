@@ -27,6 +27,7 @@ pub use soft::{FaultReason, FaultRecord, SoftIommu};
 pub use soft_config::{CostModel, Invalidation, SoftIommuConfig, MAX_IOTLB_ENTRIES};
 pub use watch::{Watch, WatchStats};
 
+pub use fence::Hold;
 pub(crate) use fence::{device_read, device_store_u32, device_write, Fence};
 
 use crate::addr::{Iova, VirtAddr};
@@ -333,6 +334,11 @@ pub trait Translate: Send + Sync {
     /// inspection (tests, statistics); [`read`](Self::read) and
     /// [`write`](Self::write) are how a device reaches memory.
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault>;
+    /// Holds off every unmap and flush until the [`Hold`] drops: while it
+    /// is alive, memory that a [`translate`](Self::translate) made
+    /// meanwhile points at stays allocated (see [`Hold`] for what the
+    /// holding thread must not do meanwhile).
+    fn hold(&self) -> Hold<'_>;
     /// DMA read of `len` bytes at `iova`: `f` sees them piece by piece, in
     /// order, each piece within one translated page. A fault stops the read
     /// (after the pieces before it).
@@ -368,6 +374,9 @@ pub trait Translate: Send + Sync {
 impl<T: Translate + ?Sized> Translate for std::sync::Arc<T> {
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
         (**self).translate(iova, access)
+    }
+    fn hold(&self) -> Hold<'_> {
+        (**self).hold()
     }
     unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
         // SAFETY: the caller's promise is passed on unchanged.

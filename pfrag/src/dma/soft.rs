@@ -432,6 +432,9 @@ impl Translate for SoftIommu {
         latency::pay();
         t
     }
+    fn hold(&self) -> super::Hold<'_> {
+        self.fence.hold()
+    }
     unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
         // SAFETY: the caller's promise is passed on unchanged.
         unsafe { device_read(&self.fence, |i, d| self.translate(i, d), iova, len, f) }

@@ -302,3 +302,31 @@ fn partial_unmaps_cut_the_mapping_record() {
     m.unmap(Iova(0x10_0000), 0x3000).unwrap();
     assert_eq!(count(&m), (0, 0));
 }
+
+#[test]
+fn an_unmap_does_not_return_while_a_hold_is_alive() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let m = iommu(Invalidation::Strict);
+    map(&m, 0x10_0000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+    let unmapped = AtomicBool::new(false);
+    let hold = m.hold();
+    // What the holder translated stays valid: the unmap waits for it.
+    assert!(m.translate(Iova(0x10_0000), Dir::TO_DEVICE).is_ok());
+    std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            m.unmap(Iova(0x10_0000), 0x1000).unwrap();
+            unmapped.store(true, Ordering::SeqCst);
+        });
+        // The unmapping thread has removed the translation (or is about
+        // to) and waits in the fence; it cannot have returned.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(
+            !unmapped.load(Ordering::SeqCst),
+            "an unmap returned under a hold"
+        );
+        drop(hold);
+        t.join().unwrap();
+    });
+    assert!(unmapped.load(Ordering::SeqCst));
+    assert!(m.translate(Iova(0x10_0000), Dir::TO_DEVICE).is_err());
+}

@@ -11,13 +11,70 @@
 //! A device names its format ([`TxDevice::Format`](crate::device::TxDevice::Format)),
 //! so a queue cannot pair a format with a device that reads another.
 //!
-//! [`igb`] is the Intel 82576's advanced descriptor format.
+//! [`igb`] is the Intel 82576's advanced descriptor format; [`virtio`] is
+//! virtio-net's split virtqueue.
 
 pub mod igb;
+pub mod virtio;
 
+use pfrag::dma::{Coherent, DmaMapper};
 use pfrag::Iova;
 
+use crate::error::Result;
 use crate::offload::{Layout, Offload};
+
+/// The queue's ring memory, as a format sees it beyond the descriptors it
+/// writes: the indices and rings of a format whose device reads more than
+/// a descriptor table (virtio's available and used rings), by byte offset
+/// from the ring's start. Only the engine makes one, for the duration of
+/// one call into the format, while no other CPU access to the ring runs.
+pub struct RingMem<'a, M: DmaMapper> {
+    ring: &'a Coherent<M>,
+    size: u16,
+}
+
+impl<M: DmaMapper> std::fmt::Debug for RingMem<'_, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingMem")
+            .field("iova", &self.ring.iova())
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl<'a, M: DmaMapper> RingMem<'a, M> {
+    /// The engine's view of its own ring of `size` descriptors.
+    pub(crate) fn new(ring: &'a Coherent<M>, size: u16) -> Self {
+        RingMem { ring, size }
+    }
+    /// Descriptors in the ring.
+    pub fn size(&self) -> u16 {
+        self.size
+    }
+    /// Where the ring starts, as the device sees it.
+    pub fn iova(&self) -> Iova {
+        self.ring.iova()
+    }
+    /// The 16-bit value at `off` (2-byte aligned), an atomic load with
+    /// acquire ordering.
+    pub fn read_u16(&self, off: usize) -> Result<u16> {
+        // SAFETY: the ring is the queue's own and private; the engine
+        // makes a `RingMem` only inside a `&mut self` call, so no other
+        // CPU access to it runs meanwhile, of any size.
+        Ok(unsafe { self.ring.read_u16(off) }?)
+    }
+    /// Stores the 16-bit `v` at `off` (2-byte aligned), atomically with
+    /// release ordering: what came before is visible to a device that
+    /// sees it.
+    pub fn write_u16(&self, off: usize, v: u16) -> Result<()> {
+        // SAFETY: as in `read_u16`.
+        Ok(unsafe { self.ring.write_u16(off, v) }?)
+    }
+    /// The 32-bit value at `off` (4-byte aligned), with acquire ordering.
+    pub fn read_u32(&self, off: usize) -> Result<u32> {
+        Ok(self.ring.read_u32(off)?)
+    }
+}
 
 /// One buffer of a packet, at most [`Format::MAX_BUF`] bytes, crossing no
 /// boundary the queue was configured with.
@@ -33,6 +90,10 @@ pub struct Buf {
     /// Whether it is the packet's last buffer: the descriptor whose
     /// completion the engine waits for.
     pub last: bool,
+    /// The ring slot of the packet's next descriptor, for a format that
+    /// chains a packet's descriptors by index (virtio's `next`); others
+    /// ignore it. Meaningless in the last buffer.
+    pub next: u16,
 }
 
 /// What a format knows of the packet whose descriptors it writes.
@@ -75,7 +136,10 @@ pub enum Status {
 /// device writes. And the queue frees a packet's buffers once
 /// [`status`](Self::status) says it is done, so `status` returns `Some`
 /// only for a word the device wrote back after it finished reading every
-/// buffer of the packet, never for what `write_data` itself left there.
+/// buffer of the packet, never for what `write_data` itself left there;
+/// the same holds for [`done`](Self::done), if overridden. The device
+/// reaches ring memory beyond the descriptors only with atomic accesses of
+/// the sizes the format's own [`RingMem`] accesses use for the same bytes.
 pub unsafe trait Format {
     /// A short name, for errors and reports.
     const NAME: &'static str;
@@ -95,12 +159,36 @@ pub unsafe trait Format {
     /// differs from the last written.
     const HAS_CONTEXT: bool;
 
-    /// Whether the format can carry `offload`. A packet asking for one it
+    /// Bytes the format puts in front of every packet's headers, in the
+    /// same buffer (virtio-net's `virtio_net_hdr`); 0 by default. Written
+    /// by [`write_prefix`](Self::write_prefix).
+    const PREFIX: usize = 0;
+    /// Whether the device fills in the IPv4 header checksum of an
+    /// offloaded packet (the 82576's `IXSM`; true by default). If not
+    /// (virtio-net), the engine computes it in the headers it posts.
+    const INSERTS_IPV4_CSUM: bool = true;
+
+    /// Bytes of ring memory for `size` descriptors: the descriptor table,
+    /// and whatever else the device reads or writes beside it (virtio's
+    /// available and used rings) after it.
+    fn ring_bytes(size: u16) -> usize {
+        usize::from(size) * Self::DESC_SIZE
+    }
+
+    /// Whether the format can carry `offload`: for some headers when
+    /// `layout` is `None` (asked before a packet's headers are parsed),
+    /// for headers at `layout` otherwise. A packet asking for one it
     /// cannot is refused ([`Error::UnsupportedOffload`](crate::Error::UnsupportedOffload))
     /// before anything is posted. All of them by default.
-    fn supports(&self, offload: Offload) -> bool {
-        let _ = offload;
+    fn supports(&self, offload: Offload, layout: Option<&Layout>) -> bool {
+        let _ = (offload, layout);
         true
+    }
+
+    /// Writes the [`PREFIX`](Self::PREFIX) bytes in front of `pkt`'s
+    /// headers into `out`. Only called if `PREFIX > 0`.
+    fn write_prefix(&self, out: &mut [u8], pkt: &Packet) {
+        let _ = (out, pkt);
     }
 
     /// The offload state a context descriptor sets (`()` for a format
@@ -122,4 +210,38 @@ pub unsafe trait Format {
     /// The packet's completion, from the status word of its last
     /// descriptor: `None` while the device has not written it back.
     fn status(&self, word: u32) -> Option<Status>;
+
+    /// Hands a written packet to the device's view of the ring, once its
+    /// descriptors (from slot `head` on) are all written: nothing by
+    /// default (the doorbell's tail does it); virtio puts `head` into the
+    /// available ring.
+    fn publish<M: DmaMapper>(&mut self, ring: &RingMem<'_, M>, head: u16) -> Result<()> {
+        let _ = (ring, head);
+        Ok(())
+    }
+
+    /// Makes everything published visible to the device, before the
+    /// doorbell; returns whether the device wants the doorbell rung (true
+    /// by default; virtio's `EVENT_IDX` may say no).
+    fn flush<M: DmaMapper>(&mut self, ring: &RingMem<'_, M>) -> Result<bool> {
+        let _ = ring;
+        Ok(true)
+    }
+
+    /// The completion of the oldest packet in flight, whose descriptors
+    /// are the slots `head..=last`: `None` while the device is not done.
+    /// By default the [`status`](Self::status) of the word at
+    /// [`STATUS_OFFSET`](Self::STATUS_OFFSET) in its last descriptor;
+    /// virtio reads its used ring. Called for packets in the order they
+    /// were published.
+    fn done<M: DmaMapper>(
+        &mut self,
+        ring: &RingMem<'_, M>,
+        head: u16,
+        last: u16,
+    ) -> Result<Option<Status>> {
+        let _ = head;
+        let at = usize::from(last) * Self::DESC_SIZE + Self::STATUS_OFFSET;
+        Ok(self.status(ring.read_u32(at)?))
+    }
 }

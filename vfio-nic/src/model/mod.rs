@@ -1,5 +1,5 @@
-//! Device models: software stand-ins for a NIC's TX engine that consume the
-//! same 82576 descriptors from the same ring, and reach memory only through
+//! Device models: software stand-ins for a NIC's TX engine that consume
+//! their format's descriptors from the queue's ring, and reach memory only through
 //! an IOMMU translation (`pfrag::dma::Translate`). They are simulators: they
 //! measure what the driver and the IOMMU model do per packet, not what a
 //! real NIC does.
@@ -8,7 +8,10 @@
 //!   segments TSO packets into frames.
 //! - [`null`]: translates every buffer and completes it, reading no
 //!   payload: the driver's own cost.
-//! - [`thread`]: runs either on a thread of its own, polling the doorbell
+//! - [`virtio`]: a virtio-net device's TX queue on `virtio-queue`, reading
+//!   the split virtqueue format; segments and verifies like the software
+//!   NIC.
+//! - [`thread`]: runs any of them on a thread of its own, polling the doorbell
 //!   beside the driver (optionally paced to a line rate).
 
 pub mod null;
@@ -16,6 +19,7 @@ mod ring;
 mod segment;
 pub mod softnic;
 pub mod thread;
+pub mod virtio;
 
 pub use softnic::NicStats as Stats;
 

@@ -55,7 +55,7 @@ pub(super) struct Outcome {
 
 /// The pieces `(iova, len)` of packet bytes `start..start + len` (offsets
 /// over the packet's buffers `bufs`), in order, each inside one buffer.
-fn pieces(
+pub(super) fn pieces(
     bufs: &[(Iova, usize)],
     mut start: usize,
     mut len: usize,

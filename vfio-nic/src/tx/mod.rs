@@ -1,10 +1,12 @@
 //! A TX queue for a driver's own packets: headers go into the bounce ring
 //! (or their own mapping), payloads into pfrag frags (copied by
 //! [`Queue::send`], or filled by the caller and posted zero-copy with
-//! [`Queue::post`]); the queue writes a context descriptor for the
-//! offloads ([`Offload`]) and data descriptors into a coherent ring, and
-//! reaps completions by their `DD` write-back, handing back each packet's
-//! token and freeing its frags in bursts.
+//! [`Queue::post`]); the queue writes its device's descriptor format
+//! ([`Format`]): a context descriptor for the offloads ([`Offload`]) where
+//! the format keeps one, a prefix such as virtio's header, and data
+//! descriptors, into a coherent ring, and reaps completions the format's
+//! way (a `DD` write-back, a used ring), handing back each packet's token
+//! and freeing its frags in bursts.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -49,6 +51,7 @@
 
 mod config;
 mod detach;
+mod header;
 mod send;
 
 use std::collections::VecDeque;
@@ -63,7 +66,7 @@ use pfrag::{Iova, Order};
 
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
-use crate::format::{Format, Status};
+use crate::format::{Format, RingMem, Status};
 
 pub use crate::offload::Offload;
 use config::check_config;
@@ -157,6 +160,8 @@ enum Hdr<M: DmaMapper> {
 
 /// A posted packet waiting for its write-back.
 struct Pending<M: DmaMapper> {
+    /// Index of its first descriptor (its head, in a used ring).
+    head: u16,
     /// Index of its last descriptor (the one with RS).
     last: u16,
     /// Descriptors it uses.
@@ -277,7 +282,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let fmt = dev.format();
         let ring = Coherent::new(
             domain.clone(),
-            usize::from(cfg.ring) * Fmt::<D>::DESC_SIZE,
+            Fmt::<D>::ring_bytes(cfg.ring),
             Dir::BIDIRECTIONAL,
         )?;
         let hdr_pool = Pool::new(
@@ -400,8 +405,12 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         ((usize::from(idx) + n) % usize::from(self.cfg.ring)) as u16
     }
 
-    /// Rings the doorbell for everything posted.
+    /// Rings the doorbell for everything posted (if the device wants it:
+    /// a virtio device may say it is still at work).
     pub fn kick(&mut self) -> Result<()> {
+        if !self.fmt.flush(&RingMem::new(&self.ring, self.cfg.ring))? {
+            return Ok(());
+        }
         // SAFETY: the descriptors from the device's head to `tail` are
         // this queue's, written by `post_frags` since the ring was attached
         // at `new`; they name the frags in `in_flight`, which the queue
@@ -480,8 +489,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     fn reap_with(&mut self, mut done: impl FnMut(Completion)) -> Result<usize> {
         let mut n = 0;
         while let Some(p) = self.pending.front() {
-            let at = usize::from(p.last) * Fmt::<D>::DESC_SIZE + Fmt::<D>::STATUS_OFFSET;
-            let Some(status) = self.fmt.status(self.ring.read_u32(at)?) else {
+            let ring = RingMem::new(&self.ring, self.cfg.ring);
+            let Some(status) = self.fmt.done(&ring, p.head, p.last)? else {
                 break;
             };
             if status != Status::Ok {
@@ -510,6 +519,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
 }
 
+/// The longest [`Format::PREFIX`] the engine carries.
+const MAX_PREFIX: usize = 64;
+
 /// Refuses a format whose constants the engine cannot use: a descriptor
 /// that is not a whole number of 64-bit words, or a status word outside it.
 fn check_format<F: Format>() -> Result<()> {
@@ -523,6 +535,18 @@ fn check_format<F: Format>() -> Result<()> {
         return Err(Error::BadConfig {
             what: "format status offset (an aligned word inside the descriptor)",
             value: F::STATUS_OFFSET as u64,
+        });
+    }
+    if F::PREFIX > MAX_PREFIX {
+        return Err(Error::BadConfig {
+            what: "format prefix (at most 64 bytes)",
+            value: F::PREFIX as u64,
+        });
+    }
+    if F::ring_bytes(2) < 2 * F::DESC_SIZE {
+        return Err(Error::BadConfig {
+            what: "format ring bytes (at least the descriptor table)",
+            value: F::ring_bytes(2) as u64,
         });
     }
     if F::MAX_BUF == 0 {

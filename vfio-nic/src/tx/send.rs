@@ -11,10 +11,10 @@ use pfrag::dma::DmaMapper;
 use pfrag::frag::Frag;
 use pfrag::Iova;
 
-use super::{pieces, Fmt, FmtContext, Hdr, Pending, Queue};
+use super::{header, pieces, Fmt, FmtContext, Hdr, Pending, Queue};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
-use crate::format::{Buf, Format, Packet};
+use crate::format::{Buf, Format, Packet, RingMem};
 use crate::offload::{self, Layout, Offload};
 
 /// Bytes of an Ethernet header (no VLAN tag): what a frame has beyond
@@ -107,12 +107,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// fits a slot, but TSO ones (whose payload is segmented apart from
     /// the headers).
     fn inline_fits(&self, hlen: usize, len: usize, offload: Offload) -> bool {
+        let n = Fmt::<D>::PREFIX + hlen + len;
         !matches!(offload, Offload::Tso { .. })
-            && hlen + len <= Fmt::<D>::MAX_BUF
-            && self
-                .bounce
-                .as_ref()
-                .is_some_and(|b| hlen + len <= b.slot_size())
+            && n <= Fmt::<D>::MAX_BUF
+            && self.bounce.as_ref().is_some_and(|b| n <= b.slot_size())
     }
 
     /// Sends a small packet inline (see [`inline_fits`](Self::inline_fits)):
@@ -129,24 +127,30 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let nctx = ctx.descs();
         self.check_room(nctx + 1, nctx, Need::Exact)?;
         let idx = self.next_by(self.tail, nctx);
-        let bytes = std::iter::once(headers).chain(parts.iter().map(|p| &**p));
+        let mut scratch = header::scratch();
+        let front = self.front(headers, &pkt, &mut scratch);
+        let bytes = front.into_iter().chain(parts.iter().map(|p| &**p));
         let b = self.bounce.as_mut().expect("inline_fits saw a bounce ring");
         let iova = b.fill_parts(usize::from(idx), bytes)?;
         let buf = Buf {
             iova,
-            len: headers.len() + pkt.len,
+            len: Fmt::<D>::PREFIX + headers.len() + pkt.len,
             first: true,
             last: true,
+            next: self.next(idx),
         };
+        let head = self.tail;
         let written = self
             .write_context(self.tail, ctx)
-            .and_then(|()| self.write_data(idx, buf, &pkt));
+            .and_then(|()| self.write_data(idx, buf, &pkt))
+            .and_then(|()| self.publish(head));
         if let Err(e) = written {
             self.drop_header(Hdr::Slot(usize::from(idx)));
             return Err(e);
         }
         self.stats.inline_packets += 1;
         self.advance(
+            head,
             idx,
             nctx + 1,
             ctx,
@@ -181,6 +185,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     #[inline(always)]
     fn advance(
         &mut self,
+        head: u16,
         last: u16,
         ndesc: usize,
         ctx: Ctx<FmtContext<D>>,
@@ -200,6 +205,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.stats.bytes += len as u64;
         self.stats.descs += ndesc as u64;
         self.pending.push_back(Pending {
+            head,
             last,
             ndesc: ndesc as u16,
             hdr,
@@ -316,21 +322,28 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 max: self.max_payload(),
             });
         }
-        if !self.fmt.supports(offload) {
-            return Err(Error::UnsupportedOffload {
-                offload: offload.name(),
-                format: Fmt::<D>::NAME,
-            });
+        let unsupported = || Error::UnsupportedOffload {
+            offload: offload.name(),
+            format: Fmt::<D>::NAME,
+        };
+        // Whether the format carries the offload at all, before the
+        // headers are parsed; then for these headers.
+        if !self.fmt.supports(offload, None) {
+            return Err(unsupported());
         }
         let layout = offload::check(headers, len, offload, Fmt::<D>::MAX_PAYLOAD)?;
-        // Headers go in one buffer, never split: the format must carry
-        // them whole.
-        if headers.len() > Fmt::<D>::MAX_BUF {
+        if layout.is_some() && !self.fmt.supports(offload, layout.as_ref()) {
+            return Err(unsupported());
+        }
+        // Headers go in one buffer (after the format's prefix), never
+        // split: the format must carry them whole.
+        let max = Fmt::<D>::MAX_BUF - Fmt::<D>::PREFIX.min(Fmt::<D>::MAX_BUF);
+        if headers.len() > max {
             return Err(Error::BadHeaders {
                 offload: offload.name(),
                 why: crate::error::HeaderFault::TooLong {
                     len: headers.len(),
-                    max: Fmt::<D>::MAX_BUF,
+                    max,
                 },
             });
         }
@@ -406,8 +419,12 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let ndesc = nctx + 1 + data;
         self.check_room(ndesc, nctx, Need::Exact)?;
         let hdr_idx = self.next_by(self.tail, nctx);
-        let (hdr_iova, hold) = self.place_header(hdr_idx, headers)?;
-        let last = match self.write_packet(ctx, &pkt, hdr_iova, frags) {
+        let (hdr_iova, hold) = self.place_header(hdr_idx, headers, &pkt)?;
+        let head = self.tail;
+        let written = self
+            .write_packet(ctx, &pkt, hdr_iova, frags)
+            .and_then(|last| self.publish(head).map(|()| last));
+        let last = match written {
             Ok(last) => last,
             Err(e) => {
                 self.drop_header(hold);
@@ -415,7 +432,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             }
         };
         let frags = std::mem::replace(frags, self.spare.pop().unwrap_or_default());
-        self.advance(last, ndesc, ctx, hold, frags, pkt.len, token);
+        self.advance(head, last, ndesc, ctx, hold, frags, pkt.len, token);
         Ok(())
     }
 
@@ -434,9 +451,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         idx = self.next_by(idx, ctx.descs());
         let hdr = Buf {
             iova: hdr_iova,
-            len: pkt.hlen,
+            len: Fmt::<D>::PREFIX + pkt.hlen,
             first: true,
             last: false,
+            next: self.next(idx),
         };
         self.write_data(idx, hdr, pkt)?;
         let nfr = frags.len();
@@ -451,6 +469,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                     len: n,
                     first: false,
                     last,
+                    next: self.next(idx),
                 };
                 self.write_data(idx, buf, pkt)?;
             }
@@ -477,37 +496,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.write_desc(idx, w)
     }
 
-    pub(super) fn drop_header(&mut self, h: Hdr<M>) {
-        match h {
-            Hdr::Slot(i) => {
-                if let Some(b) = self.bounce.as_mut() {
-                    b.release(i);
-                }
-            }
-            Hdr::Frag(f) => {
-                if self.hdr_cache.complete(f).is_err() {
-                    self.stats.unmap_errors += 1;
-                }
-            }
-        }
-    }
-
-    fn place_header(&mut self, idx: u16, hdr: &[u8]) -> Result<(Iova, Hdr<M>)> {
-        let mut fallback = false;
-        if let Some(b) = self.bounce.as_mut() {
-            match b.fill(usize::from(idx), hdr) {
-                Ok(iova) => return Ok((iova, Hdr::Slot(usize::from(idx)))),
-                Err(pfrag::Error::HeaderTooLarge { .. }) => fallback = true,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let mut f = self.hdr_cache.refill(hdr.len(), true)?;
-        f.as_mut_slice().copy_from_slice(hdr);
-        // Counted only once the header has its frag: a failed send counts
-        // nothing.
-        self.stats.header_fallbacks += u64::from(fallback);
-        self.stats.mapped_headers += 1;
-        Ok((f.iova(), Hdr::Frag(f)))
+    /// Publishes the packet whose descriptors start at `head`
+    /// ([`Format::publish`]).
+    fn publish(&mut self, head: u16) -> Result<()> {
+        self.fmt
+            .publish(&RingMem::new(&self.ring, self.cfg.ring), head)
     }
 }
 
