@@ -13,7 +13,7 @@ fn main() -> ExitCode {
         eprintln!("usage: fuzz_seeds DIR");
         return ExitCode::from(2);
     };
-    for target in ["softnic", "wire", "iommu_info"] {
+    for target in ["softnic", "virtio", "wire", "iommu_info"] {
         let d = dir.join(target);
         if let Err(e) = std::fs::create_dir_all(&d) {
             eprintln!("error: {}: {e}", d.display());

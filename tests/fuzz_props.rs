@@ -24,6 +24,13 @@ proptest! {
     }
 
     #[test]
+    fn virtio_model_never_panics_nor_writes_outside_the_used_ring(
+        data in proptest::collection::vec(any::<u8>(), 0..2048)
+    ) {
+        prop_assert_eq!(harness::virtio_ring(&data), Ok(()));
+    }
+
+    #[test]
     fn wire_checker_never_panics_and_accepts_only_parsable_frames(
         data in proptest::collection::vec(any::<u8>(), 0..1600)
     ) {

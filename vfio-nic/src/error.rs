@@ -222,6 +222,16 @@ pub enum Error {
     /// model's `virtio-queue`).
     #[error("virtqueue: {0}")]
     Virtqueue(#[source] virtio_queue::Error),
+    /// The virtio-net model found entries in the available ring that it
+    /// could not read.
+    #[error("virtqueue: the available ring cannot be read at entry {next_avail}")]
+    AvailUnreadable {
+        /// The device's next available entry.
+        next_avail: u16,
+    },
+    /// A line rate for a model that serves a doorbell in one go.
+    #[error("this device model serves whole doorbells (a virtio-net available ring) and cannot be paced to a line rate")]
+    Unpaceable,
     /// A device lacks a feature the driver cannot do without.
     #[error("the device does not offer {feature} ({features:#x} offered): {why}")]
     MissingFeature {

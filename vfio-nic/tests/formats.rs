@@ -350,3 +350,52 @@ fn virtio_on_a_device_thread_loses_and_reorders_nothing() {
         assert_eq!(wire.next_offset(f).unwrap_or(0), sent as u32, "flow {f}");
     }
 }
+
+#[test]
+fn a_virtio_model_cannot_be_paced_to_a_line_rate() {
+    use vfio_nic::model::thread::{self, Threaded};
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let nic = VirtioNet::new(iommu, capture(false)).unwrap();
+    let paced = thread::Config {
+        line_rate_gbit: Some(10.0),
+    };
+    // It takes whole available rings per doorbell; pacing needs a device
+    // that stops at a slot.
+    let e = Threaded::spawn(nic, paced).unwrap_err();
+    assert!(matches!(e, Error::Unpaceable), "{e}");
+}
+
+/// A virtqueue written by hand, as a buggy or hostile driver would: the
+/// model refuses what it cannot take with an error or a count, and
+/// neither hangs nor allocates for a chain no packet can be.
+#[test]
+fn a_hostile_available_ring_is_an_error_not_a_hang() {
+    use pfrag::dma::{Coherent, Dir};
+    use vfio_nic::format::virtio::{Layout, Split};
+    use vfio_nic::format::Format;
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let l = Layout::new(8);
+    let ring = Coherent::new(domain.clone(), Split::ring_bytes(8), Dir::BIDIRECTIONAL).unwrap();
+    let buf = Coherent::new(domain, 4096, Dir::TO_DEVICE).unwrap();
+    // One descriptor claiming 1 GiB of a one-page buffer.
+    ring.write_u64(0, buf.iova().raw()).unwrap();
+    ring.write_u64(8, 1 << 30).unwrap();
+    let mut nic = VirtioNet::new(iommu, capture(true)).unwrap();
+    // SAFETY: `ring` is this test's, kept for the device until it drops.
+    unsafe { nic.attach(ring.iova(), 8) }.unwrap();
+    // Entry 0 names descriptor 0; the index says 1.
+    ring.write(l.avail + 2, &1u16.to_le_bytes()).unwrap();
+    // SAFETY: the device's only mappings are `ring` and `buf`, reached by
+    // the CPU only through `Coherent`'s atomic accessors, not meanwhile.
+    unsafe { nic.kick(0) }.unwrap();
+    let st = nic.stats();
+    assert_eq!((st.packets, st.bad_desc, st.frames), (1, 1, 0));
+    assert!(nic.take_frames().is_empty());
+    // An index 11 entries past the one the device took: more than the
+    // ring holds.
+    ring.write(l.avail + 2, &12u16.to_le_bytes()).unwrap();
+    // SAFETY: as above.
+    let e = unsafe { nic.kick(0) }.unwrap_err();
+    assert!(matches!(e, Error::Virtqueue(_)), "{e}");
+}

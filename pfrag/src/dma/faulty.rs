@@ -244,12 +244,14 @@ impl<M: DmaMapper> DmaMapper for Faulty<M> {
     }
 }
 
-impl<M: Translate> Translate for Faulty<M> {
+// SAFETY: every call goes to the one inner translation.
+unsafe impl<M: Translate> Translate for Faulty<M> {
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
         self.inner.translate(iova, access)
     }
-    fn hold(&self) -> super::Hold<'_> {
-        self.inner.hold()
+    unsafe fn hold(&self) -> super::Hold<'_> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.inner.hold() }
     }
     unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
         // SAFETY: the caller's promise is passed on unchanged.

@@ -55,6 +55,14 @@ impl Fence {
 /// for this hold forever. Nor should it call
 /// [`read`](super::Translate::read) or [`write`](super::Translate::write)
 /// of the same mapper, which may wait behind an unmap that waits for it.
+/// Taking one is `unsafe` for that reason:
+///
+/// ```compile_fail,E0133
+/// use pfrag::dma::{Identity, Translate};
+///
+/// let iommu = Identity::new();
+/// let _held = iommu.hold(); // needs `unsafe`
+/// ```
 #[derive(Debug)]
 #[must_use = "the fence is released as soon as the hold drops"]
 pub struct Hold<'a>(#[allow(dead_code)] RwLockReadGuard<'a, ()>);

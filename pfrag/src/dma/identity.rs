@@ -267,7 +267,11 @@ impl DmaMapper for Identity {
     }
 }
 
-impl Translate for Identity {
+// SAFETY: a translation names the mapped page's own memory (the `unsafe
+// map` caller keeps it allocated until the unmap), at least one byte of it,
+// inside the page; unmaps and flushes wait in the fence for every `Hold`
+// and device access; the accesses go through `translate`.
+unsafe impl Translate for Identity {
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
         let dir = self.lock().pages.get(&iova.page()).map(|r| r.dir());
         match dir {
@@ -281,7 +285,7 @@ impl Translate for Identity {
             }
         }
     }
-    fn hold(&self) -> super::Hold<'_> {
+    unsafe fn hold(&self) -> super::Hold<'_> {
         self.fence.hold()
     }
     unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {

@@ -329,16 +329,37 @@ pub struct Translation {
 ///   word).
 ///
 /// Memory that no mapping covers needs no promise: the access faults.
-pub trait Translate: Send + Sync {
+///
+/// # Safety
+///
+/// For implementors. Device models trust a translation: a model that needs addresses of its
+/// own (the virtio-net model's `vm-memory` view) dereferences what
+/// [`translate`](Self::translate) returns while it holds a
+/// [`Hold`](Self::hold). So an implementation promises that a successful
+/// `translate` names `len` (at least 1) bytes of memory, inside one page,
+/// that the mapping covers for `access` and that stay allocated until an
+/// unmap of that mapping returns; that no unmap or flush returns while a
+/// `Hold` from [`hold`](Self::hold) is alive; and that `read`, `write` and
+/// `write_u32` touch only what `translate` would name. pfrag's mappers
+/// keep these with their fence; a wrapper forwards all of them to one
+/// inner translation.
+pub unsafe trait Translate: Send + Sync {
     /// Translates `iova` for `access`, or faults. The address is for
     /// inspection (tests, statistics); [`read`](Self::read) and
     /// [`write`](Self::write) are how a device reaches memory.
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault>;
     /// Holds off every unmap and flush until the [`Hold`] drops: while it
     /// is alive, memory that a [`translate`](Self::translate) made
-    /// meanwhile points at stays allocated (see [`Hold`] for what the
-    /// holding thread must not do meanwhile).
-    fn hold(&self) -> Hold<'_>;
+    /// meanwhile points at stays allocated.
+    ///
+    /// # Safety
+    /// Until the hold drops, the thread holding it neither unmaps nor
+    /// flushes through this mapper (directly, or by dropping a pool, a
+    /// `Coherent` region or a queue) nor calls [`read`](Self::read),
+    /// [`write`](Self::write) or [`write_u32`](Self::write_u32): each
+    /// would wait for the hold, forever. (Nothing unsound follows from
+    /// breaking this; the thread hangs.)
+    unsafe fn hold(&self) -> Hold<'_>;
     /// DMA read of `len` bytes at `iova`: `f` sees them piece by piece, in
     /// order, each piece within one translated page. A fault stops the read
     /// (after the pieces before it).
@@ -371,12 +392,14 @@ pub trait Translate: Send + Sync {
     }
 }
 
-impl<T: Translate + ?Sized> Translate for std::sync::Arc<T> {
+// SAFETY: every call goes to the one inner translation.
+unsafe impl<T: Translate + ?Sized> Translate for std::sync::Arc<T> {
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
         (**self).translate(iova, access)
     }
-    fn hold(&self) -> Hold<'_> {
-        (**self).hold()
+    unsafe fn hold(&self) -> Hold<'_> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { (**self).hold() }
     }
     unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
         // SAFETY: the caller's promise is passed on unchanged.

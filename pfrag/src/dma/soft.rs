@@ -426,13 +426,17 @@ impl DmaMapper for SoftIommu {
     }
 }
 
-impl Translate for SoftIommu {
+// SAFETY: a translation names the mapped page's own memory (the `unsafe
+// map` caller keeps it allocated until the unmap), at least one byte of it,
+// inside the page; unmaps and flushes wait in the fence for every `Hold`
+// and device access; the accesses go through `translate`.
+unsafe impl Translate for SoftIommu {
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
         let t = self.walk(iova, access);
         latency::pay();
         t
     }
-    fn hold(&self) -> super::Hold<'_> {
+    unsafe fn hold(&self) -> super::Hold<'_> {
         self.fence.hold()
     }
     unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {

@@ -309,7 +309,9 @@ fn an_unmap_does_not_return_while_a_hold_is_alive() {
     let m = iommu(Invalidation::Strict);
     map(&m, 0x10_0000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
     let unmapped = AtomicBool::new(false);
-    let hold = m.hold();
+    // SAFETY: this thread neither unmaps nor accesses through `m` while
+    // it holds; the unmap runs on another thread.
+    let hold = unsafe { m.hold() };
     // What the holder translated stays valid: the unmap waits for it.
     assert!(m.translate(Iova(0x10_0000), Dir::TO_DEVICE).is_ok());
     std::thread::scope(|s| {

@@ -58,9 +58,11 @@ impl<'a, M: DmaMapper> RingMem<'a, M> {
     /// The 16-bit value at `off` (2-byte aligned), an atomic load with
     /// acquire ordering.
     pub fn read_u16(&self, off: usize) -> Result<u16> {
-        // SAFETY: the ring is the queue's own and private; the engine
-        // makes a `RingMem` only inside a `&mut self` call, so no other
-        // CPU access to it runs meanwhile, of any size.
+        // SAFETY: the ring is the queue's own and private, and the engine
+        // makes a `RingMem` only inside a `&mut self` call: no other
+        // driver-side access to it runs meanwhile. The device's accesses
+        // to words the format reads or writes as 16 bits are 16-bit
+        // atomics too (the `Format` contract): no mixed-size race.
         Ok(unsafe { self.ring.read_u16(off) }?)
     }
     /// Stores the 16-bit `v` at `off` (2-byte aligned), atomically with
@@ -137,9 +139,13 @@ pub enum Status {
 /// [`status`](Self::status) says it is done, so `status` returns `Some`
 /// only for a word the device wrote back after it finished reading every
 /// buffer of the packet, never for what `write_data` itself left there;
-/// the same holds for [`done`](Self::done), if overridden. The device
-/// reaches ring memory beyond the descriptors only with atomic accesses of
-/// the sizes the format's own [`RingMem`] accesses use for the same bytes.
+/// the same holds for [`done`](Self::done), if overridden. Where the
+/// device and the engine may touch the same ring bytes at once (indices,
+/// flags, event words), the device's accesses are atomic and of the size
+/// the format's own [`RingMem`] accesses use for them; every other ring
+/// byte the device writes (a used entry) it writes before a release store
+/// that the format reads with an acquire load (its index) before reading
+/// the byte.
 pub unsafe trait Format {
     /// A short name, for errors and reports.
     const NAME: &'static str;
@@ -227,6 +233,10 @@ pub unsafe trait Format {
         let _ = ring;
         Ok(true)
     }
+
+    /// The doorbell the last [`flush`](Self::flush) asked for could not be
+    /// rung (the device call failed): the next flush must ask again.
+    fn unflush(&mut self) {}
 
     /// The completion of the oldest packet in flight, whose descriptors
     /// are the slots `head..=last`: `None` while the device is not done.

@@ -133,6 +133,8 @@ pub struct Split {
     avail: u16,
     /// The available index as of the last flush.
     flushed: u16,
+    /// The one before, for a doorbell that could not be rung.
+    before: u16,
     /// Used entries consumed.
     used: u16,
     /// Heads the used ring reported done that the engine has not asked
@@ -305,7 +307,7 @@ unsafe impl Format for Split {
         let l = Layout::new(ring.size());
         let (old, new) = (self.flushed, self.avail);
         ring.write_u16(l.avail_idx(), new)?;
-        self.flushed = new;
+        (self.before, self.flushed) = (old, new);
         // The index store before the device's word is read (the spec's
         // full barrier): else both sides may miss the other's update.
         fence(Ordering::SeqCst);
@@ -316,6 +318,10 @@ unsafe impl Format for Split {
         } else {
             Ok(ring.read_u16(l.used_flags())? & VRING_USED_F_NO_NOTIFY as u16 == 0)
         }
+    }
+
+    fn unflush(&mut self) {
+        self.flushed = self.before;
     }
 
     fn done<M: DmaMapper>(
@@ -384,6 +390,32 @@ mod tests {
         used(3, 4);
         mem.write_u16(l.used_idx(), 4).unwrap();
         assert_eq!(f.done(&mem, 4, 4).unwrap(), Some(Status::Ok));
+    }
+
+    #[test]
+    fn a_doorbell_that_was_not_rung_is_asked_for_again() {
+        use pfrag::dma::{Coherent, Dir, Domain, SoftIommu, SoftIommuConfig};
+        use std::sync::Arc;
+        let iommu = SoftIommu::new(SoftIommuConfig::default()).unwrap();
+        let domain = Arc::new(Domain::new(iommu));
+        let ring = Coherent::new(domain, Split::ring_bytes(8), Dir::BIDIRECTIONAL).unwrap();
+        let mem = RingMem::new(&ring, 8);
+        let mut f = Split::negotiate(features::USED).unwrap();
+        assert!(f.event_idx());
+        // The device has seen nothing (avail_event 0).
+        f.publish(&mem, 0).unwrap();
+        assert!(
+            f.flush(&mem).unwrap(),
+            "the first packet asks for a doorbell"
+        );
+        f.publish(&mem, 1).unwrap();
+        let mut kept = f.clone();
+        // The doorbell was rung: the device is at work, and says when it
+        // wants the next one (EVENT_IDX).
+        assert!(!f.flush(&mem).unwrap());
+        // It was not rung: the next flush asks again.
+        kept.unflush();
+        assert!(kept.flush(&mem).unwrap());
     }
 
     #[test]

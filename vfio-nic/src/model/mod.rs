@@ -33,4 +33,11 @@ pub trait Model: crate::device::TxDevice {
     fn take_frames(&mut self) -> Vec<Vec<u8>> {
         Vec::new()
     }
+    /// Whether a doorbell can be served a descriptor at a time: the model
+    /// reports its head as a ring slot and stops at the tail it is given,
+    /// which pacing to a line rate needs ([`thread::Config::line_rate_gbit`]).
+    /// True by default; the virtio-net model takes whole available rings.
+    fn paceable(&self) -> bool {
+        true
+    }
 }

@@ -82,6 +82,9 @@ impl<D: Model + Send + 'static> Threaded<D> {
             Some(g) if g.is_finite() && g > 0.0 => Some(8.0 / g),
             Some(gbit) => return Err(Error::BadLineRate { gbit }),
         };
+        if gap_ns_per_byte.is_some() && !dev.paceable() {
+            return Err(Error::Unpaceable);
+        }
         let shared = Arc::new(Shared {
             dev: Mutex::new(dev),
             doorbell: AtomicU64::new(NO_DOORBELL),
@@ -182,7 +185,7 @@ impl Wire {
 /// never sees completions faster than the line rate allows. Returns the
 /// doorbell served.
 fn serve_paced<D: Model>(s: &Shared<D>, ns_per_byte: f64, wire: &mut Wire) -> u64 {
-    loop {
+    while !s.stop.load(Ordering::Acquire) {
         let waited = wire.now_ns();
         let mut now = waited;
         while now < wire.free_ns && !s.stop.load(Ordering::Acquire) {
@@ -200,9 +203,10 @@ fn serve_paced<D: Model>(s: &Shared<D>, ns_per_byte: f64, wire: &mut Wire) -> u6
             _ => return bell,
         };
         let before = d.counters();
+        let next = ((u32::from(head) + 1) % u32::from(len)) as u16;
         // SAFETY: the descriptor at `head` lies before `tail`, the latest
         // doorbell of this attachment: its caller handed it over.
-        if let Err(e) = unsafe { d.kick((head + 1) % len) } {
+        if let Err(e) = unsafe { d.kick(next) } {
             lock(&s.error).get_or_insert(e);
             return bell;
         }
@@ -212,6 +216,7 @@ fn serve_paced<D: Model>(s: &Shared<D>, ns_per_byte: f64, wire: &mut Wire) -> u6
         // DMA overlaps the frames before), or once the wire is free.
         wire.free_ns = wire.free_ns.max(now) + wire_of(&sent) as f64 * ns_per_byte;
     }
+    s.doorbell.load(Ordering::Acquire)
 }
 
 /// Wire bytes of what one doorbell sent: frames with their gaps.

@@ -86,7 +86,12 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let front = self.front(hdr, pkt, &mut scratch);
         let mut fallback = false;
         if let Some(b) = self.bounce.as_mut() {
-            match b.fill_parts(usize::from(idx), front.into_iter()) {
+            // Without a prefix (the 82576), one copy of the headers.
+            let filled = match front {
+                [[], h] => b.fill(usize::from(idx), h),
+                parts => b.fill_parts(usize::from(idx), parts.into_iter()),
+            };
+            match filled {
                 Ok(iova) => return Ok((iova, Hdr::Slot(usize::from(idx)))),
                 Err(pfrag::Error::HeaderTooLarge { .. }) => fallback = true,
                 Err(e) => return Err(e.into()),

@@ -411,6 +411,15 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         if !self.fmt.flush(&RingMem::new(&self.ring, self.cfg.ring))? {
             return Ok(());
         }
+        let rung = self.ring_doorbell();
+        if rung.is_err() {
+            self.fmt.unflush();
+        }
+        rung
+    }
+
+    /// The doorbell itself, for everything up to the tail.
+    fn ring_doorbell(&mut self) -> Result<()> {
         // SAFETY: the descriptors from the device's head to `tail` are
         // this queue's, written by `post_frags` since the ring was attached
         // at `new`; they name the frags in `in_flight`, which the queue

@@ -39,7 +39,10 @@ impl<'a, T: Translate> IoView<'a, T> {
     pub(crate) unsafe fn new(iommu: &'a T) -> Self {
         IoView {
             iommu,
-            _hold: iommu.hold(),
+            // SAFETY: our caller does not unmap through `iommu` on this
+            // thread while the view lives, and the view makes no
+            // `read`/`write` (only `translate`).
+            _hold: unsafe { iommu.hold() },
         }
     }
 }
@@ -74,6 +77,12 @@ impl<'b, T: Translate> Iterator for Slices<'b, T> {
             return Some(Err(Error::InvalidGuestAddress(GuestAddress(self.at))));
         };
         let n = usize::try_from(t.len).unwrap_or(usize::MAX).min(self.left);
+        if n == 0 {
+            // `Translate` promises at least one byte; a fault otherwise,
+            // never a loop.
+            self.failed = true;
+            return Some(Err(Error::InvalidGuestAddress(GuestAddress(self.at))));
+        }
         let Some(next) = self.at.checked_add(n as u64) else {
             self.failed = true;
             return Some(Err(Error::GuestAddressOverflow));

@@ -51,7 +51,7 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4,
     VIRTIO_NET_HDR_GSO_TCPV6,
 };
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestMemory, Permissions};
 
 use super::segment::{pieces, range_pages, segments, Packet, Segmenter, MAX_HDR};
@@ -62,6 +62,10 @@ use crate::error::{Error, Result};
 use crate::format::virtio::{features, Layout, Split, HDR_LEN};
 use crate::gen::flow;
 use mem::IoView;
+
+/// The longest chain a packet makes: the header, the frame's headers, and
+/// at most 64 KiB after them (a GSO packet, like an IP packet).
+const MAX_CHAIN: usize = HDR_LEN + MAX_HDR + u16::MAX as usize;
 
 /// The virtio-net model; see the module docs.
 pub struct VirtioNet<T: Translate> {
@@ -131,6 +135,12 @@ impl Engine {
     fn process<M: GuestMemory>(&mut self, mem: &M) {
         self.stats.packets += 1;
         let total: usize = self.bufs.iter().map(|b| b.1).sum();
+        if total > MAX_CHAIN {
+            // Longer than any packet: a broken chain, refused before
+            // anything is read or allocated for it.
+            self.stats.bad_desc += 1;
+            return;
+        }
         let mut head = [0u8; HDR_LEN + MAX_HDR];
         let n = total.min(head.len());
         if total <= HDR_LEN || read(mem, &self.bufs, 0, n, &mut copy_into(&mut head)).is_err() {
@@ -368,6 +378,11 @@ impl<T: Translate> super::Model for VirtioNet<T> {
     fn take_frames(&mut self) -> Vec<Vec<u8>> {
         std::mem::take(&mut self.tx.frames)
     }
+    /// A doorbell takes the whole available ring, and the head is the
+    /// next available index, not a descriptor slot.
+    fn paceable(&self) -> bool {
+        false
+    }
 }
 
 impl<T: Translate> TxDevice for VirtioNet<T> {
@@ -404,6 +419,8 @@ impl<T: Translate> TxDevice for VirtioNet<T> {
         Ok(())
     }
 
+    /// The next available ring index (a free-running count of chains
+    /// taken, not a descriptor slot).
     fn head(&mut self) -> Option<u16> {
         self.queue.as_ref().map(|q| q.next_avail())
     }
@@ -427,29 +444,48 @@ impl<T: Translate> TxDevice for VirtioNet<T> {
 }
 
 impl Engine {
+    /// Takes chains until the available ring is empty (and, with
+    /// notifications back on, stays so). An available index the ring
+    /// cannot hold, or an entry that cannot be read, is an error rather
+    /// than a loop that never ends.
     fn drain<M: GuestMemory>(&mut self, q: &mut Queue, mem: &M) -> Result<()> {
         loop {
             q.disable_notification(mem).map_err(Error::Virtqueue)?;
-            while let Some(chain) = q.pop_descriptor_chain(mem) {
+            let mut taken = 0u32;
+            while let Some(chain) = q.iter(mem).map_err(Error::Virtqueue)?.next() {
                 let head = chain.head_index();
-                self.bufs.clear();
-                let mut ok = true;
-                for d in chain {
-                    self.stats.descs += 1;
-                    ok &= !d.is_write_only() && self.bufs.len() < MAX_BUFS;
-                    self.bufs.push((Iova(d.addr().0), d.len() as usize));
-                }
-                if ok {
-                    self.process(mem);
-                } else {
-                    self.stats.packets += 1;
-                    self.stats.bad_desc += 1;
-                }
+                self.take(mem, chain);
                 q.add_used(mem, head, 0).map_err(Error::Virtqueue)?;
+                taken += 1;
             }
             if !q.enable_notification(mem).map_err(Error::Virtqueue)? {
                 return Ok(());
             }
+            if taken == 0 {
+                return Err(Error::AvailUnreadable {
+                    next_avail: q.next_avail(),
+                });
+            }
+        }
+    }
+
+    /// Sends one chain (counted as malformed if a buffer is device-written
+    /// or the chain is longer than a packet may be).
+    fn take<M: GuestMemory>(&mut self, mem: &M, chain: DescriptorChain<&M>) {
+        self.bufs.clear();
+        let mut ok = true;
+        for d in chain {
+            self.stats.descs += 1;
+            ok &= !d.is_write_only() && self.bufs.len() < MAX_BUFS;
+            if self.bufs.len() < MAX_BUFS {
+                self.bufs.push((Iova(d.addr().0), d.len() as usize));
+            }
+        }
+        if ok {
+            self.process(mem);
+        } else {
+            self.stats.packets += 1;
+            self.stats.bad_desc += 1;
         }
     }
 }

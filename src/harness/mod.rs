@@ -12,6 +12,12 @@
 //!   parses as IPv4/TCP.
 //! - [`iommu_info`]: the `VFIO_IOMMU_GET_INFO` parser never panics, and
 //!   reports no more ranges than the buffer holds.
+//! - [`virtio_ring`]: the virtio-net model on arbitrary virtqueue contents
+//!   never panics and writes nothing but the used ring.
+
+mod virtio;
+
+pub use virtio::{virtio_ring, VDescIn, VirtqIn};
 
 use std::sync::Arc;
 
@@ -66,7 +72,7 @@ pub struct RingIn {
     pub tails: Vec<u8>,
 }
 
-fn dir(bits: u8) -> Dir {
+pub(crate) fn dir(bits: u8) -> Dir {
     match bits % 3 {
         0 => Dir::TO_DEVICE,
         1 => Dir::FROM_DEVICE,
