@@ -19,9 +19,11 @@ const MAX_PATCHED: usize = 256;
 /// Scratch for a packet's front: the format's prefix and patched headers.
 pub(super) type Scratch = [u8; MAX_PREFIX + MAX_PATCHED];
 
-/// A zeroed [`Scratch`].
-pub(super) fn scratch() -> Scratch {
-    [0; MAX_PREFIX + MAX_PATCHED]
+/// A zeroed [`Scratch`] for a format that writes a prefix or patches
+/// headers; `None` (nothing to clear per packet) for one that does
+/// neither, as the 82576's.
+pub(super) fn scratch<F: Format>() -> Option<Scratch> {
+    (F::PREFIX > 0 || !F::INSERTS_IPV4_CSUM).then_some([0; MAX_PREFIX + MAX_PATCHED])
 }
 
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
@@ -33,8 +35,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         &self,
         headers: &'a [u8],
         pkt: &Packet,
-        scratch: &'a mut Scratch,
+        scratch: &'a mut Option<Scratch>,
     ) -> [&'a [u8]; 2] {
+        // A format with neither prefix nor patch has no scratch: the
+        // headers go as they are.
+        let Some(scratch) = scratch.as_mut() else {
+            return [&[], headers];
+        };
         let (pre, rest) = scratch.split_at_mut(MAX_PREFIX);
         let pre = &mut pre[..Fmt::<D>::PREFIX];
         if !pre.is_empty() {
@@ -82,7 +89,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         hdr: &[u8],
         pkt: &Packet,
     ) -> Result<(Iova, Hdr<M>)> {
-        let mut scratch = scratch();
+        let mut scratch = scratch::<Fmt<D>>();
         let front = self.front(hdr, pkt, &mut scratch);
         let mut fallback = false;
         if let Some(b) = self.bounce.as_mut() {

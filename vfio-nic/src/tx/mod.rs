@@ -397,12 +397,21 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         Ok(())
     }
 
+    /// The slot after `idx` (no division: this runs per descriptor).
     fn next(&self, idx: u16) -> u16 {
-        self.next_by(idx, 1)
+        if idx + 1 >= self.cfg.ring {
+            0
+        } else {
+            idx + 1
+        }
     }
 
     fn next_by(&self, idx: u16, n: usize) -> u16 {
-        ((usize::from(idx) + n) % usize::from(self.cfg.ring)) as u16
+        match n {
+            0 => idx,
+            1 => self.next(idx),
+            _ => ((usize::from(idx) + n) % usize::from(self.cfg.ring)) as u16,
+        }
     }
 
     /// Rings the doorbell for everything posted (if the device wants it:
