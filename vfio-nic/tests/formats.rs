@@ -23,6 +23,11 @@ use vfio_nic::{tx, Error};
 
 type Iommu = Arc<SoftIommu>;
 
+/// How long a wait for the device may take before it is a failure: a
+/// deadlock guard (Miri, under Tree Borrows, runs a device thread some
+/// thousand times slower).
+const WAIT: Duration = Duration::from_secs(if cfg!(miri) { 600 } else { 60 });
+
 /// The queue's settings of these tests: 256 descriptors.
 fn txcfg() -> tx::Config {
     tx::Config {
@@ -80,11 +85,11 @@ fn flows<D: Model>(q: &mut tx::Queue<Iommu, D>, packets: usize, len: usize) -> R
     let n0 = q.device().counters();
     for i in 0..warm + packets {
         if i == warm {
-            q.wait_tokens(Duration::from_secs(5), &mut done).unwrap();
+            q.wait_tokens(WAIT, &mut done).unwrap();
             let s = q.cache().pool().domain().mapper().stats();
             (maps, inv) = (s.map_calls, s.invalidations);
         }
-        g.send_waiting(q, i % 4, len, Duration::from_secs(5), &mut done)
+        g.send_waiting(q, i % 4, len, WAIT, &mut done)
             .unwrap();
         q.kick().unwrap();
         q.reap_tokens(&mut done).unwrap();
@@ -92,7 +97,7 @@ fn flows<D: Model>(q: &mut tx::Queue<Iommu, D>, packets: usize, len: usize) -> R
             wire.frame(&fr).unwrap();
         }
     }
-    q.wait_tokens(Duration::from_secs(5), &mut done).unwrap();
+    q.wait_tokens(WAIT, &mut done).unwrap();
     for fr in q.take_frames() {
         wire.frame(&fr).unwrap();
     }
@@ -150,7 +155,7 @@ fn small_copied_packets_go_inline_in_one_virtio_descriptor() {
         q.send(&v, &payload, Offload::Checksum, i).unwrap();
     }
     q.kick().unwrap();
-    q.wait(Duration::from_secs(1)).unwrap();
+    q.wait(WAIT).unwrap();
     // The virtio header, headers and payload in one bounce slot: one
     // descriptor per packet, and no frag.
     let st = q.stats();
@@ -222,7 +227,7 @@ fn virtio_checksum_offload_fills_the_ipv4_header_checksum_in_software() {
     v[24..26].fill(0); // no IPv4 header checksum from the caller
     q.send(&v, &payload, Offload::Checksum, 1).unwrap();
     q.kick().unwrap();
-    q.wait(Duration::from_secs(1)).unwrap();
+    q.wait(WAIT).unwrap();
     let fr = q.take_frames().remove(0);
     let p = SlicedPacket::from_ethernet(&fr).unwrap();
     let (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Udp(udp))) = (p.net, p.transport) else {
@@ -257,7 +262,7 @@ fn offloads_the_device_did_not_offer_are_refused_before_posting() {
     assert!(matches!(e, Err(Error::UnsupportedOffload { .. })), "{e:?}");
     q.send(&hdr, &payload[..100], Offload::None, 2).unwrap();
     q.kick().unwrap();
-    q.wait(Duration::from_secs(1)).unwrap();
+    q.wait(WAIT).unwrap();
     assert_eq!(q.take_frames().len(), 1);
     // A device without VERSION_1 or ACCESS_PLATFORM is not driven at all.
     let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
@@ -323,7 +328,7 @@ fn virtio_on_a_device_thread_loses_and_reorders_nothing() {
             &mut q,
             i % 3,
             sizes[i % 3],
-            Duration::from_secs(5),
+            WAIT,
             &mut done,
         )
         .unwrap();
@@ -332,7 +337,7 @@ fn virtio_on_a_device_thread_loses_and_reorders_nothing() {
         }
     }
     q.kick().unwrap();
-    q.wait_tokens(Duration::from_secs(5), &mut done).unwrap();
+    q.wait_tokens(WAIT, &mut done).unwrap();
     assert_eq!(done, (0..packets as u64).collect::<Vec<_>>());
     let mut wire = WireCheck::default();
     for fr in q.take_frames() {
