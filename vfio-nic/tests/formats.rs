@@ -89,8 +89,7 @@ fn flows<D: Model>(q: &mut tx::Queue<Iommu, D>, packets: usize, len: usize) -> R
             let s = q.cache().pool().domain().mapper().stats();
             (maps, inv) = (s.map_calls, s.invalidations);
         }
-        g.send_waiting(q, i % 4, len, WAIT, &mut done)
-            .unwrap();
+        g.send_waiting(q, i % 4, len, WAIT, &mut done).unwrap();
         q.kick().unwrap();
         q.reap_tokens(&mut done).unwrap();
         for fr in q.take_frames() {
@@ -324,14 +323,8 @@ fn virtio_on_a_device_thread_loses_and_reorders_nothing() {
     let mut g = Traffic::new(3, 1448).unwrap();
     let mut done = Vec::new();
     for i in 0..packets {
-        g.send_waiting(
-            &mut q,
-            i % 3,
-            sizes[i % 3],
-            WAIT,
-            &mut done,
-        )
-        .unwrap();
+        g.send_waiting(&mut q, i % 3, sizes[i % 3], WAIT, &mut done)
+            .unwrap();
         if i % 4 == 3 {
             q.kick().unwrap();
         }
