@@ -60,6 +60,15 @@ impl Csum {
     }
 }
 
+/// Writes the header checksum of the IPv4 header `ip` (its bytes 10..12)
+/// over the rest of it.
+pub fn fill_ipv4_header(ip: &mut [u8]) {
+    ip[10..12].fill(0);
+    let mut c = Csum::new();
+    c.add(ip);
+    ip[10..12].copy_from_slice(&c.finish().to_be_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 use pfrag::dma::{Fault, Translate};
 use pfrag::Iova;
 
-use crate::csum::Csum;
+use crate::csum::{self, Csum};
 use crate::desc::Popts;
 use crate::gen::{flow, pattern};
 
@@ -220,10 +220,7 @@ impl<'a> Segmenter<'a> {
             maclen + 8..maclen + 40
         };
         if p.ipv4 && p.popts.contains(Popts::IXSM) {
-            ip[10..12].fill(0);
-            let mut c = Csum::new();
-            c.add(ip);
-            ip[10..12].copy_from_slice(&c.finish().to_be_bytes());
+            csum::fill_ipv4_header(ip);
         }
         let off = self.k * p.mss;
         let t = &mut h[tcp..tcp + l4len];

@@ -6,7 +6,7 @@ use pfrag::dma::DmaMapper;
 use pfrag::Iova;
 
 use super::{Fmt, Hdr, Queue, MAX_PREFIX};
-use crate::csum::Csum;
+use crate::csum;
 use crate::device::TxDevice;
 use crate::error::Result;
 use crate::format::{Format, Packet};
@@ -54,11 +54,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             Some(l) if !Fmt::<D>::INSERTS_IPV4_CSUM && headers.len() <= MAX_PATCHED => {
                 let h = &mut rest[..headers.len()];
                 h.copy_from_slice(headers);
-                let ip = &mut h[usize::from(l.maclen)..][..usize::from(l.iplen)];
-                ip[10..12].fill(0);
-                let mut c = Csum::new();
-                c.add(ip);
-                ip[10..12].copy_from_slice(&c.finish().to_be_bytes());
+                csum::fill_ipv4_header(&mut h[usize::from(l.maclen)..][..usize::from(l.iplen)]);
                 [pre, h]
             }
             _ => [pre, headers],
