@@ -113,6 +113,15 @@ pub(super) fn range_pages(bufs: &[(Iova, usize)], start: usize, len: usize) -> u
     pages
 }
 
+/// Distinct 4 KiB pages each MSS segment of `pkt`'s payload spans,
+/// summed, for a payload starting at packet offset `start` of `bufs`: the
+/// page translations a TSO engine makes fetching it segment by segment.
+pub(super) fn segment_pages(bufs: &[(Iova, usize)], start: usize, pkt: &Packet) -> u64 {
+    segments(pkt.paylen, pkt.mss)
+        .map(|(at, len)| range_pages(bufs, start + at, len))
+        .sum()
+}
+
 /// The MSS segments of a payload of `paylen` bytes: `(offset, len)` each.
 pub(super) fn segments(paylen: usize, mss: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..paylen)

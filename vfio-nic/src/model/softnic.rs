@@ -16,7 +16,7 @@ use pfrag::dma::{Fault, Translate};
 use pfrag::Iova;
 
 use super::ring::{read_desc, write_back, Ring};
-use super::segment::{range_pages, read_range, segments, Outcome, Packet, Segmenter, MAX_HDR};
+use super::segment::{read_range, segment_pages, segments, Outcome, Packet, Segmenter, MAX_HDR};
 use crate::desc::{Context, Data, Dcmd, Desc};
 use crate::device::TxDevice;
 use crate::error::Result;
@@ -128,6 +128,38 @@ pub struct NicStats {
 }
 
 impl NicStats {
+    /// Counts an offloaded packet sent as `out`: `hlen` header bytes per
+    /// frame, `paylen` payload bytes, `pages` and `segment_pages` read.
+    pub(super) fn count_sent(
+        &mut self,
+        out: &Outcome,
+        hlen: usize,
+        paylen: usize,
+        pages: u64,
+        segment_pages: u64,
+    ) {
+        self.pages += pages;
+        self.segment_pages += segment_pages;
+        self.payload_bytes += paylen as u64;
+        self.wire_bytes += wire_bytes(out.frames, hlen, paylen);
+        self.frames += out.frames;
+        self.bytes_verified += out.verified;
+        if out.ok {
+            self.delivered_bytes += paylen as u64;
+        } else {
+            self.bad_payload += 1;
+        }
+    }
+
+    /// Counts a frame of `len` bytes sent as given, over `pages` pages.
+    pub(super) fn count_raw(&mut self, len: usize, pages: u64) {
+        self.pages += pages;
+        self.payload_bytes += len as u64;
+        self.wire_bytes += wire_bytes(1, 0, len);
+        self.delivered_bytes += len as u64;
+        self.frames += 1;
+    }
+
     /// `self - earlier`, field by field: the work done in between.
     pub fn since(&self, earlier: &NicStats) -> NicStats {
         self.zip(earlier, u64::wrapping_sub)
@@ -361,17 +393,9 @@ impl<T: Translate> SoftNic<T> {
             self.stats.faults += 1;
             return;
         };
-        self.stats.pages += self.count_pages();
-        self.stats.segment_pages += self.segment_pages(hlen, &pkt);
-        self.stats.payload_bytes += pkt.paylen as u64;
-        self.stats.wire_bytes += wire_bytes(out.frames, hlen, pkt.paylen);
-        self.stats.frames += out.frames;
-        self.stats.bytes_verified += out.verified;
-        if out.ok {
-            self.stats.delivered_bytes += pkt.paylen as u64;
-        } else {
-            self.stats.bad_payload += 1;
-        }
+        let pages = self.count_pages();
+        let seg = segment_pages(&self.bufs, hlen, &pkt);
+        self.stats.count_sent(&out, hlen, pkt.paylen, pages, seg);
         self.frames.extend(frames);
     }
 
@@ -401,11 +425,8 @@ impl<T: Translate> SoftNic<T> {
             self.stats.faults += 1;
             return;
         }
-        self.stats.pages += self.count_pages();
-        self.stats.payload_bytes += total as u64;
-        self.stats.wire_bytes += wire_bytes(1, 0, total);
-        self.stats.delivered_bytes += total as u64;
-        self.stats.frames += 1;
+        let pages = self.count_pages();
+        self.stats.count_raw(total, pages);
         if capture {
             self.frames.push(frame);
         }
@@ -477,13 +498,6 @@ impl<T: Translate> SoftNic<T> {
             }?;
         }
         Ok((seg.out, seg.frames))
-    }
-
-    /// Pages each MSS segment of the packet's payload spans, summed.
-    fn segment_pages(&self, hlen: usize, pkt: &Packet) -> u64 {
-        segments(pkt.paylen, pkt.mss)
-            .map(|(at, len)| range_pages(&self.bufs, hlen + at, len))
-            .sum()
     }
 }
 

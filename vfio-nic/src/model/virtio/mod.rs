@@ -54,8 +54,8 @@ use virtio_bindings::virtio_net::{
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestMemory, Permissions};
 
-use super::segment::{pieces, range_pages, segments, Packet, Segmenter, MAX_HDR};
-use super::softnic::{wire_bytes, Config, NicStats, MAX_BUFS};
+use super::segment::{pieces, range_pages, segment_pages, segments, Packet, Segmenter, MAX_HDR};
+use super::softnic::{Config, NicStats, MAX_BUFS};
 use crate::desc::Popts;
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
@@ -169,20 +169,9 @@ impl Engine {
             }
         }
         let (out, frames) = (seg.out, seg.frames);
-        let s = &mut self.stats;
-        s.pages += range_pages(&self.bufs, 0, total);
-        s.segment_pages += segments(pkt.paylen, pkt.mss)
-            .map(|(at, n)| range_pages(&self.bufs, HDR_LEN + hlen + at, n))
-            .sum::<u64>();
-        s.payload_bytes += pkt.paylen as u64;
-        s.wire_bytes += wire_bytes(out.frames, hlen, pkt.paylen);
-        s.frames += out.frames;
-        s.bytes_verified += out.verified;
-        if out.ok {
-            s.delivered_bytes += pkt.paylen as u64;
-        } else {
-            s.bad_payload += 1;
-        }
+        let pages = range_pages(&self.bufs, 0, total);
+        let seg = segment_pages(&self.bufs, HDR_LEN + hlen, &pkt);
+        self.stats.count_sent(&out, hlen, pkt.paylen, pages, seg);
         self.frames.extend(frames);
     }
 
@@ -199,12 +188,8 @@ impl Engine {
             self.stats.faults += 1;
             return;
         }
-        let s = &mut self.stats;
-        s.pages += range_pages(&self.bufs, 0, HDR_LEN + len);
-        s.payload_bytes += len as u64;
-        s.wire_bytes += wire_bytes(1, 0, len);
-        s.delivered_bytes += len as u64;
-        s.frames += 1;
+        let pages = range_pages(&self.bufs, 0, HDR_LEN + len);
+        self.stats.count_raw(len, pages);
         if capture {
             self.frames.push(frame);
         }
