@@ -142,13 +142,7 @@ fn small_checksummed_packets_are_the_same_on_the_wire_over_both_formats() {
 fn small_copied_packets_go_inline_in_one_virtio_descriptor() {
     let mut q = queue(0, virtio(false));
     let payload = [0xa5u8; 60]; // 12 + 42 + 60 bytes: one 128-byte slot
-    let mut v = Vec::new();
-    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-        .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
-        .udp(4000, 5000)
-        .write(&mut v, &payload)
-        .unwrap();
-    v.truncate(42);
+    let v = udp4(&payload);
     let n = if cfg!(miri) { 4 } else { 50 };
     for i in 0..n {
         q.send(&v, &payload, Offload::Checksum, i).unwrap();
@@ -166,6 +160,18 @@ fn small_copied_packets_go_inline_in_one_virtio_descriptor() {
 
 const SRC6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
 const DST6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+
+/// Ethernet + IPv4 + UDP headers for `payload` (42 bytes).
+fn udp4(payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+        .udp(4000, 5000)
+        .write(&mut v, payload)
+        .unwrap();
+    v.truncate(42);
+    v
+}
 
 fn tcp6(payload: &[u8]) -> Vec<u8> {
     let mut v = Vec::new();
@@ -215,14 +221,8 @@ fn virtio_checksum_offload_fills_the_ipv4_header_checksum_in_software() {
     // virtio-net has no IPv4 header checksum offload: the engine writes
     // it, the device completes the UDP checksum.
     let mut q = queue(0, virtio(false));
-    let mut v = Vec::new();
     let payload = [0x5au8; 300];
-    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-        .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
-        .udp(4000, 5000)
-        .write(&mut v, &payload)
-        .unwrap();
-    v.truncate(42);
+    let mut v = udp4(&payload);
     v[24..26].fill(0); // no IPv4 header checksum from the caller
     q.send(&v, &payload, Offload::Checksum, 1).unwrap();
     q.kick().unwrap();

@@ -361,13 +361,18 @@ mod tests {
         assert_eq!(odd.used % 4, 0);
     }
 
+    /// The memory of an 8-entry virtqueue, mapped on a software IOMMU.
+    fn ring8() -> pfrag::dma::Coherent<pfrag::dma::SoftIommu> {
+        use pfrag::dma::{Coherent, Dir, Domain, SoftIommu, SoftIommuConfig};
+        let domain = std::sync::Arc::new(Domain::new(
+            SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+        ));
+        Coherent::new(domain, Split::ring_bytes(8), Dir::BIDIRECTIONAL).unwrap()
+    }
+
     #[test]
     fn completions_out_of_order_free_each_packet_only_once_its_head_is_used() {
-        use pfrag::dma::{Coherent, Dir, Domain, SoftIommu, SoftIommuConfig};
-        use std::sync::Arc;
-        let iommu = SoftIommu::new(SoftIommuConfig::default()).unwrap();
-        let domain = Arc::new(Domain::new(iommu));
-        let ring = Coherent::new(domain, Split::ring_bytes(8), Dir::BIDIRECTIONAL).unwrap();
+        let ring = ring8();
         let mem = RingMem::new(&ring, 8);
         let l = Layout::new(8);
         let mut f = Split::negotiate(features::USED).unwrap();
@@ -394,11 +399,7 @@ mod tests {
 
     #[test]
     fn a_doorbell_that_was_not_rung_is_asked_for_again() {
-        use pfrag::dma::{Coherent, Dir, Domain, SoftIommu, SoftIommuConfig};
-        use std::sync::Arc;
-        let iommu = SoftIommu::new(SoftIommuConfig::default()).unwrap();
-        let domain = Arc::new(Domain::new(iommu));
-        let ring = Coherent::new(domain, Split::ring_bytes(8), Dir::BIDIRECTIONAL).unwrap();
+        let ring = ring8();
         let mem = RingMem::new(&ring, 8);
         let mut f = Split::negotiate(features::USED).unwrap();
         assert!(f.event_idx());
