@@ -214,32 +214,46 @@ pub struct VtdCounts {
 /// The value a window mark writes: `MARK_MAGIC | (row << 1) | end`.
 pub const MARK_MAGIC: u32 = 0x5f00_0000;
 
-/// Splits QEMU's trace at the NIC register writes of `mark_reg` carrying
-/// [`MARK_MAGIC`] values and counts IOMMU events in each window, in order.
+/// The value of a window mark, if `line` is one: an 82576 register write
+/// to `mark_reg` or a virtio notification of the receive queue (address
+/// 0 of the notify area), carrying a [`MARK_MAGIC`] value.
+fn mark_value(line: &str, mark_reg: u32) -> Option<u32> {
+    let hex = |s: &str| {
+        let end = s.find(|c: char| !c.is_ascii_hexdigit()).unwrap_or(s.len());
+        u32::from_str_radix(&s[..end], 16).ok()
+    };
+    let v = if line.contains("e1000e_core_write") {
+        if !line.contains(&format!("0x{mark_reg:x},")) {
+            return None;
+        }
+        hex(line.rsplit("0x").next()?.trim())?
+    } else if let Some(i) = line.find("virtio_pci_notify_write 0x") {
+        // `virtio_pci_notify_write 0xADDR = 0xVALUE (SIZE)`
+        let rest = &line[i + "virtio_pci_notify_write 0x".len()..];
+        if hex(rest)? != 0 {
+            return None;
+        }
+        hex(rest.split("= 0x").nth(1)?)?
+    } else {
+        return None;
+    };
+    (v & 0xff00_0000 == MARK_MAGIC).then_some(v)
+}
+
+/// Splits QEMU's trace at the window marks (see [`mark_value`]) and counts
+/// IOMMU events in each window, in order.
 pub fn count_windows(trace: &str, mark_reg: u32) -> Vec<VtdCounts> {
-    let reg = format!("0x{mark_reg:x},");
     let mut out = Vec::new();
     let mut cur: Option<VtdCounts> = None;
     for line in trace.lines() {
-        if line.contains("e1000e_core_write") {
-            if !line.contains(&reg) {
-                continue;
-            }
-            let Some(v) = line
-                .rsplit("0x")
-                .next()
-                .and_then(|h| u32::from_str_radix(h.trim(), 16).ok())
-            else {
-                continue;
-            };
-            if v & 0xff00_0000 != MARK_MAGIC {
-                continue;
-            }
+        if let Some(v) = mark_value(line, mark_reg) {
             if v & 1 == 0 {
                 cur = Some(VtdCounts::default());
             } else if let Some(c) = cur.take() {
                 out.push(c);
             }
+        } else if line.contains("e1000e_core_write") || line.contains("virtio_pci_notify") {
+            continue;
         } else if let Some(c) = cur.as_mut() {
             if line.contains("vtd_inv_desc_iotlb_") {
                 c.invalidations += 1;
@@ -297,6 +311,27 @@ mod tests {
         assert_eq!(c.crash_flows, vec![(70, 71)], "a pair, or nothing");
         assert_eq!(c.csv, "h1,h2\n1,2\n");
         assert!(!parse_console("kernel panic").finished);
+    }
+
+    #[test]
+    fn virtio_marks_are_notifications_of_queue_0_only() {
+        let t = "1@1.0:virtio_pci_notify_write 0x0 = 0x5f000004 (4)\n\
+                 vtd_iotlb_page_update a\n\
+                 virtio_pci_notify_write 0x4 = 0x1 (2)\n\
+                 vtd_iotlb_page_hit b\n\
+                 virtio_pci_notify_write 0x4 = 0x5f000005 (4)\n\
+                 vtd_inv_desc_iotlb_pages c\n\
+                 virtio_pci_notify_write 0x0 = 0x5f000005 (4)\n\
+                 vtd_iotlb_page_update after\n";
+        let w = count_windows(t, 0x5400);
+        assert_eq!(
+            w,
+            vec![VtdCounts {
+                invalidations: 1,
+                iotlb_fills: 1,
+                iotlb_hits: 1
+            }]
+        );
     }
 
     #[test]

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# A QEMU guest with an emulated VT-d IOMMU and an emulated Intel 82576 bound
-# to vfio-pci, running pfrag's real-VFIO code.
+# A QEMU guest with an emulated VT-d IOMMU, an emulated Intel 82576 and a
+# virtio-net device (modern only, behind the IOMMU), both bound to vfio-pci,
+# running pfrag's real-VFIO code. The virtio-net device's backend is a tap
+# in a network namespace of this script's own, with no address: its frames
+# go nowhere outside this machine.
 #
 #   vm/run.sh test [FILTER]   VFIO integration tests in the guest (those
 #                             matching FILTER), then the captured frames
 #                             checked on the host
 #   vm/run.sh sweep [ARGS]    the sweep with --backend vfio in the guest, plus
 #                             QEMU's IOMMU trace counts; writes target/vm/sweep.csv
+#                             (--nic virtio: on the virtio-net device)
 #   vm/run.sh setup           only install and unpack what the guest needs
 #
 # The environment picks the combination:
@@ -29,6 +33,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 vm="$root/target/vm"
 target=x86_64-unknown-linux-gnu
 bdf=0000:00:02.0
+vbdf=0000:00:03.0
 boot_timeout=${PFRAG_VM_TIMEOUT:-1200}
 kernel_line=${VM_KERNEL:-6.12}
 aw_bits=${VM_AW_BITS:-48}
@@ -140,9 +145,9 @@ setup() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q -t bookworm-backports qemu-system-x86
         have_qemu || die "qemu-system-x86_64 has no igb device after install"
     fi
-    for tool in cpio xz gzip; do
+    for tool in cpio xz gzip ip; do
         command -v "$tool" >/dev/null 2>&1 && continue
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q cpio xz-utils gzip
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q cpio xz-utils gzip iproute2
         break
     done
     rustup target list --installed 2>/dev/null | grep -q "^$target\$" || rustup target add "$target" || true
@@ -217,9 +222,20 @@ pack() {
         echo 'group=$(basename "$(readlink /sys/bus/pci/devices/$bdf/iommu_group)")'
         echo 'i=0; while [ ! -e /dev/vfio/$group ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done'
         echo 'echo "guest: $bdf in IOMMU group $group, driver $(basename "$(readlink /sys/bus/pci/devices/$bdf/driver)")"'
+        # The virtio-net device: whatever driver holds it lets go, and
+        # vfio-pci takes it.
+        echo "vbdf=$vbdf"
+        echo 'vdev=/sys/bus/pci/devices/$vbdf'
+        echo 'echo vfio-pci > $vdev/driver_override'
+        echo '[ -e $vdev/driver ] && echo $vbdf > $vdev/driver/unbind'
+        echo 'echo $vbdf > /sys/bus/pci/drivers_probe'
+        echo 'vgroup=$(basename "$(readlink $vdev/iommu_group)")'
+        echo 'i=0; while [ ! -e /dev/vfio/$vgroup ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done'
+        echo 'echo "guest: $vbdf (virtio-net) in IOMMU group $vgroup, driver $(basename "$(readlink $vdev/driver)")"'
         echo 'echo 64 > /proc/sys/vm/nr_hugepages'
         echo 'cd /tmp'
         echo "export PFRAG_VFIO_DEVICE=$bdf"
+        echo "export PFRAG_VIRTIO_DEVICE=$vbdf"
         [ -z "${send_bin:-}" ] || echo 'export PFRAG_SEND_BIN=/bin/vfio_send'
         printf '/bin/guest'
         printf ' %q' "$@"
@@ -232,12 +248,28 @@ pack() {
     (cd "$d" && find . | cpio -o -H newc --quiet | gzip -1 > "$vm/initrd.gz")
 }
 
+# A network namespace of our own holding the virtio-net device's tap, up,
+# with no address (IPv6 off, so none is configured): what the guest sends
+# goes into that namespace's stack and no further.
+ns=""
+netns_up() {
+    ns="pfrag-vm-$$"
+    ip netns add "$ns"
+    trap 'ip netns del "$ns" 2>/dev/null || true' EXIT
+    ip netns exec "$ns" sh -c 'echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6; echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6'
+    ip -n "$ns" tuntap add dev pfragtap0 mode tap vnet_hdr
+    ip -n "$ns" link set pfragtap0 up
+}
+
 # Boots the guest; the console goes to target/vm/console.log, the frames the
-# NIC sent to target/vm/tx.pcap. Extra QEMU arguments follow.
+# 82576 sent to target/vm/tx.pcap, and those of the virtio-net device (GSO
+# super-frames as the driver posted them) to target/vm/virtio.pcap. Extra
+# QEMU arguments follow.
 boot() {
     local kernel
     kernel=$(vmlinuz)
-    rm -f "$vm/tx.pcap" "$vm/console.log"
+    rm -f "$vm/tx.pcap" "$vm/virtio.pcap" "$vm/console.log"
+    netns_up
     say "booting kernel $kernel_line, aw-bits $aw_bits (TCG, timeout ${boot_timeout}s)"
     # no_timer_check: at boot the kernel busy-waits 160 million TSC cycles
     # (under TCG the host's TSC: some 65 ms at 2.4 GHz) for 5 timer ticks,
@@ -250,7 +282,7 @@ boot() {
     # guest tests run one at a time on one thread; with two vCPUs on a
     # loaded 2-core host, a guest twice stopped for good (once at boot with
     # RCU stall reports, once between two tests) waiting on the other vCPU.
-    timeout --foreground -k 10 "$boot_timeout" qemu-system-x86_64 \
+    ip netns exec "$ns" timeout --foreground -k 10 "$boot_timeout" qemu-system-x86_64 \
         -accel tcg -cpu max -m 2048 -smp 1 \
         -machine q35,kernel-irqchip=split -device intel-iommu,intremap=on,aw-bits="$aw_bits" \
         -kernel "$kernel" -initrd "$vm/initrd.gz" \
@@ -258,6 +290,9 @@ boot() {
         -display none -serial "file:$vm/console.log" -monitor "$monitor" -no-reboot \
         -netdev hubport,id=n0,hubid=0 -device igb,netdev=n0,bus=pcie.0,addr=2.0 \
         -object filter-dump,id=cap0,netdev=n0,file="$vm/tx.pcap",maxlen=65536 \
+        -netdev tap,id=v0,ifname=pfragtap0,script=no,downscript=no,vhost=off,vnet_hdr=on \
+        -device virtio-net-pci,netdev=v0,bus=pcie.0,addr=3.0,disable-legacy=on,iommu_platform=on,mq=off \
+        -object filter-dump,id=cap1,netdev=v0,file="$vm/virtio.pcap",maxlen=131072 \
         "$@" </dev/null || say "qemu exited with status $?"
 }
 
@@ -282,19 +317,28 @@ test)
     pack "$bin" --ignored --test-threads=1 --nocapture "$@"
     boot
     cat "$vm/console.log"
-    "$root/target/release/examples/vmcheck" test --console "$vm/console.log" --pcap "$vm/tx.pcap"
+    "$root/target/release/examples/vmcheck" test --console "$vm/console.log" --pcap "$vm/tx.pcap" \
+        --virtio-pcap "$vm/virtio.pcap"
     ;;
 sweep)
     setup
     say "building the sweep (static)"
     bin=$(build_static sweep)
     cargo build -q --release --example vmcheck
-    pack "$bin" --backend vfio --device "$bdf" --no-progress --csv /tmp/out.csv "$@"
-    boot -d trace:vtd_inv_desc_iotlb_pages,trace:vtd_inv_desc_iotlb_domain,trace:vtd_inv_desc_iotlb_global,trace:vtd_iotlb_page_hit,trace:vtd_iotlb_page_update,trace:e1000e_core_write \
+    # --nic virtio: the virtio-net device, its capture, and its marks
+    # (notifications of its unused receive queue).
+    dev=$bdf pcap="$vm/tx.pcap" nic=igb
+    for a in "$@"; do
+        [ "${prev:-}" = --nic ] && nic=$a
+        prev=$a
+    done
+    if [ "$nic" = virtio ]; then dev=$vbdf pcap="$vm/virtio.pcap"; fi
+    pack "$bin" --backend vfio --device "$dev" --no-progress --csv /tmp/out.csv "$@"
+    boot -d trace:vtd_inv_desc_iotlb_pages,trace:vtd_inv_desc_iotlb_domain,trace:vtd_inv_desc_iotlb_global,trace:vtd_iotlb_page_hit,trace:vtd_iotlb_page_update,trace:e1000e_core_write,trace:virtio_pci_notify_write \
         -D "$vm/trace.log"
     cat "$vm/console.log"
-    "$root/target/release/examples/vmcheck" sweep --console "$vm/console.log" \
-        --trace "$vm/trace.log" --pcap "$vm/tx.pcap" --out "$vm/sweep.csv"
+    "$root/target/release/examples/vmcheck" sweep --nic "$nic" --console "$vm/console.log" \
+        --trace "$vm/trace.log" --pcap "$pcap" --out "$vm/sweep.csv"
     ;;
 *)
     echo "usage: vm/run.sh test | sweep [SWEEP ARGS] | setup" >&2

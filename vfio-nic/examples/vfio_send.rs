@@ -1,10 +1,12 @@
-//! Sends generated TCP traffic from an Intel 82576 bound to vfio-pci: one
-//! flow, TSO for payloads longer than the MSS, from a persistent pool.
+//! Sends generated TCP traffic from a NIC bound to vfio-pci (an Intel
+//! 82576, or with `--nic virtio` a virtio-net device): one flow, TSO for
+//! payloads longer than the MSS, from a persistent pool.
 //! With `--packets 0` it sends until it is killed, which is what the
 //! crash-recovery test does to it mid-run.
 //!
 //! ```text
 //! vfio_send --device 0000:00:02.0 --flow 3 --len 65160 --packets 1000
+//! vfio_send --nic virtio --device 0000:00:03.0 --flow 3 --packets 1000
 //! ```
 //!
 //! It prints `vfio_send: running` once the first packets have completed,
@@ -15,25 +17,39 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use pfrag::bounce::SlotSize;
 use pfrag::dma::Domain;
 use pfrag::pool::{self, Policy, Pool};
 use pfrag::Order;
+use vfio_nic::device::TxDevice;
 use vfio_nic::gen::Traffic;
 use vfio_nic::hw::igb::{Igb, IgbConfig};
 use vfio_nic::hw::vfio::{VfioMapper, VfioPci};
+use vfio_nic::hw::virtio::{VirtioConfig, VirtioNetPci};
 use vfio_nic::tx::{self, HeaderMode};
 
 /// Completions the sender waits for before it reports that it runs.
 const RUNNING_AFTER: u64 = 16;
 
+/// The device behind the PCI address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Nic {
+    /// An Intel 82576.
+    Igb,
+    /// A virtio-net device (modern PCI, `ACCESS_PLATFORM`).
+    Virtio,
+}
+
 #[derive(Parser, Debug)]
-#[command(about = "Send one generated TCP flow from an 82576 bound to vfio-pci")]
+#[command(about = "Send one generated TCP flow from a NIC bound to vfio-pci")]
 struct Args {
-    /// PCI address of the 82576.
+    /// PCI address of the NIC.
     #[arg(long, default_value = "0000:00:02.0")]
     device: String,
+    /// The NIC.
+    #[arg(long, value_enum, default_value = "igb")]
+    nic: Nic,
     /// Flow number (0..1024): its ports and payload pattern.
     #[arg(long, default_value_t = 0)]
     flow: usize,
@@ -61,7 +77,17 @@ fn main() -> ExitCode {
 fn run(a: &Args) -> Result<(), vfio_nic::Error> {
     let pci = VfioPci::open(&a.device)?;
     let domain = Arc::new(Domain::new(VfioMapper::new(&pci)?));
-    let nic = Igb::new(pci, IgbConfig::default())?;
+    match a.nic {
+        Nic::Igb => send_on(a, domain, Igb::new(pci, IgbConfig::default())?),
+        Nic::Virtio => send_on(a, domain, VirtioNetPci::new(pci, VirtioConfig::default())?),
+    }
+}
+
+fn send_on<D: TxDevice>(
+    a: &Args,
+    domain: Arc<Domain<VfioMapper>>,
+    nic: D,
+) -> Result<(), vfio_nic::Error> {
     let pool = Pool::new(
         domain.clone(),
         pool::Config::new(Order::new(4)?, Policy::Persistent),

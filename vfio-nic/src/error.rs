@@ -242,6 +242,22 @@ pub enum Error {
         /// Why it is needed.
         why: &'static str,
     },
+    /// A virtio PCI device lacks a structure the driver needs, or names
+    /// one that lies outside its BAR.
+    #[error("virtio device: no usable {what}")]
+    VirtioCap {
+        /// What is missing.
+        what: &'static str,
+    },
+    /// A virtio device refused a step of its bring-up, or stopped.
+    #[error("virtio device refused {what}: device status {status:#04x}")]
+    DeviceRefused {
+        /// The step.
+        what: &'static str,
+        /// Its `device_status` as read back (`FAILED` 0x80, `NEEDS_RESET`
+        /// 0x40).
+        status: u8,
+    },
     /// The device did not finish a step in time.
     #[error("device {what} did not complete in {waited_ms} ms")]
     DeviceTimeout {

@@ -2,8 +2,10 @@
 //!
 //! A [`Bar`] is a PCI memory BAR mapped from a VFIO device file descriptor
 //! at the region's offset. Every access is a bounds- and alignment-checked
-//! volatile 32-bit read or write, the width the 82576 documents for its
-//! registers.
+//! volatile read or write of one width: 32 bits through [`Regs`] (the
+//! width the 82576 documents for its registers), and 8, 16 or 32 bits
+//! through [`Bar::load`]/[`Bar::store`], as virtio's common configuration
+//! asks (each field at its own width).
 
 use std::os::fd::RawFd;
 
@@ -69,9 +71,9 @@ impl Bar {
         self.map.len() == 0
     }
 
-    fn check(&self, r: Reg) -> Result<usize> {
+    fn check(&self, r: Reg, width: usize) -> Result<usize> {
         let off = r.0 as usize;
-        if off % 4 != 0 || off + 4 > self.map.len() {
+        if off % width != 0 || off + width > self.map.len() {
             return Err(Error::BadRegister {
                 offset: r.0,
                 bar_len: self.map.len(),
@@ -82,7 +84,7 @@ impl Bar {
 
     /// Reads register `r`.
     pub fn read(&self, r: Reg) -> Result<u32> {
-        self.load(r)
+        self.load::<u32>(r)
     }
 
     /// Writes `v` to register `r`.
@@ -94,26 +96,74 @@ impl Bar {
     /// that was not handed to it (a ring or buffer the caller keeps for the
     /// device until it stops it).
     pub unsafe fn write(&self, r: Reg, v: u32) -> Result<()> {
-        self.store(r, v)
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.store::<u32>(r, v) }
     }
 
-    fn load(&self, r: Reg) -> Result<u32> {
-        let off = self.check(r)?;
-        // SAFETY: `off + 4 <= len` and `off` is 4-aligned (checked above);
-        // the mapping lives as long as `self`; device registers need a
-        // volatile access of exactly this width.
-        let v = unsafe { std::ptr::read_volatile(self.map.as_ptr().add(off).cast::<u32>()) };
-        Ok(u32::from_le(v))
+    /// Reads the `T` (`u8`, `u16` or `u32`) at `r`, little-endian.
+    pub fn load<T: Width>(&self, r: Reg) -> Result<T> {
+        let off = self.check(r, size_of::<T>())?;
+        // SAFETY: `off + size_of::<T>() <= len` and `off` is aligned to it
+        // (checked above); the mapping lives as long as `self`; device
+        // registers need a volatile access of exactly this width.
+        let v = unsafe { std::ptr::read_volatile(self.map.as_ptr().add(off).cast::<T>()) };
+        Ok(v.from_le())
     }
 
-    fn store(&self, r: Reg, v: u32) -> Result<()> {
-        let off = self.check(r)?;
-        // SAFETY: as in `read`: in bounds, aligned, mapping alive; writes to
-        // device registers must be volatile so none is merged or dropped.
-        unsafe {
-            std::ptr::write_volatile(self.map.as_mut_ptr().add(off).cast::<u32>(), v.to_le())
-        };
+    /// Writes the `T` (`u8`, `u16` or `u32`) `v` at `r`, little-endian.
+    ///
+    /// # Safety
+    /// As [`Bar::write`]: the write makes the device read or write no
+    /// memory that was not handed to it.
+    pub unsafe fn store<T: Width>(&self, r: Reg, v: T) -> Result<()> {
+        let off = self.check(r, size_of::<T>())?;
+        // SAFETY: as in `load`: in bounds, aligned, mapping alive; writes
+        // to device registers must be volatile so none is merged or
+        // dropped.
+        unsafe { std::ptr::write_volatile(self.map.as_mut_ptr().add(off).cast::<T>(), v.to_le()) };
         Ok(())
+    }
+}
+
+/// The widths a register access may have.
+pub trait Width: Copy + private::Sealed {
+    /// From little-endian.
+    fn from_le(self) -> Self;
+    /// To little-endian.
+    fn to_le(self) -> Self;
+}
+
+mod private {
+    pub trait Sealed {}
+    impl Sealed for u8 {}
+    impl Sealed for u16 {}
+    impl Sealed for u32 {}
+}
+
+impl Width for u8 {
+    fn from_le(self) -> u8 {
+        self
+    }
+    fn to_le(self) -> u8 {
+        self
+    }
+}
+
+impl Width for u16 {
+    fn from_le(self) -> u16 {
+        u16::from_le(self)
+    }
+    fn to_le(self) -> u16 {
+        u16::to_le(self)
+    }
+}
+
+impl Width for u32 {
+    fn from_le(self) -> u32 {
+        u32::from_le(self)
+    }
+    fn to_le(self) -> u32 {
+        u32::to_le(self)
     }
 }
 
@@ -136,9 +186,10 @@ pub trait Regs {
 
 impl Regs for Bar {
     fn read(&self, r: Reg) -> Result<u32> {
-        self.load(r)
+        self.load::<u32>(r)
     }
     unsafe fn write(&self, r: Reg, v: u32) -> Result<()> {
-        self.store(r, v)
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.store::<u32>(r, v) }
     }
 }

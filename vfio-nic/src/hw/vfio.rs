@@ -26,7 +26,8 @@ use std::sync::Arc;
 use pfrag::dma::{Dir, DmaMapper, IovaSpace, MapStats, Mapping, PageSizes, Unmapped};
 use pfrag::{Iova, OsAdvice};
 use vfio_bindings::bindings::vfio::{
-    VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
+    VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_BAR5_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX,
+    VFIO_REGION_INFO_FLAG_MMAP,
 };
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError};
 
@@ -44,13 +45,14 @@ const PCI_COMMAND_MASTER: u16 = 1 << 2;
 /// The module parameter that caps mappings per container.
 pub const DMA_ENTRY_LIMIT: &str = "/sys/module/vfio_iommu_type1/parameters/dma_entry_limit";
 
-/// A PCI device opened through VFIO: its container, the device, and BAR0.
+/// A PCI device opened through VFIO: its container, the device, and its
+/// memory BARs that VFIO lets us map.
 pub struct VfioPci {
     bdf: String,
     group: u32,
     container: Arc<VfioContainer>,
     device: VfioDevice,
-    bar0: Bar,
+    bars: Vec<Option<Bar>>,
 }
 
 impl std::fmt::Debug for VfioPci {
@@ -58,7 +60,7 @@ impl std::fmt::Debug for VfioPci {
         f.debug_struct("VfioPci")
             .field("bdf", &self.bdf)
             .field("group", &self.group)
-            .field("bar0", &self.bar0)
+            .field("bars", &self.bars)
             .finish()
     }
 }
@@ -84,7 +86,9 @@ fn open_err(bdf: &str, group: u32, e: VfioError) -> Error {
 impl VfioPci {
     /// Opens the device at PCI address `bdf` (`0000:00:02.0`): finds its
     /// IOMMU group, opens a new type1 container with that group, gets the
-    /// device, enables memory decoding and bus mastering, and maps BAR0.
+    /// device, enables memory decoding and bus mastering, and maps every
+    /// BAR that VFIO offers to map (an 82576's BAR0, a virtio device's
+    /// modern BAR).
     pub fn open(bdf: &str) -> Result<VfioPci> {
         let sys = PathBuf::from("/sys/bus/pci/devices").join(bdf);
         if !sys.exists() {
@@ -106,13 +110,13 @@ impl VfioPci {
         let container = Arc::new(VfioContainer::new(None).map_err(|e| open_err(bdf, group, e))?);
         let device =
             VfioDevice::new(&sys, container.clone(), false).map_err(|e| open_err(bdf, group, e))?;
-        let bar0 = map_bar0(&device)?;
+        let bars = map_bars(&device)?;
         let pci = VfioPci {
             bdf: bdf.into(),
             group,
             container,
             device,
-            bar0,
+            bars,
         };
         pci.enable_bus_master();
         Ok(pci)
@@ -138,8 +142,37 @@ impl VfioPci {
     }
 
     /// BAR0, mapped.
-    pub fn bar0(&self) -> &Bar {
-        &self.bar0
+    pub fn bar0(&self) -> Result<&Bar> {
+        self.bar(0)
+    }
+
+    /// BAR `index` (0..=5), mapped; [`Error::BarNotMappable`] if VFIO
+    /// offered no mapping of it (an I/O BAR, the upper half of a 64-bit
+    /// BAR, or none).
+    pub fn bar(&self, index: u32) -> Result<&Bar> {
+        self.bars
+            .get(index as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| Error::BarNotMappable {
+                index,
+                flags: self.device.get_region_flags(index),
+            })
+    }
+
+    /// Reads `buf.len()` bytes of PCI configuration space at `offset`.
+    pub fn config_read(&self, offset: u64, buf: &mut [u8]) {
+        self.device
+            .region_read(VFIO_PCI_CONFIG_REGION_INDEX, buf, offset);
+    }
+
+    /// The PCI vendor and device IDs.
+    pub fn ids(&self) -> (u16, u16) {
+        let mut b = [0u8; 4];
+        self.config_read(0, &mut b);
+        (
+            u16::from_le_bytes([b[0], b[1]]),
+            u16::from_le_bytes([b[2], b[3]]),
+        )
     }
 
     /// The container (the IOMMU domain of the device).
@@ -150,11 +183,11 @@ impl VfioPci {
 
 impl Regs for VfioPci {
     fn read(&self, r: Reg) -> Result<u32> {
-        self.bar0().read(r)
+        self.bar0()?.read(r)
     }
     unsafe fn write(&self, r: Reg, v: u32) -> Result<()> {
         // SAFETY: the caller's promise is passed on unchanged.
-        unsafe { self.bar0().write(r, v) }
+        unsafe { self.bar0()?.write(r, v) }
     }
 }
 
@@ -167,17 +200,21 @@ fn iommu_group(sys: &Path, bdf: &str) -> Result<u32> {
         .ok_or(Error::NoIommuGroup { bdf: bdf.into() })
 }
 
-fn map_bar0(device: &VfioDevice) -> Result<Bar> {
-    let idx = VFIO_PCI_BAR0_REGION_INDEX;
-    let flags = device.get_region_flags(idx);
-    if flags & VFIO_REGION_INFO_FLAG_MMAP == 0 {
-        return Err(Error::BarNotMappable { index: idx, flags });
+/// Maps each of BARs 0..=5 that VFIO offers to mmap (flag `MMAP`, size
+/// not 0); the others stay `None`.
+fn map_bars(device: &VfioDevice) -> Result<Vec<Option<Bar>>> {
+    let mut bars = Vec::new();
+    for idx in VFIO_PCI_BAR0_REGION_INDEX..=VFIO_PCI_BAR5_REGION_INDEX {
+        let flags = device.get_region_flags(idx);
+        let size = device.get_region_size(idx);
+        if flags & VFIO_REGION_INFO_FLAG_MMAP == 0 || size == 0 {
+            bars.push(None);
+            continue;
+        }
+        let bar = Bar::map(device.as_raw_fd(), device.get_region_offset(idx), size)?;
+        bars.push(Some(bar));
     }
-    Bar::map(
-        device.as_raw_fd(),
-        device.get_region_offset(idx),
-        device.get_region_size(idx),
-    )
+    Ok(bars)
 }
 
 /// Reads the type1 module's `dma_entry_limit`.

@@ -15,7 +15,7 @@ const FRESH_FLOW: usize = 71;
 
 /// The sender program: `PFRAG_SEND_BIN`, or cargo's build of the
 /// `vfio_send` example next to this test binary.
-fn sender() -> PathBuf {
+pub(super) fn sender() -> PathBuf {
     if let Some(p) = std::env::var_os("PFRAG_SEND_BIN") {
         return p.into();
     }

@@ -103,6 +103,7 @@ mod loopback;
 mod memory;
 mod protect;
 mod transmit;
+mod virtio;
 
 /// Kernel log records (from `/dev/kmsg`, one per read), as
 /// `(sequence number, text)`.

@@ -52,10 +52,10 @@ fn tx_tso_and_small_packets_at_every_order_and_policy() {
 
 /// Sets `dma_entry_limit` for the containers opened while it lives and
 /// puts the old value back on drop (also when the test fails).
-struct Limit(u32);
+pub(super) struct Limit(u32);
 
 impl Limit {
-    fn set(n: u32) -> Limit {
+    pub(super) fn set(n: u32) -> Limit {
         let old = vf::dma_entry_limit().expect("read dma_entry_limit");
         vf::set_dma_entry_limit(n).expect("write dma_entry_limit (root)");
         Limit(old)

@@ -34,7 +34,7 @@
 //! ```
 
 use std::sync::atomic::{fence, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pfrag::Iova;
 
@@ -42,6 +42,7 @@ use crate::device::TxDevice;
 use crate::error::{Error, Result};
 use crate::hw::mmio::{Reg, Regs};
 use crate::hw::vfio::VfioPci;
+use crate::hw::wait_for;
 
 pub mod regs;
 
@@ -219,26 +220,6 @@ pub struct Igb<R: Regs = VfioPci> {
     ring_len: Option<u16>,
     stats: IgbStats,
     link_wait: Duration,
-}
-
-fn wait_for(
-    what: &'static str,
-    timeout: Duration,
-    mut done: impl FnMut() -> Result<bool>,
-) -> Result<Duration> {
-    let t0 = Instant::now();
-    loop {
-        if done()? {
-            return Ok(t0.elapsed());
-        }
-        if t0.elapsed() >= timeout {
-            return Err(Error::DeviceTimeout {
-                what,
-                waited_ms: t0.elapsed().as_millis() as u64,
-            });
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 impl<R: Regs> Igb<R> {

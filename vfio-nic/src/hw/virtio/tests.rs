@@ -1,0 +1,216 @@
+//! The bring-up against an in-memory model of the common configuration.
+
+use std::cell::RefCell;
+
+use super::*;
+use crate::format::virtio::features;
+
+/// A virtio device's common configuration, as far as the driver uses it.
+#[derive(Debug)]
+struct Fake {
+    offered: u64,
+    accept_features: bool,
+    max: u16,
+    /// Common configuration bytes; queue fields (0x18..) per queue.
+    common: RefCell<[u8; 0x38]>,
+    queues: RefCell<[[u8; 0x38]; 2]>,
+    /// Notifications: `(offset, value)`.
+    notes: RefCell<Vec<(u32, u64)>>,
+    driver_features: RefCell<u64>,
+    /// Every status the driver wrote.
+    statuses: RefCell<Vec<u64>>,
+}
+
+impl Fake {
+    fn new(offered: u64) -> Fake {
+        Fake {
+            offered,
+            accept_features: true,
+            max: 256,
+            common: RefCell::new([0; 0x38]),
+            queues: RefCell::new([[0; 0x38]; 2]),
+            notes: RefCell::new(Vec::new()),
+            driver_features: RefCell::new(0),
+            statuses: RefCell::new(Vec::new()),
+        }
+    }
+    fn sel(&self) -> usize {
+        let c = self.common.borrow();
+        usize::from(u16::from_le_bytes([c[0x16], c[0x17]])).min(1)
+    }
+    fn get(&self, off: u32, n: usize) -> u64 {
+        let off = off as usize;
+        let mut b = [0u8; 8];
+        if off >= 0x18 {
+            b[..n].copy_from_slice(&self.queues.borrow()[self.sel()][off..off + n]);
+        } else {
+            b[..n].copy_from_slice(&self.common.borrow()[off..off + n]);
+        }
+        u64::from_le_bytes(b)
+    }
+    fn put(&self, off: u32, n: usize, v: u64) {
+        let off = off as usize;
+        let b = v.to_le_bytes();
+        if off >= 0x18 {
+            let s = self.sel();
+            self.queues.borrow_mut()[s][off..off + n].copy_from_slice(&b[..n]);
+        } else {
+            self.common.borrow_mut()[off..off + n].copy_from_slice(&b[..n]);
+        }
+    }
+    fn queue(&self, q: usize, off: usize, n: usize) -> u64 {
+        let mut b = [0u8; 8];
+        b[..n].copy_from_slice(&self.queues.borrow()[q][off..off + n]);
+        u64::from_le_bytes(b)
+    }
+}
+
+/// A width's value as `u64`, for the fake's byte store.
+fn to64<W: Width>(v: W) -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: `W` is u8, u16 or u32 (sealed), plain bytes of at most 4.
+    let src = unsafe { std::slice::from_raw_parts((&v as *const W).cast::<u8>(), size_of::<W>()) };
+    b[..src.len()].copy_from_slice(src);
+    u64::from_ne_bytes(b)
+}
+
+/// A `u64` as a width's value.
+fn from64<W: Width>(v: u64) -> W {
+    let b = v.to_ne_bytes();
+    // SAFETY: as above; every bit pattern is a valid u8/u16/u32, and the
+    // read is unaligned-safe.
+    unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<W>()) }
+}
+
+impl Transport for &Fake {
+    fn common_read<W: Width>(&self, off: u32) -> Result<W> {
+        let n = size_of::<W>();
+        let v = match off {
+            common::DEVICE_FEATURE => {
+                let half = self.get(common::DEVICE_FEATURE_SELECT, 4);
+                if half < 2 {
+                    (self.offered >> (32 * half)) & 0xffff_ffff
+                } else {
+                    0
+                }
+            }
+            common::QUEUE_SIZE if self.get(off, 2) == 0 => u64::from(self.max),
+            common::QUEUE_NOTIFY_OFF => self.sel() as u64,
+            _ => self.get(off, n),
+        };
+        Ok(from64(v))
+    }
+    unsafe fn common_write<W: Width>(&self, off: u32, v: W) -> Result<()> {
+        let (n, mut v) = (size_of::<W>(), to64(v));
+        if off == common::DEVICE_STATUS {
+            self.statuses.borrow_mut().push(v);
+        }
+        match off {
+            common::DEVICE_STATUS if v == 0 => {
+                *self.common.borrow_mut() = [0; 0x38];
+                *self.queues.borrow_mut() = [[0; 0x38]; 2];
+                return Ok(());
+            }
+            common::DEVICE_STATUS if !self.accept_features => {
+                v &= !u64::from(VIRTIO_CONFIG_S_FEATURES_OK);
+            }
+            common::DRIVER_FEATURE => {
+                let half = self.get(common::DRIVER_FEATURE_SELECT, 4);
+                let mut d = self.driver_features.borrow_mut();
+                *d = (*d & !(0xffff_ffff << (32 * half))) | (v << (32 * half));
+            }
+            _ => {}
+        }
+        self.put(off, n, v);
+        Ok(())
+    }
+    fn notify_offset(&self, queue_off: u32) -> Result<u32> {
+        Ok(queue_off * 4)
+    }
+    unsafe fn notify<W: Width>(&self, off: u32, v: W) -> Result<()> {
+        self.notes.borrow_mut().push((off, to64(v)));
+        Ok(())
+    }
+    fn isr(&self) -> Result<Option<u8>> {
+        Ok(None)
+    }
+}
+
+const ALL: u64 = features::USED | (1 << 5); // and VIRTIO_NET_F_MAC, unused
+
+#[test]
+fn bring_up_takes_what_tx_uses_and_sets_features_ok() {
+    let dev = Fake::new(ALL);
+    let nic = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap();
+    assert_eq!(*dev.driver_features.borrow(), features::USED);
+    assert_eq!(nic.offered(), ALL);
+    let want = VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK;
+    assert_eq!(u32::from(nic.device_status().unwrap()), want);
+    assert!(nic.format().event_idx());
+}
+
+#[test]
+fn a_device_without_the_iommu_feature_is_refused_and_marked_failed() {
+    let dev = Fake::new(ALL & !features::ACCESS_PLATFORM);
+    let e = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap_err();
+    assert!(matches!(e, Error::MissingFeature { .. }), "{e}");
+    let failed = u64::from(VIRTIO_CONFIG_S_FAILED);
+    let st = dev.statuses.borrow().clone();
+    assert!(st.iter().any(|s| s & failed != 0), "{st:?}");
+    assert_eq!(st.last(), Some(&0), "and reset when dropped: {st:?}");
+    assert_eq!(*dev.driver_features.borrow(), 0, "no features were written");
+}
+
+#[test]
+fn a_device_that_refuses_the_features_is_an_error() {
+    let mut dev = Fake::new(ALL);
+    dev.accept_features = false;
+    let e = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap_err();
+    assert!(matches!(e, Error::DeviceRefused { .. }), "{e}");
+}
+
+#[test]
+fn attach_places_the_ring_parts_and_kick_notifies_the_tx_queue() {
+    let dev = Fake::new(ALL);
+    let mut nic = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap();
+    // SAFETY: the fake device reads no memory.
+    assert!(unsafe { nic.kick(0) }.is_err(), "no ring yet");
+    // SAFETY: as above.
+    unsafe { nic.attach(Iova(0x10_0000), 64) }.unwrap();
+    let l = Layout::new(64);
+    let q = usize::from(TX_QUEUE);
+    assert_eq!(dev.queue(q, 0x18, 2), 64);
+    assert_eq!(dev.queue(q, 0x1a, 2), u64::from(common::NO_VECTOR));
+    assert_eq!(dev.queue(q, 0x1c, 2), 1);
+    assert_eq!(dev.queue(q, 0x20, 8), 0x10_0000);
+    assert_eq!(dev.queue(q, 0x28, 8), 0x10_0000 + l.avail as u64);
+    assert_eq!(dev.queue(q, 0x30, 8), 0x10_0000 + l.used as u64);
+    assert_eq!(dev.queue(0, 0x1c, 2), 0, "the RX queue stays off");
+    let status = u32::from(nic.device_status().unwrap());
+    assert_ne!(status & VIRTIO_CONFIG_S_DRIVER_OK, 0);
+    // SAFETY: as above.
+    unsafe { nic.kick(3) }.unwrap();
+    nic.mark(0x5f00_0001).unwrap();
+    assert_eq!(*dev.notes.borrow(), vec![(4, 1), (0, 0x5f00_0001)]);
+    nic.detach().unwrap();
+    assert_eq!(nic.device_status().unwrap(), 0, "detach resets");
+    // SAFETY: as above.
+    assert!(matches!(unsafe { nic.kick(0) }, Err(Error::NotAttached)));
+    // Attaching again negotiates again.
+    // SAFETY: as above.
+    unsafe { nic.attach(Iova(0x20_0000), 8) }.unwrap();
+    assert_eq!(dev.queue(q, 0x20, 8), 0x20_0000);
+}
+
+#[test]
+fn a_ring_the_device_cannot_take_is_refused_before_it_is_enabled() {
+    let mut dev = Fake::new(ALL);
+    dev.max = 32;
+    let mut nic = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap();
+    for len in [64u16, 48] {
+        // SAFETY: the fake device reads no memory.
+        let e = unsafe { nic.attach(Iova(0x10_0000), len) }.unwrap_err();
+        assert!(matches!(e, Error::BadConfig { .. }), "{e}");
+        assert_eq!(dev.queue(usize::from(TX_QUEUE), 0x1c, 2), 0);
+    }
+}
