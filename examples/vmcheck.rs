@@ -3,6 +3,10 @@
 //! `vmcheck test --console LOG --pcap PCAP`: the guest's test results, then
 //! every frame QEMU captured from the NIC (checksums, per-flow sequence
 //! continuity, payload pattern) and the frame count the tests announced.
+//! With `--virtio-pcap PCAP`, also a virtio-net NIC's capture taken on
+//! the driver's side (QEMU's `filter-dump` with vnet headers): every frame
+//! of ours cut into the segments the device sends (MSS 1448), each checked
+//! the same way, and their count against the tests' `pcap-virtio-expect`.
 //! Prints `N passed, M failed`; exits non-zero on any failure.
 //!
 //! `vmcheck sweep --console LOG --trace TRACE --pcap PCAP --out CSV`: the
@@ -14,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use pfrag_lab::vm::{self, Capture};
+use pfrag_lab::vm::{self, Capture, VirtioCapture};
 
 #[derive(Parser)]
 #[command(about = "Check what a vm/run.sh guest run produced")]
@@ -33,6 +37,9 @@ enum Cmd {
         /// QEMU's capture of the NIC's frames.
         #[arg(long)]
         pcap: PathBuf,
+        /// A virtio-net NIC's capture, frames as the driver posted them.
+        #[arg(long)]
+        virtio_pcap: Option<PathBuf>,
     },
     /// The guest sweep's CSV joined with QEMU's IOMMU trace counts.
     Sweep {
@@ -68,7 +75,41 @@ fn pcap_lines(cap: &Capture) -> Vec<String> {
     v
 }
 
-fn test(console: &Path, pcap: &Path) -> Result<bool, String> {
+fn virtio_lines(cap: &VirtioCapture) -> Vec<String> {
+    let r = &cap.report;
+    let mut v = vec![format!(
+        "virtio pcap: {} super-frames, {} segments of {} flows in {} streams, {} payload bytes matched, {} bad, {} foreign, {} truncated",
+        cap.super_frames, cap.segments, r.flows, r.streams, r.payload_bytes, cap.bad(), cap.foreign, cap.truncated
+    )];
+    let errors = cap.first_errors.iter().chain(&r.first_errors);
+    v.extend(errors.map(|e| format!("virtio pcap: {e}")));
+    v
+}
+
+/// The checks of a virtio-net capture, by `check`.
+fn test_virtio(path: &Path, c: &vm::Console, check: &mut dyn FnMut(bool, String)) {
+    match vm::check_virtio_pcap(path) {
+        Ok(cap) => {
+            for l in virtio_lines(&cap) {
+                println!("{l}");
+            }
+            check(
+                cap.bad() == 0 && cap.truncated == 0 && cap.super_frames > 0,
+                "every virtio frame valid (IP length, pseudo-header sum; each segment's checksums, sequence, payload)".into(),
+            );
+            check(
+                cap.segments == c.expect_virtio_segments,
+                format!(
+                    "virtio segment count {} equals what the tests sent ({})",
+                    cap.segments, c.expect_virtio_segments
+                ),
+            );
+        }
+        Err(e) => check(false, format!("virtio capture readable: {e}")),
+    }
+}
+
+fn test(console: &Path, pcap: &Path, virtio_pcap: Option<&Path>) -> Result<bool, String> {
     let c = vm::parse_console(&read(console)?);
     let (mut passed, mut failed) = (c.passed, c.failed);
     let mut check = |ok: bool, what: String| {
@@ -123,6 +164,9 @@ fn test(console: &Path, pcap: &Path) -> Result<bool, String> {
             );
         }
         Err(e) => check(false, format!("capture readable: {e}")),
+    }
+    if let Some(p) = virtio_pcap {
+        test_virtio(p, &c, &mut check);
     }
     println!("{passed} passed, {failed} failed");
     Ok(failed == 0)
@@ -237,7 +281,11 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, out: &Path) -> Result<bool, 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match &cli.cmd {
-        Cmd::Test { console, pcap } => test(console, pcap),
+        Cmd::Test {
+            console,
+            pcap,
+            virtio_pcap,
+        } => test(console, pcap, virtio_pcap.as_deref()),
         Cmd::Sweep {
             console,
             trace,

@@ -1,11 +1,17 @@
 //! Host side of the QEMU guest runs (`vm/run.sh`): reading the guest's
-//! console, the frames QEMU captured from the NIC, and QEMU's IOMMU trace.
+//! console, the frames QEMU captured from the NIC (the 82576's on the
+//! wire; a virtio-net NIC's as the driver posted them, [`virtio`]), and
+//! QEMU's IOMMU trace.
+
+pub mod virtio;
 
 use std::io::Read;
 use std::path::Path;
 
 use pcap_file::pcap::PcapReader;
 use vfio_nic::check::wire::{WireCheck, WireReport};
+
+pub use virtio::{check_virtio_pcap, VirtioCapture, VIRTIO_MSS};
 
 /// Source MAC of every frame a pfrag flow sends.
 pub const FLOW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -21,6 +27,9 @@ pub struct Console {
     pub finished: bool,
     /// Frames the tests said they put on the wire (`pcap-expect: N`).
     pub expect_frames: u64,
+    /// Segments the tests said a virtio-net NIC puts on the wire
+    /// (`pcap-virtio-expect: N`).
+    pub expect_virtio_segments: u64,
     /// The guest program's exit status (`guest-exit: N`).
     pub exit: Option<i32>,
     /// The lines between `=== csv begin` and `=== csv end`.
@@ -65,6 +74,8 @@ pub fn parse_console(text: &str) -> Console {
         let after = |marker: &str| line.find(marker).map(|i| &line[i + marker.len()..]);
         if let Some(rest) = after("pcap-expect: ") {
             c.expect_frames += rest.trim().parse::<u64>().unwrap_or(0);
+        } else if let Some(rest) = after("pcap-virtio-expect: ") {
+            c.expect_virtio_segments += rest.trim().parse::<u64>().unwrap_or(0);
         } else if let Some(rest) = after("pcap-blocked-flow: ") {
             if let Ok(f) = rest.trim().parse() {
                 c.blocked_flows.push(f);
@@ -295,6 +306,8 @@ mod tests {
             test x ... pcap-expect: 10\r\n\
             test a ... ok\n\
             pcap-expect: 5\n\
+            test v ... pcap-virtio-expect: 45\n\
+            pcap-virtio-expect: 3\n\
             test result: ok. 3 passed; 1 failed; 0 ignored; 0 measured; 2 filtered out\n\
             test result: ok. 1 passed; 0 failed; 0 ignored\n\
             test y ... pcap-blocked-flow: 98\n\
@@ -306,6 +319,7 @@ mod tests {
         let c = parse_console(log);
         assert_eq!((c.passed, c.failed, c.finished), (4, 1, true));
         assert_eq!(c.expect_frames, 15);
+        assert_eq!(c.expect_virtio_segments, 48);
         assert_eq!(c.exit, Some(101));
         assert_eq!(c.blocked_flows, vec![98]);
         assert_eq!(c.crash_flows, vec![(70, 71)], "a pair, or nothing");
@@ -370,7 +384,7 @@ mod tests {
     }
 
     /// A valid frame of `flow` carrying `len` bytes at stream offset `off`.
-    fn frame(flow: u32, off: u32, len: usize) -> Vec<u8> {
+    pub(super) fn frame(flow: u32, off: u32, len: usize) -> Vec<u8> {
         use vfio_nic::gen::flow::{isn, BASE_PORT, DST_PORT};
         let mut payload = vec![0u8; len];
         vfio_nic::gen::pattern::fill(flow, off, &mut payload);
@@ -387,7 +401,7 @@ mod tests {
         out
     }
 
-    fn pcap(frames: &[Vec<u8>]) -> Vec<u8> {
+    pub(super) fn pcap(frames: &[Vec<u8>]) -> Vec<u8> {
         use pcap_file::pcap::{PcapPacket, PcapWriter};
         let mut w = PcapWriter::new(Vec::new()).unwrap();
         for f in frames {

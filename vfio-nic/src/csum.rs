@@ -69,6 +69,60 @@ pub fn fill_ipv4_header(ip: &mut [u8]) {
     ip[10..12].copy_from_slice(&c.finish().to_be_bytes());
 }
 
+/// The folded (not complemented) ones'-complement sum of the
+/// pseudo-header of a TCP or UDP packet of `l4len` bytes behind the IP
+/// header `ip` (IPv4 or IPv6 by its version; the protocol is IPv4's, or
+/// IPv6's next header, as there are no extension headers): source and
+/// destination addresses, protocol and length. It is what a device that
+/// completes partial checksums (virtio-net's `NEEDS_CSUM`, a Linux
+/// `CHECKSUM_PARTIAL` packet) expects in the L4 checksum field; for a
+/// packet to be segmented, `l4len` is the whole packet's, L4 header and
+/// all payload. The length is added as a 32-bit word (IPv6's form; for
+/// IPv4, which has 16 bits, the same sum).
+pub fn pseudo_header_sum(ip: &[u8], l4len: usize) -> u16 {
+    let (addrs, proto) = if ip[0] >> 4 == 4 {
+        (&ip[12..20], ip[9])
+    } else {
+        (&ip[8..40], ip[6])
+    };
+    let mut c = Csum::new();
+    c.add(addrs);
+    c.add_u16(u16::from(proto));
+    let len = l4len as u32;
+    c.add_u16((len >> 16) as u16);
+    c.add_u16(len as u16);
+    c.sum()
+}
+
+/// A partial checksum `field` (a pseudo-header sum over an L4 length of
+/// `whole` bytes) moved to a length of `part` bytes: what segmentation
+/// (Linux's `tcp_gso_segment`) writes in each segment before completing
+/// it, adding the segment's length and taking away the whole one.
+pub fn reseat_len(field: u16, whole: usize, part: usize) -> u16 {
+    let mut c = Csum::new();
+    c.add_u16(field);
+    for v in [!(whole as u32), part as u32] {
+        c.add_u16((v >> 16) as u16);
+        c.add_u16(v as u16);
+    }
+    c.sum()
+}
+
+/// Completes a partial checksum in place: the L4 packet `l4` (header and
+/// payload) whose checksum field at `at` holds a pseudo-header sum gets
+/// the complement of the sum of all its bytes, field included, as a
+/// device completing `NEEDS_CSUM` writes it. A UDP checksum (`udp`)
+/// computed as zero is sent as all ones (zero means none).
+pub fn complete(l4: &mut [u8], at: usize, udp: bool) {
+    let mut c = Csum::new();
+    c.add(l4);
+    let mut sum = c.finish();
+    if udp && sum == 0 {
+        sum = 0xffff;
+    }
+    l4[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,6 +148,50 @@ mod tests {
         let mut c = Csum::new();
         c.add(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]);
         assert_eq!(c.sum(), 0xddf2);
+    }
+
+    fn tcp4(payload: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        etherparse::PacketBuilder::ipv4([10, 0, 0, 1], [10, 9, 8, 7], 64)
+            .tcp(1000, 2000, 77, 65535)
+            .write(&mut v, payload)
+            .unwrap();
+        v
+    }
+
+    #[test]
+    fn a_pseudo_header_sum_completed_gives_the_checksum() {
+        for payload in [&b"odd"[..], &[0xffu8; 1000][..]] {
+            let mut v = tcp4(payload);
+            let want = u16::from_be_bytes([v[36], v[37]]);
+            let l4len = v.len() - 20;
+            let field = pseudo_header_sum(&v[..20], l4len);
+            v[36..38].copy_from_slice(&field.to_be_bytes());
+            complete(&mut v[20..], 16, false);
+            assert_eq!(u16::from_be_bytes([v[36], v[37]]), want);
+        }
+        // IPv6: the 32-bit length and the next header.
+        let mut v = Vec::new();
+        etherparse::PacketBuilder::ipv6([1; 16], [2; 16], 64)
+            .udp(53, 53)
+            .write(&mut v, b"v6")
+            .unwrap();
+        let want = u16::from_be_bytes([v[46], v[47]]);
+        let field = pseudo_header_sum(&v[..40], v.len() - 40);
+        v[46..48].copy_from_slice(&field.to_be_bytes());
+        complete(&mut v[40..], 6, true);
+        assert_eq!(u16::from_be_bytes([v[46], v[47]]), want);
+    }
+
+    #[test]
+    fn reseating_the_length_is_the_sum_over_the_new_length() {
+        let ip = &tcp4(&[])[..20];
+        let whole = pseudo_header_sum(ip, 20 + 60_000);
+        assert_eq!(
+            reseat_len(whole, 20 + 60_000, 20 + 1448),
+            pseudo_header_sum(ip, 20 + 1448)
+        );
+        assert_eq!(reseat_len(whole, 80_000, 80_000), whole);
     }
 
     proptest! {

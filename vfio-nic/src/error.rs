@@ -329,6 +329,15 @@ pub enum HeaderFault {
         /// The format's largest buffer.
         max: usize,
     },
+    /// More header bytes than the engine copies to fill in what the
+    /// device does not (the IPv4 header checksum, the pseudo-header sum)
+    /// for a format that needs it.
+    TooLongToPatch {
+        /// Header bytes given.
+        len: usize,
+        /// The most the engine patches.
+        max: usize,
+    },
     /// An MSS of 0.
     ZeroMss,
     /// No header bytes: every packet starts with at least its Ethernet
@@ -354,6 +363,10 @@ impl std::fmt::Display for HeaderFault {
             HeaderFault::TooLong { len, max } => write!(
                 f,
                 "{len} header bytes, more than one buffer of the format carries ({max})"
+            ),
+            HeaderFault::TooLongToPatch { len, max } => write!(
+                f,
+                "{len} header bytes, more than the engine completes in a copy ({max})"
             ),
             HeaderFault::ZeroMss => write!(f, "MSS 0"),
             HeaderFault::Empty => write!(f, "no header bytes given"),

@@ -173,6 +173,14 @@ pub unsafe trait Format {
     /// offloaded packet (the 82576's `IXSM`; true by default). If not
     /// (virtio-net), the engine computes it in the headers it posts.
     const INSERTS_IPV4_CSUM: bool = true;
+    /// Whether the device completes a partial L4 checksum: it sums the
+    /// packet from the L4 header on, the checksum field included, so the
+    /// field must hold the pseudo-header sum (virtio-net's `NEEDS_CSUM`;
+    /// for TSO over the whole packet's L4 length, which the device moves
+    /// to each segment's). If so, the engine writes it into the headers it
+    /// posts for every offloaded packet. False by default: the 82576
+    /// computes the checksum from scratch.
+    const PSEUDO_HEADER_SUM: bool = false;
 
     /// Bytes of ring memory for `size` descriptors: the descriptor table,
     /// and whatever else the device reads or writes beside it (virtio's

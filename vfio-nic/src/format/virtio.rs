@@ -3,7 +3,8 @@
 //! packet's headers, the packet's head published in the available ring,
 //! and completion read from the used ring. GSO (TCPv4, TCPv6) and checksum
 //! offload (`NEEDS_CSUM` with `csum_start`/`csum_offset`) ride in the
-//! header; `EVENT_IDX` suppresses doorbells the device does not want.
+//! header, and the packet's L4 checksum field holds the pseudo-header sum
+//! the device completes ([`Format::PSEUDO_HEADER_SUM`]); `EVENT_IDX` suppresses doorbells the device does not want.
 //!
 //! The ring layout, the header and the feature bits are the spec's, taken
 //! from `virtio-bindings`. The device side of the same ring is rust-vmm's
@@ -217,6 +218,9 @@ unsafe impl Format for Split {
     const PREFIX: usize = HDR_LEN;
     /// virtio-net has no IPv4 header checksum offload.
     const INSERTS_IPV4_CSUM: bool = false;
+    /// `NEEDS_CSUM` completes the sum the driver started (virtio 1.x,
+    /// 5.1.6.2).
+    const PSEUDO_HEADER_SUM: bool = true;
 
     type Context = ();
 

@@ -30,6 +30,11 @@ pub(super) struct Packet {
     pub(super) ipv4: bool,
     /// Check the payload against the flow's pattern.
     pub(super) verify: bool,
+    /// The L4 checksum field holds a partial sum the device completes
+    /// (virtio-net's `NEEDS_CSUM`: the pseudo-header sum over the whole
+    /// packet's L4 length), rather than one the device ignores and
+    /// computes from scratch (the 82576's `TXSM`).
+    pub(super) partial: bool,
 }
 
 impl Packet {
@@ -244,12 +249,18 @@ impl<'a> Segmenter<'a> {
             (6, 17)
         };
         if p.popts.contains(Popts::TXSM) {
-            t[at..at + 2].fill(0);
-            let mut c = Csum::new();
-            c.add(&h[addrs]); // source and destination
-            c.add_u16(proto);
-            c.add_u16((l4len + self.len) as u16);
-            c.add(&h[tcp..tcp + l4len]);
+            let mut c = if p.partial {
+                let l4 = &mut h[tcp..tcp + l4len];
+                partial_sum(l4, at, l4len + p.paylen, l4len + self.len)
+            } else {
+                h[tcp + at..tcp + at + 2].fill(0);
+                let mut c = Csum::new();
+                c.add(&h[addrs]); // source and destination
+                c.add_u16(proto);
+                c.add_u16((l4len + self.len) as u16);
+                c.add(&h[tcp..tcp + l4len]);
+                c
+            };
             c.add_u16(self.sum.sum());
             let mut sum = c.finish();
             if !p.tcp && sum == 0 {
@@ -272,6 +283,21 @@ impl<'a> Segmenter<'a> {
             self.k = self.nseg;
         }
     }
+}
+
+/// The sum a device completing a partial checksum starts from: the L4
+/// header `l4` as the driver left it, its field at `at` moved from the
+/// whole packet's L4 length `whole` to the segment's `part` (as Linux's
+/// `tcp_gso_segment` does; nothing moves for an unsegmented packet). No
+/// pseudo-header of the device's own: the field carries it.
+fn partial_sum(l4: &mut [u8], at: usize, whole: usize, part: usize) -> Csum {
+    if whole != part {
+        let field = u16::from_be_bytes([l4[at], l4[at + 1]]);
+        l4[at..at + 2].copy_from_slice(&csum::reseat_len(field, whole, part).to_be_bytes());
+    }
+    let mut c = Csum::new();
+    c.add(l4);
+    c
 }
 
 #[cfg(test)]

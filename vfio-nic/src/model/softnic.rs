@@ -348,6 +348,7 @@ impl<T: Translate> SoftNic<T> {
                 tcp: tcp_ctx,
                 ipv4: ctx.is_ipv4(),
                 verify,
+                partial: false,
             },
             hdr,
         )))

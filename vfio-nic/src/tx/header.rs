@@ -1,5 +1,6 @@
 //! A packet's first buffer: the format's prefix and the headers (patched
-//! where the engine fills in what the device does not), in the bounce slot
+//! where the engine fills in what the device does not: the IPv4 header
+//! checksum, the pseudo-header sum), in the bounce slot
 //! of the header's descriptor, or in a mapped frag of their own.
 
 use pfrag::dma::DmaMapper;
@@ -8,9 +9,17 @@ use pfrag::Iova;
 use super::{Fmt, Hdr, Queue, MAX_PREFIX};
 use crate::csum;
 use crate::device::TxDevice;
-use crate::error::Result;
+use crate::error::{Error, HeaderFault, Result};
 use crate::format::{Format, Packet};
-use crate::offload::{Ip, Offload};
+use crate::offload::{Ip, Layout, Offload, L4};
+
+/// Where TCP (16) and UDP (6) keep their checksum in their header.
+pub(crate) fn l4_csum_offset(l4: L4) -> usize {
+    match l4 {
+        L4::Tcp => 16,
+        L4::Udp => 6,
+    }
+}
 
 /// The longest headers of an offloaded packet (Ethernet, IPv4 or IPv6 with
 /// options, TCP with options) that the engine patches in a copy.
@@ -23,14 +32,48 @@ pub(super) type Scratch = [u8; MAX_PREFIX + MAX_PATCHED];
 /// headers; `None` (nothing to clear per packet) for one that does
 /// neither, as the 82576's.
 pub(super) fn scratch<F: Format>() -> Option<Scratch> {
-    (F::PREFIX > 0 || !F::INSERTS_IPV4_CSUM).then_some([0; MAX_PREFIX + MAX_PATCHED])
+    (F::PREFIX > 0 || patches::<F>()).then_some([0; MAX_PREFIX + MAX_PATCHED])
+}
+
+/// Whether the format has the engine patch some offloaded packets'
+/// headers: the IPv4 header checksum, or the pseudo-header sum.
+fn patches<F: Format>() -> bool {
+    !F::INSERTS_IPV4_CSUM || F::PSEUDO_HEADER_SUM
+}
+
+/// What the engine fills in of an offloaded packet's headers: the IPv4
+/// header checksum (for [`Format::INSERTS_IPV4_CSUM`] false), the
+/// pseudo-header sum in the L4 checksum field (for
+/// [`Format::PSEUDO_HEADER_SUM`]), and where the layers are; `None` when
+/// there is nothing to fill in (no offload, or a format that needs none).
+fn patch<F: Format>(pkt: &Packet) -> Option<(Layout, bool, bool)> {
+    let l = pkt.layout.filter(|_| pkt.offload != Offload::None)?;
+    let ipv4 = l.ip == Ip::V4 && !F::INSERTS_IPV4_CSUM;
+    (ipv4 || F::PSEUDO_HEADER_SUM).then_some((l, ipv4, F::PSEUDO_HEADER_SUM))
+}
+
+/// Refuses, before anything is posted, headers of `hlen` bytes too long
+/// for the engine to patch when the format needs a patch for an offload
+/// (headers that parse as Ethernet, IP and TCP or UDP are at most 134
+/// bytes: this is the engine's own bound, checked rather than assumed).
+pub(super) fn check_patchable<F: Format>(hlen: usize, offload: Offload) -> Result<()> {
+    if offload != Offload::None && patches::<F>() && hlen > MAX_PATCHED {
+        return Err(Error::BadHeaders {
+            offload: offload.name(),
+            why: HeaderFault::TooLongToPatch {
+                len: hlen,
+                max: MAX_PATCHED,
+            },
+        });
+    }
+    Ok(())
 }
 
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// What `pkt`'s first buffer starts with: the format's prefix, then
     /// the headers, in a patched copy (in `scratch`) where the engine
-    /// fills in what the device does not (the IPv4 header checksum of an
-    /// offloaded packet, for [`Format::INSERTS_IPV4_CSUM`] false).
+    /// fills in what the device does not (see [`patch`]). Headers too
+    /// long to patch were refused by [`check_patchable`].
     pub(super) fn front<'a>(
         &self,
         headers: &'a [u8],
@@ -47,14 +90,22 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         if !pre.is_empty() {
             self.fmt.write_prefix(pre, pkt);
         }
-        let ipv4 = pkt
-            .layout
-            .filter(|l| l.ip == Ip::V4 && pkt.offload != Offload::None);
-        match ipv4 {
-            Some(l) if !Fmt::<D>::INSERTS_IPV4_CSUM && headers.len() <= MAX_PATCHED => {
-                let h = &mut rest[..headers.len()];
+        let patch = patch::<Fmt<D>>(pkt);
+        match (patch, rest.get_mut(..headers.len())) {
+            (Some((l, ipv4, pseudo)), Some(h)) => {
                 h.copy_from_slice(headers);
-                csum::fill_ipv4_header(&mut h[usize::from(l.maclen)..][..usize::from(l.iplen)]);
+                let (m, iplen) = (usize::from(l.maclen), usize::from(l.iplen));
+                if ipv4 {
+                    csum::fill_ipv4_header(&mut h[m..m + iplen]);
+                }
+                if pseudo {
+                    // The L4 length: its header and all payload (for TSO,
+                    // the whole packet's; the device moves it per segment).
+                    let l4len = pkt.hlen + pkt.len - m - iplen;
+                    let sum = csum::pseudo_header_sum(&h[m..m + iplen], l4len);
+                    let at = m + iplen + l4_csum_offset(l.l4);
+                    h[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+                }
                 [pre, h]
             }
             _ => [pre, headers],
@@ -110,5 +161,33 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.stats.header_fallbacks += u64::from(fallback);
         self.stats.mapped_headers += 1;
         Ok((f.iova(), Hdr::Frag(f)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::igb::Advanced;
+    use crate::format::virtio::Split;
+
+    #[test]
+    fn headers_too_long_to_patch_are_refused_for_a_format_that_patches() {
+        let long = MAX_PATCHED + 1;
+        let e = check_patchable::<Split>(long, Offload::Checksum).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::BadHeaders {
+                    why: HeaderFault::TooLongToPatch { len, max: MAX_PATCHED },
+                    ..
+                } if len == long
+            ),
+            "{e}"
+        );
+        assert!(check_patchable::<Split>(long, Offload::Tso { mss: 1448 }).is_err());
+        // Nothing to patch: no offload, or the 82576 (which fills in both).
+        assert!(check_patchable::<Split>(long, Offload::None).is_ok());
+        assert!(check_patchable::<Advanced>(long, Offload::Checksum).is_ok());
+        assert!(check_patchable::<Split>(MAX_PATCHED, Offload::Checksum).is_ok());
     }
 }

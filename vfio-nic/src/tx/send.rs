@@ -347,6 +347,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 },
             });
         }
+        header::check_patchable::<Fmt<D>>(headers.len(), offload)?;
         self.check_mtu(headers.len(), len, offload)?;
         Ok(layout)
     }

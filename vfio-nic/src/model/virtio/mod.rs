@@ -3,7 +3,11 @@
 //! driver's format ([`Split`]) is read by code it did not write. The model
 //! reaches memory only through the IOMMU translation (a `vm-memory` view
 //! over `Translate` that holds off unmaps while in use), applies the
-//! `virtio_net_hdr`'s checksum and GSO requests, verifies every payload
+//! `virtio_net_hdr`'s checksum and GSO requests as the spec's device does
+//! (the checksum sums the packet from `csum_start` on, the field the
+//! driver left included: the driver puts the pseudo-header sum there;
+//! segmentation moves that sum to each segment's length first, as Linux's
+//! `tcp_gso_segment`), verifies every payload
 //! byte against the flow pattern, captures frames for the wire checker,
 //! and returns each chain in the used ring.
 //!
@@ -254,6 +258,7 @@ impl Engine {
             tcp: l.tcp,
             ipv4: l.ipv4,
             verify,
+            partial: true,
         })
     }
 }
