@@ -41,6 +41,9 @@ pub struct Console {
     /// (`pcap-crash-flows: K F`): the killed driver's frames are judged
     /// apart, and none may follow the fresh start's first frame.
     pub crash_flows: Vec<(u32, u32)>,
+    /// The same for a virtio-net NIC's capture
+    /// (`pcap-virtio-crash-flows: K F`).
+    pub virtio_crash_flows: Vec<(u32, u32)>,
 }
 
 fn number_before(words: &[&str], what: &str) -> Option<u64> {
@@ -48,6 +51,18 @@ fn number_before(words: &[&str], what: &str) -> Option<u64> {
         .windows(2)
         .find(|w| w[1].trim_end_matches([';', ',']) == what)
         .and_then(|w| w[0].parse().ok())
+}
+
+/// `K F`: a (killed, fresh) flow pair.
+fn flow_pair(rest: &str) -> Option<(u32, u32)> {
+    let f: Vec<u32> = rest
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    match f[..] {
+        [killed, fresh] => Some((killed, fresh)),
+        _ => None,
+    }
 }
 
 /// Parses the guest's console log.
@@ -81,13 +96,9 @@ pub fn parse_console(text: &str) -> Console {
                 c.blocked_flows.push(f);
             }
         } else if let Some(rest) = after("pcap-crash-flows: ") {
-            let f: Vec<u32> = rest
-                .split_whitespace()
-                .filter_map(|w| w.parse().ok())
-                .collect();
-            if let [killed, fresh] = f[..] {
-                c.crash_flows.push((killed, fresh));
-            }
+            c.crash_flows.extend(flow_pair(rest));
+        } else if let Some(rest) = after("pcap-virtio-crash-flows: ") {
+            c.virtio_crash_flows.extend(flow_pair(rest));
         } else if let Some(rest) = line.strip_prefix("guest-exit: ") {
             c.exit = rest.trim().parse().ok();
         } else if line.starts_with("test result:") {

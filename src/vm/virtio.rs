@@ -37,6 +37,14 @@ pub struct VirtioCapture {
     pub truncated: u64,
     /// The first few refusals, in order.
     pub first_errors: Vec<String>,
+    /// Frames of killed drivers' flows (judged apart: see
+    /// [`Console::virtio_crash_flows`](super::Console)).
+    pub crash_frames: u64,
+    /// Of those, frames refused or whose segments failed their check.
+    pub crash_bad: u64,
+    /// Of those, frames after the first frame of the fresh start that
+    /// followed (a device still sending for a dead driver).
+    pub stale: u64,
 }
 
 impl VirtioCapture {
@@ -48,29 +56,49 @@ impl VirtioCapture {
 }
 
 /// Checks every frame of ours in the virtio-net capture at `path`; see
-/// the module docs.
-pub fn check_virtio_pcap(path: &Path) -> Result<VirtioCapture, CaptureError> {
+/// the module docs. The frames of a killed driver's flow (the first of
+/// each `crash` pair) are checked apart, their number unknown, and none
+/// may follow the first frame of the fresh start's flow (the second).
+pub fn check_virtio_pcap(path: &Path, crash: &[(u32, u32)]) -> Result<VirtioCapture, CaptureError> {
     let p = path.display().to_string();
     let f = std::fs::File::open(path).map_err(|source| CaptureError::Io {
         path: p.clone(),
         source,
     })?;
-    check_virtio_pcap_from(f, &p)
+    check_virtio_pcap_from(f, &p, crash)
 }
 
-fn check_virtio_pcap_from(r: impl Read, name: &str) -> Result<VirtioCapture, CaptureError> {
+fn check_virtio_pcap_from(
+    r: impl Read,
+    name: &str,
+    crash: &[(u32, u32)],
+) -> Result<VirtioCapture, CaptureError> {
     let perr = |e: pcap_file::PcapError| CaptureError::Pcap {
         path: name.into(),
         detail: e.to_string(),
     };
     let mut rd = PcapReader::new(r).map_err(perr)?;
     let mut wire = WireCheck::default();
+    let mut crash_wire = WireCheck::default();
+    let mut fresh_seen = vec![false; crash.len()];
     let mut cap = VirtioCapture::default();
     while let Some(pkt) = rd.next_packet() {
         let pkt = pkt.map_err(perr)?;
         if pkt.data.len() < 12 || pkt.data[6..12] != FLOW_MAC {
             cap.foreign += 1;
             continue;
+        }
+        let flow = super::source_flow(&pkt.data);
+        if let Some(i) = crash.iter().position(|p| Some(p.0) == flow) {
+            cap.crash_frames += 1;
+            cap.stale += u64::from(fresh_seen[i]);
+            let ok = segment(&pkt.data, VIRTIO_MSS)
+                .is_ok_and(|fs| fs.iter().all(|f| crash_wire.frame(f).is_ok()));
+            cap.crash_bad += u64::from(!ok);
+            continue;
+        }
+        for (i, p) in crash.iter().enumerate() {
+            fresh_seen[i] |= Some(p.1) == flow;
         }
         cap.super_frames += 1;
         if (pkt.data.len() as u32) < pkt.orig_len {
@@ -126,7 +154,7 @@ mod tests {
             forgot,
             posted(frame(2, 0, 1448)),
         ];
-        let cap = check_virtio_pcap_from(&pcap(&frames)[..], "x").unwrap();
+        let cap = check_virtio_pcap_from(&pcap(&frames)[..], "x", &[]).unwrap();
         assert_eq!((cap.super_frames, cap.foreign, cap.truncated), (4, 1, 0));
         assert_eq!(cap.segments, 7 + 1 + 1);
         assert_eq!((cap.refused, cap.report.bad_frames, cap.bad()), (1, 0, 1));
@@ -144,7 +172,7 @@ mod tests {
         // Completed checksums, as a capture of the wire would hold: each
         // is refused, not passed through.
         let frames = [frame(0, 0, 100), frame(0, 100, 100)];
-        let cap = check_virtio_pcap_from(&pcap(&frames)[..], "x").unwrap();
+        let cap = check_virtio_pcap_from(&pcap(&frames)[..], "x", &[]).unwrap();
         assert_eq!((cap.super_frames, cap.refused, cap.segments), (2, 2, 0));
     }
 }

@@ -121,7 +121,7 @@ fn device_writes_into_tx_payload(access: MapAccess) -> Attempt {
     let buf = Coherent::new(domain.clone(), 4096, Dir::TO_DEVICE).unwrap();
     let mut frame = [0u8; VNET_HDR + 60];
     frame[VNET_HDR..VNET_HDR + 12]
-        .copy_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 1]);
+        .copy_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 0x99]);
     frame[VNET_HDR + 12..VNET_HDR + 14].copy_from_slice(&[0x88, 0xb5]);
     buf.write(0, &frame).unwrap();
     ring.write_u64(0, buf.iova().raw()).unwrap();
