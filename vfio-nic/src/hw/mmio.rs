@@ -107,7 +107,7 @@ impl Bar {
         // (checked above); the mapping lives as long as `self`; device
         // registers need a volatile access of exactly this width.
         let v = unsafe { std::ptr::read_volatile(self.map.as_ptr().add(off).cast::<T>()) };
-        Ok(v.from_le())
+        Ok(v.le_to_native())
     }
 
     /// Writes the `T` (`u8`, `u16` or `u32`) `v` at `r`, little-endian.
@@ -120,7 +120,9 @@ impl Bar {
         // SAFETY: as in `load`: in bounds, aligned, mapping alive; writes
         // to device registers must be volatile so none is merged or
         // dropped.
-        unsafe { std::ptr::write_volatile(self.map.as_mut_ptr().add(off).cast::<T>(), v.to_le()) };
+        unsafe {
+            std::ptr::write_volatile(self.map.as_mut_ptr().add(off).cast::<T>(), v.native_to_le())
+        };
         Ok(())
     }
 }
@@ -128,9 +130,9 @@ impl Bar {
 /// The widths a register access may have.
 pub trait Width: Copy + private::Sealed {
     /// From little-endian.
-    fn from_le(self) -> Self;
+    fn le_to_native(self) -> Self;
     /// To little-endian.
-    fn to_le(self) -> Self;
+    fn native_to_le(self) -> Self;
 }
 
 mod private {
@@ -141,28 +143,28 @@ mod private {
 }
 
 impl Width for u8 {
-    fn from_le(self) -> u8 {
+    fn le_to_native(self) -> u8 {
         self
     }
-    fn to_le(self) -> u8 {
+    fn native_to_le(self) -> u8 {
         self
     }
 }
 
 impl Width for u16 {
-    fn from_le(self) -> u16 {
+    fn le_to_native(self) -> u16 {
         u16::from_le(self)
     }
-    fn to_le(self) -> u16 {
+    fn native_to_le(self) -> u16 {
         u16::to_le(self)
     }
 }
 
 impl Width for u32 {
-    fn from_le(self) -> u32 {
+    fn le_to_native(self) -> u32 {
         u32::from_le(self)
     }
-    fn to_le(self) -> u32 {
+    fn native_to_le(self) -> u32 {
         u32::to_le(self)
     }
 }
