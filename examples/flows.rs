@@ -1,6 +1,7 @@
 //! Thousands of flows: pool memory against bytes in flight when frags are
 //! held until their flow's ACK, for a shared per-queue cache, one cache per
-//! flow, and the split remedy, across flow counts and chunk orders.
+//! flow, the split remedy, and the TX queue's default frag source (the same
+//! split, inside the engine), across flow counts and chunk orders.
 //!
 //! ```text
 //! cargo run --release --example flows -- --flows 200,1000,10000 --orders 0-4
@@ -31,8 +32,13 @@ struct Args {
     /// Chunk orders: a list (0,2,4) or a range (0-4).
     #[arg(long, default_value = "0-4", value_parser = cli::orders)]
     orders: std::vec::Vec<u32>,
-    /// Caches compared in the same run: shared, per-flow, split.
-    #[arg(long, value_delimiter = ',', default_value = "shared,per-flow,split")]
+    /// Caches compared in the same run: shared, per-flow, split, default
+    /// (the TX queue's own frag source, as a driver gets it).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "shared,per-flow,split,default"
+    )]
     caches: Vec<CacheKind>,
     /// Packets measured per configuration, 1..=1,000,000,000.
     #[arg(long, default_value_t = 60_000, value_parser = cli::packets)]

@@ -64,12 +64,19 @@ fn the_ack_model_never_completes_a_frag_before_its_ack() {
     assert_eq!(r.bytes_verified, r.bytes_sent);
 }
 
-/// The three caches see the same workload (same flows, sizes and times),
-/// so their in-flight bytes agree and only the pool memory differs; a
-/// cache per flow keeps at least one chunk per flow that sent.
+/// The caches see the same workload (same flows, sizes and times), so
+/// their in-flight bytes agree and only the pool memory differs; a cache
+/// per flow keeps at least one chunk per flow that sent; the queue's
+/// default source splits as `split` does.
 #[test]
 fn caches_compare_on_the_same_workload() {
-    let rows: Vec<_> = [CacheKind::Shared, CacheKind::PerFlow, CacheKind::Split]
+    let kinds = [
+        CacheKind::Shared,
+        CacheKind::PerFlow,
+        CacheKind::Split,
+        CacheKind::Default,
+    ];
+    let rows: Vec<_> = kinds
         .into_iter()
         .map(|cache| {
             run(&FlowsConfig {
@@ -88,6 +95,13 @@ fn caches_compare_on_the_same_workload() {
     assert!(rows[1].pool_bytes_mean >= 300.0 * 0.9 * (64 << 10) as f64 * 0.5);
     assert!(rows[1].pool_bytes_mean > rows[0].pool_bytes_mean);
     assert!(rows[2].pool_bytes_mean < rows[0].pool_bytes_mean);
+    assert_eq!(rows[3].inflight_bytes_mean, rows[0].inflight_bytes_mean);
+    assert!(
+        rows[3].pool_bytes_mean < rows[0].pool_bytes_mean,
+        "the default source keeps less than one shared cache: {} vs {}",
+        rows[3].pool_bytes_mean,
+        rows[0].pool_bytes_mean
+    );
     for r in &rows {
         assert_eq!(r.bytes_verified, r.bytes_sent);
         assert!(r.amplification_mean >= 1.0, "{r:?}");

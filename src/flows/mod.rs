@@ -1,8 +1,11 @@
 //! The thousands-of-flows experiment: how much pool memory TX data in
 //! flight keeps from reuse when its frags are held until the flow's ACK,
 //! with one cache per queue (`shared`), one per flow (`per-flow`, as each
-//! socket owns its page frag), or the remedy `split` (bulk payloads from
-//! the shared cache, small sends from a second cache of 4 KiB chunks).
+//! socket owns its page frag), the remedy `split` (bulk payloads from
+//! the shared cache, small sends from a second cache of 4 KiB chunks), or
+//! `default`: the TX queue's own frag source as a driver gets it without
+//! configuring anything (`tx::Config::split`, the same size-class split,
+//! inside the engine).
 //!
 //! The workload is simulated in time: every frame takes its wire time at
 //! the line rate, each flow has a window and a round-trip time drawn from a
@@ -30,6 +33,9 @@ pub enum CacheKind {
     /// second cache of order-0 chunks: a stalled small send pins 4 KiB,
     /// not a large chunk full of other flows' frags.
     Split,
+    /// The queue's default frag source (`tx::Config::default()`): the
+    /// engine's size-class split.
+    Default,
 }
 
 impl CacheKind {
@@ -39,18 +45,24 @@ impl CacheKind {
             CacheKind::Shared => "shared",
             CacheKind::PerFlow => "per-flow",
             CacheKind::Split => "split",
+            CacheKind::Default => "default",
         }
     }
 }
 
 impl std::str::FromStr for CacheKind {
     type Err = String;
-    /// `shared`, `per-flow` or `split`.
+    /// `shared`, `per-flow`, `split` or `default`.
     fn from_str(s: &str) -> Result<CacheKind, String> {
-        [CacheKind::Shared, CacheKind::PerFlow, CacheKind::Split]
-            .into_iter()
-            .find(|c| c.name() == s)
-            .ok_or_else(|| format!("'{s}' is not a cache (shared, per-flow, split)"))
+        [
+            CacheKind::Shared,
+            CacheKind::PerFlow,
+            CacheKind::Split,
+            CacheKind::Default,
+        ]
+        .into_iter()
+        .find(|c| c.name() == s)
+        .ok_or_else(|| format!("'{s}' is not a cache (shared, per-flow, split, default)"))
     }
 }
 
@@ -223,7 +235,7 @@ pub const MAX_SIM_NS: f64 = (1u64 << 62) as f64;
 /// One run's result: the experiment's CSV row.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct FlowsRow {
-    /// `shared`, `per-flow` or `split`.
+    /// `shared`, `per-flow`, `split` or `default`.
     pub cache: String,
     /// Chunk order.
     pub order: u32,

@@ -203,7 +203,7 @@ impl<'a> Sim<'a> {
         )?;
         let mut pools = vec![pool.clone()];
         let caches = match cfg.cache {
-            CacheKind::Shared => Vec::new(),
+            CacheKind::Shared | CacheKind::Default => Vec::new(),
             CacheKind::PerFlow => (0..cfg.flows).map(|_| None).collect(),
             CacheKind::Split => {
                 let small = Pool::new(
@@ -215,8 +215,18 @@ impl<'a> Sim<'a> {
             }
         };
         let nic = SoftNic::new(mapper.clone(), softnic::Config::default());
+        // Only `default` keeps the queue's own split; the others choose
+        // their caches here.
+        let txc = tx::Config {
+            split: match cfg.cache {
+                CacheKind::Default => tx::Config::DEFAULT_SPLIT,
+                _ => None,
+            },
+            ..tx::Config::default()
+        };
         // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
-        let q = unsafe { tx::Queue::new(domain, pool, nic, tx::Config::default()) }?;
+        let q = unsafe { tx::Queue::new(domain, pool, nic, txc) }?;
+        pools.extend(q.small_cache().map(|c| c.pool().clone()));
         let mut rng = Rng(cfg.seed | 1);
         let flows = (0..cfg.flows)
             .map(|i| flow_state(cfg, i, &mut rng))
@@ -417,7 +427,7 @@ impl<'a> Sim<'a> {
     /// Frags for `len` bytes of flow `f` from the cache its kind assigns.
     fn frags(&mut self, f: usize, len: usize, out: &mut Vec<Frag<M>>) -> Result<(), RunError> {
         let cache = match self.cfg.cache {
-            CacheKind::Shared => None,
+            CacheKind::Shared | CacheKind::Default => None,
             CacheKind::PerFlow => Some(f),
             CacheKind::Split if self.flows[f].bulk => None,
             CacheKind::Split => Some(0),

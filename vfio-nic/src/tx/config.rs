@@ -81,6 +81,15 @@ pub struct Config {
     /// ([`Error::FrameTooLong`]). Default 1500 ([`Config::DEFAULT_MTU`]);
     /// at least 68.
     pub mtu: u16,
+    /// Where payload frags come from, by size. `Some(t)` (the default,
+    /// [`Config::DEFAULT_SPLIT`]): payloads of at most `t` bytes from
+    /// order-0 (4 KiB) chunks of a second pool of the queue's own, larger
+    /// ones from the queue's pool, so that a small send held until its ACK
+    /// pins 4 KiB rather than a large chunk full of other flows' frags
+    /// (with a pool of order 0 there is nothing to split, and no second
+    /// pool). `None`: every payload from the queue's pool (one shared
+    /// cache, for comparison). `t` is 1..=4096.
+    pub split: Option<usize>,
 }
 
 impl Config {
@@ -96,6 +105,9 @@ impl Config {
     pub const DEFAULT_MTU: u16 = 1500;
     /// The smallest MTU a queue accepts: 68 bytes, IPv4's minimum.
     pub const MIN_MTU: u16 = 68;
+    /// The default size-class split: payloads up to 4 KiB from order-0
+    /// chunks.
+    pub const DEFAULT_SPLIT: Option<usize> = Some(4096);
 }
 
 impl Default for Config {
@@ -108,6 +120,7 @@ impl Default for Config {
             boundary: None,
             queue: 0,
             mtu: Config::DEFAULT_MTU,
+            split: Config::DEFAULT_SPLIT,
         }
     }
 }
@@ -150,6 +163,15 @@ pub(super) fn check_config(cfg: &Config) -> Result<()> {
     }
     if cfg.mtu < Config::MIN_MTU {
         return bad("mtu (at least 68)", u64::from(cfg.mtu));
+    }
+    if let Some(t) = cfg
+        .split
+        .filter(|&t| t == 0 || t > pfrag::PAGE_SIZE as usize)
+    {
+        return bad(
+            "split (payload bytes from order-0 chunks, 1..=4096)",
+            t as u64,
+        );
     }
     match cfg.boundary {
         Some(b) if !b.is_power_of_two() || b < 64 => {

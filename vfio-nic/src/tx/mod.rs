@@ -219,6 +219,8 @@ pub struct Queue<M: DmaMapper, D: TxDevice> {
     /// Descriptors posted and not reaped.
     used: usize,
     cache: FragCache<M>,
+    /// Small payloads' cache, over order-0 chunks ([`Config::split`]).
+    small: Option<FragCache<M>>,
     hdr_cache: FragCache<M>,
     bounce: Option<bounce::Ring<M>>,
     /// Posted packets, oldest first.
@@ -233,6 +235,26 @@ pub struct Queue<M: DmaMapper, D: TxDevice> {
     /// The offload context the device holds (the last one written).
     ctx: Option<FmtContext<D>>,
     stats: Stats,
+}
+
+/// The small payloads' cache of a queue over `pool` with `cfg`: a pool of
+/// order-0 chunks with the same policy, direction, payload and memory
+/// limits (each pool holds to its own `max_bytes`), on plain pages.
+fn small_cache<M: DmaMapper>(pool: &Pool<M>, cfg: &Config) -> Result<Option<FragCache<M>>> {
+    let main = pool.config();
+    if cfg.split.is_none() || main.order.get() == 0 {
+        return Ok(None);
+    }
+    let small = pool::Config {
+        order: Order::new(0)?,
+        queues: 1,
+        hugepages: false,
+        ..main.clone()
+    };
+    Ok(Some(FragCache::new(Pool::new(
+        pool.domain().clone(),
+        small,
+    )?)))
 }
 
 /// A completed packet: its token, and how the device reported it.
@@ -297,6 +319,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             )?),
             HeaderMode::Mapped => None,
         };
+        let small = small_cache(&pool, &cfg)?;
         let cache = FragCache::for_queue(pool, cfg.queue)?;
         // SAFETY: `ring` is this queue's own, kept until the device is
         // detached or the queue dropped (the device first); nothing after
@@ -313,6 +336,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             tail: 0,
             used: 0,
             cache,
+            small,
             hdr_cache: FragCache::new(hdr_pool),
             bounce,
             pending: VecDeque::with_capacity(usize::from(cfg.ring)),
@@ -343,6 +367,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// The payload frag cache.
     pub fn cache(&self) -> &FragCache<M> {
         &self.cache
+    }
+    /// The small payloads' cache, over order-0 chunks of the queue's
+    /// second pool (`None` without a split, or with a pool of order 0).
+    pub fn small_cache(&self) -> Option<&FragCache<M>> {
+        self.small.as_ref()
     }
     /// The payload frag cache, to carve frags for a zero-copy
     /// [`post`](Self::post) (or use [`frags`](Self::frags)).

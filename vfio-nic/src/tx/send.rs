@@ -289,9 +289,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         Ok(())
     }
 
-    /// Frags for a payload of `len` bytes from the queue's cache, appended
-    /// to `out` (fit-whole as the queue is configured). A memory limit is
-    /// counted as a back-off (`mem_backoffs`).
+    /// Frags for a payload of `len` bytes, appended to `out`: from the
+    /// small payloads' cache up to the split ([`Config::split`]), else from
+    /// the queue's cache (fit-whole as the queue is configured). A memory
+    /// limit is counted as a back-off (`mem_backoffs`).
     pub fn frags(&mut self, len: usize, out: &mut Vec<Frag<M>>) -> Result<()> {
         if len > self.max_payload() {
             return Err(Error::PayloadTooLarge {
@@ -299,15 +300,23 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 max: self.max_payload(),
             });
         }
-        self.cache.frags(len, self.cfg.fit_whole, out).map_err(|e| {
-            let e = Error::from(e);
-            if e.is_backoff() {
-                // Out of memory by policy, not by bug: the caller backs
-                // off (reaps completions) and retries.
-                self.stats.mem_backoffs += 1;
-            }
-            e
-        })
+        let small = self.cfg.split.is_some_and(|t| len <= t);
+        let cache = match self.small.as_mut() {
+            Some(c) if small => c,
+            _ => &mut self.cache,
+        };
+        // A small payload sits whole in one order-0 chunk.
+        cache
+            .frags(len, self.cfg.fit_whole || small, out)
+            .map_err(|e| {
+                let e = Error::from(e);
+                if e.is_backoff() {
+                    // Out of memory by policy, not by bug: the caller backs
+                    // off (reaps completions) and retries.
+                    self.stats.mem_backoffs += 1;
+                }
+                e
+            })
     }
 
     /// Checks headers, payload size and offload; the layout for the

@@ -1,0 +1,86 @@
+//! The queue's default frag source splits by size (`tx::Config::split`):
+//! payloads up to the threshold come from order-0 chunks of a second pool,
+//! larger ones from the queue's pool; `None` keeps one shared cache.
+
+use std::sync::Arc;
+
+use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
+use pfrag::pool::{self, Policy, Pool};
+use pfrag::Order;
+use vfio_nic::model::null::NullNic;
+use vfio_nic::tx::{self, Queue};
+use vfio_nic::Error;
+
+type Q = Queue<Arc<SoftIommu>, NullNic<Arc<SoftIommu>>>;
+
+fn queue(order: u32, cfg: tx::Config) -> Result<(Q, Pool<Arc<SoftIommu>>), Error> {
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let pcfg = pool::Config::new(Order::new(order).unwrap(), Policy::Persistent);
+    let pool = Pool::new(domain.clone(), pcfg).unwrap();
+    // SAFETY: the null device translates through `iommu`, which `domain`
+    // maps through.
+    let q = unsafe { tx::Queue::new(domain, pool.clone(), NullNic::new(iommu), cfg) }?;
+    Ok((q, pool))
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "grows pools of 1 MiB arenas; the split is plain Rust")]
+fn small_payloads_come_from_order_0_chunks_and_bulk_from_the_queues_order() {
+    let (mut q, pool) = queue(4, tx::Config::default()).unwrap();
+    let small = q.small_cache().expect("a split by default").pool().clone();
+    assert_eq!(small.chunk_size(), 4096);
+    let mut v = Vec::new();
+    for len in [1, 1000, 4096] {
+        q.frags(len, &mut v).unwrap();
+    }
+    assert_eq!(v.len(), 3, "each small payload is one frag");
+    assert!(
+        small.stats().chunks > 0,
+        "small frags from the order-0 pool"
+    );
+    assert_eq!(pool.stats().chunks, 0, "none from the queue's pool");
+    q.frags(4097, &mut v).unwrap();
+    q.frags(60_000, &mut v).unwrap();
+    assert!(pool.stats().chunks > 0, "bulk from the queue's pool");
+    for f in v.drain(..) {
+        q.cache_mut().complete(f).unwrap();
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "grows pools of 1 MiB arenas; the split is plain Rust")]
+fn without_a_split_every_payload_comes_from_the_queues_pool() {
+    let cfg = tx::Config {
+        split: None,
+        ..tx::Config::default()
+    };
+    let (mut q, pool) = queue(4, cfg).unwrap();
+    assert!(q.small_cache().is_none());
+    let mut v = Vec::new();
+    q.frags(1000, &mut v).unwrap();
+    assert!(pool.stats().chunks > 0);
+    // Order 0 has nothing to split: no second pool.
+    let (q0, _) = queue(0, tx::Config::default()).unwrap();
+    assert!(q0.small_cache().is_none());
+    for f in v.drain(..) {
+        q.cache_mut().complete(f).unwrap();
+    }
+}
+
+#[test]
+fn a_split_outside_one_page_is_refused() {
+    for t in [0usize, 4097] {
+        let cfg = tx::Config {
+            split: Some(t),
+            ..tx::Config::default()
+        };
+        match queue(4, cfg) {
+            Err(Error::BadConfig { what, value }) => {
+                assert!(what.contains("split"), "{what}");
+                assert_eq!(value, t as u64);
+            }
+            other => panic!("split {t}: {:?}", other.err()),
+        }
+    }
+}
