@@ -88,9 +88,13 @@ pub fn parse_console(text: &str) -> Console {
         // kernel messages may land mid-line: markers are found anywhere.
         let after = |marker: &str| line.find(marker).map(|i| &line[i + marker.len()..]);
         if let Some(rest) = after("pcap-expect: ") {
-            c.expect_frames += rest.trim().parse::<u64>().unwrap_or(0);
+            c.expect_frames = c
+                .expect_frames
+                .saturating_add(rest.trim().parse::<u64>().unwrap_or(0));
         } else if let Some(rest) = after("pcap-virtio-expect: ") {
-            c.expect_virtio_segments += rest.trim().parse::<u64>().unwrap_or(0);
+            c.expect_virtio_segments = c
+                .expect_virtio_segments
+                .saturating_add(rest.trim().parse::<u64>().unwrap_or(0));
         } else if let Some(rest) = after("pcap-blocked-flow: ") {
             if let Ok(f) = rest.trim().parse() {
                 c.blocked_flows.push(f);
@@ -104,8 +108,12 @@ pub fn parse_console(text: &str) -> Console {
         } else if line.starts_with("test result:") {
             let words: Vec<&str> = line.split_whitespace().collect();
             c.finished = true;
-            c.passed += number_before(&words, "passed").unwrap_or(0);
-            c.failed += number_before(&words, "failed").unwrap_or(0);
+            c.passed = c
+                .passed
+                .saturating_add(number_before(&words, "passed").unwrap_or(0));
+            c.failed = c
+                .failed
+                .saturating_add(number_before(&words, "failed").unwrap_or(0));
         }
     }
     c

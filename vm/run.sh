@@ -253,6 +253,11 @@ pack() {
 # goes into that namespace's stack and no further.
 ns=""
 netns_up() {
+    # Namespaces of runs that were killed before their trap ran.
+    local old
+    for old in $(ip netns list 2>/dev/null | awk '/^pfrag-vm-[0-9]+/{print $1}'); do
+        kill -0 "${old#pfrag-vm-}" 2>/dev/null || ip netns del "$old" 2>/dev/null || true
+    done
     ns="pfrag-vm-$$"
     ip netns add "$ns"
     trap 'ip netns del "$ns" 2>/dev/null || true' EXIT
@@ -330,9 +335,12 @@ sweep)
     cargo build -q --release --example vmcheck
     # --nic virtio: the virtio-net device, its capture, and its marks
     # (notifications of its unused receive queue).
-    dev=$bdf pcap="$vm/tx.pcap" nic=igb
+    dev=$bdf pcap="$vm/tx.pcap" nic=igb prev=""
     for a in "$@"; do
-        [ "${prev:-}" = --nic ] && nic=$a
+        case "$prev,$a" in
+        --nic,*) nic=$a ;;
+        *,--nic=*) nic=${a#--nic=} ;;
+        esac
         prev=$a
     done
     if [ "$nic" = virtio ]; then dev=$vbdf pcap="$vm/virtio.pcap"; fi

@@ -134,7 +134,7 @@ mod tests {
     /// checksum field holding the pseudo-header sum.
     fn posted(mut fr: Vec<u8>) -> Vec<u8> {
         let (ip, l4) = (14..34, 34);
-        let sum = vfio_nic::csum::pseudo_header_sum(&fr[ip], fr.len() - l4);
+        let sum = vfio_nic::csum::pseudo_header_sum(&fr[ip], fr.len() - l4).unwrap();
         fr[l4 + 16..l4 + 18].copy_from_slice(&sum.to_be_bytes());
         fr
     }

@@ -61,12 +61,17 @@ impl Csum {
 }
 
 /// Writes the header checksum of the IPv4 header `ip` (its bytes 10..12)
-/// over the rest of it.
-pub fn fill_ipv4_header(ip: &mut [u8]) {
+/// over the rest of it. A slice shorter than IPv4's 20-byte header is left
+/// as it is (`false`).
+pub fn fill_ipv4_header(ip: &mut [u8]) -> bool {
+    if ip.len() < 20 {
+        return false;
+    }
     ip[10..12].fill(0);
     let mut c = Csum::new();
     c.add(ip);
     ip[10..12].copy_from_slice(&c.finish().to_be_bytes());
+    true
 }
 
 /// The folded (not complemented) ones'-complement sum of the
@@ -78,12 +83,13 @@ pub fn fill_ipv4_header(ip: &mut [u8]) {
 /// `CHECKSUM_PARTIAL` packet) expects in the L4 checksum field; for a
 /// packet to be segmented, `l4len` is the whole packet's, L4 header and
 /// all payload. The length is added as a 32-bit word (IPv6's form; for
-/// IPv4, which has 16 bits, the same sum).
-pub fn pseudo_header_sum(ip: &[u8], l4len: usize) -> u16 {
-    let (addrs, proto) = if ip[0] >> 4 == 4 {
-        (&ip[12..20], ip[9])
-    } else {
-        (&ip[8..40], ip[6])
+/// IPv4, which has 16 bits, the same sum). `None` for a slice that is no
+/// IPv4 or IPv6 header (too short, or another version).
+pub fn pseudo_header_sum(ip: &[u8], l4len: usize) -> Option<u16> {
+    let (addrs, proto) = match ip.first().map(|b| b >> 4) {
+        Some(4) => (ip.get(12..20)?, *ip.get(9)?),
+        Some(6) => (ip.get(8..40)?, *ip.get(6)?),
+        _ => return None,
     };
     let mut c = Csum::new();
     c.add(addrs);
@@ -91,7 +97,7 @@ pub fn pseudo_header_sum(ip: &[u8], l4len: usize) -> u16 {
     let len = l4len as u32;
     c.add_u16((len >> 16) as u16);
     c.add_u16(len as u16);
-    c.sum()
+    Some(c.sum())
 }
 
 /// A partial checksum `field` (a pseudo-header sum over an L4 length of
@@ -112,8 +118,12 @@ pub fn reseat_len(field: u16, whole: usize, part: usize) -> u16 {
 /// payload) whose checksum field at `at` holds a pseudo-header sum gets
 /// the complement of the sum of all its bytes, field included, as a
 /// device completing `NEEDS_CSUM` writes it. A UDP checksum (`udp`)
-/// computed as zero is sent as all ones (zero means none).
-pub fn complete(l4: &mut [u8], at: usize, udp: bool) {
+/// computed as zero is sent as all ones (zero means none). A field that
+/// does not lie inside `l4` leaves it as it is (`false`).
+pub fn complete(l4: &mut [u8], at: usize, udp: bool) -> bool {
+    if at.checked_add(2).is_none_or(|end| end > l4.len()) {
+        return false;
+    }
     let mut c = Csum::new();
     c.add(l4);
     let mut sum = c.finish();
@@ -121,6 +131,7 @@ pub fn complete(l4: &mut [u8], at: usize, udp: bool) {
         sum = 0xffff;
     }
     l4[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    true
 }
 
 #[cfg(test)]
@@ -165,7 +176,7 @@ mod tests {
             let mut v = tcp4(payload);
             let want = u16::from_be_bytes([v[36], v[37]]);
             let l4len = v.len() - 20;
-            let field = pseudo_header_sum(&v[..20], l4len);
+            let field = pseudo_header_sum(&v[..20], l4len).unwrap();
             v[36..38].copy_from_slice(&field.to_be_bytes());
             complete(&mut v[20..], 16, false);
             assert_eq!(u16::from_be_bytes([v[36], v[37]]), want);
@@ -177,19 +188,35 @@ mod tests {
             .write(&mut v, b"v6")
             .unwrap();
         let want = u16::from_be_bytes([v[46], v[47]]);
-        let field = pseudo_header_sum(&v[..40], v.len() - 40);
+        let field = pseudo_header_sum(&v[..40], v.len() - 40).unwrap();
         v[46..48].copy_from_slice(&field.to_be_bytes());
         complete(&mut v[40..], 6, true);
         assert_eq!(u16::from_be_bytes([v[46], v[47]]), want);
     }
 
     #[test]
+    fn short_or_foreign_headers_are_refused_not_a_panic() {
+        assert_eq!(pseudo_header_sum(&[], 10), None);
+        assert_eq!(pseudo_header_sum(&[0x45; 19], 10), None);
+        assert_eq!(pseudo_header_sum(&[0x60; 39], 10), None);
+        assert_eq!(pseudo_header_sum(&[0x50; 40], 10), None);
+        let mut short = [0u8; 19];
+        assert!(!fill_ipv4_header(&mut short));
+        assert_eq!(short, [0u8; 19]);
+        let mut l4 = [1u8; 8];
+        assert!(!complete(&mut l4, 7, false));
+        assert!(!complete(&mut l4, usize::MAX, false));
+        assert_eq!(l4, [1u8; 8]);
+        assert!(complete(&mut l4, 6, true));
+    }
+
+    #[test]
     fn reseating_the_length_is_the_sum_over_the_new_length() {
         let ip = &tcp4(&[])[..20];
-        let whole = pseudo_header_sum(ip, 20 + 60_000);
+        let whole = pseudo_header_sum(ip, 20 + 60_000).unwrap();
         assert_eq!(
             reseat_len(whole, 20 + 60_000, 20 + 1448),
-            pseudo_header_sum(ip, 20 + 1448)
+            pseudo_header_sum(ip, 20 + 1448).unwrap()
         );
         assert_eq!(reseat_len(whole, 80_000, 80_000), whole);
     }

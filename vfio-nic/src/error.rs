@@ -249,6 +249,15 @@ pub enum Error {
         /// What is missing.
         what: &'static str,
     },
+    /// A virtqueue size the device cannot take: not a power of two, or
+    /// above the device's `queue_size` (0: the device has no such queue).
+    #[error("virtqueue of {len} entries: the device takes a power of two up to {max}")]
+    VirtqueueSize {
+        /// Entries asked for.
+        len: u16,
+        /// The device's maximum.
+        max: u16,
+    },
     /// A virtio device refused a step of its bring-up, or stopped.
     #[error("virtio device refused {what}: device status {status:#04x}")]
     DeviceRefused {

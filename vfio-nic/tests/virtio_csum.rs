@@ -100,7 +100,7 @@ fn flow_frame(len: usize, with_sum: bool) -> Vec<u8> {
     let ip = flow::MACLEN..flow::MACLEN + flow::IPLEN;
     csum::fill_ipv4_header(&mut v[ip.clone()]);
     if with_sum {
-        let sum = csum::pseudo_header_sum(&v[ip], flow::L4LEN + len);
+        let sum = csum::pseudo_header_sum(&v[ip], flow::L4LEN + len).unwrap();
         v[flow::MACLEN + flow::IPLEN + 16..][..2].copy_from_slice(&sum.to_be_bytes());
     }
     v

@@ -28,7 +28,7 @@
 //! pattern::fill(0, 0, &mut fr[flow::HDR_LEN..]);
 //! let ip = flow::MACLEN..flow::MACLEN + flow::IPLEN;
 //! csum::fill_ipv4_header(&mut fr[ip.clone()]);
-//! let sum = csum::pseudo_header_sum(&fr[ip], flow::L4LEN + 4000);
+//! let sum = csum::pseudo_header_sum(&fr[ip], flow::L4LEN + 4000).unwrap();
 //! fr[flow::MACLEN + flow::IPLEN + 16..][..2].copy_from_slice(&sum.to_be_bytes());
 //!
 //! let frames = segment(&fr, 1448).unwrap();
@@ -147,7 +147,8 @@ fn parse(frame: &[u8]) -> Result<Layers, GsoError> {
     };
     let at = if tcp { 16 } else { 6 };
     let got = u16::from_be_bytes([l4[at], l4[at + 1]]);
-    let want = csum::pseudo_header_sum(&rest[..iplen], l4.len());
+    let want = csum::pseudo_header_sum(&rest[..iplen], l4.len())
+        .ok_or_else(|| GsoError::Parse("IP header cut short".into()))?;
     if got != want {
         return Err(GsoError::PseudoSum { got, want });
     }

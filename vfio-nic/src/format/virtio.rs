@@ -160,8 +160,13 @@ impl Split {
                 });
             }
         }
+        let mut used = offered & features::USED;
+        // TSO needs checksum offload (the spec's feature dependencies).
+        if used & features::CSUM == 0 {
+            used &= !(features::HOST_TSO4 | features::HOST_TSO6);
+        }
         Ok(Split {
-            features: offered & features::USED,
+            features: used,
             ..Split::default()
         })
     }
@@ -429,6 +434,12 @@ mod tests {
         assert_eq!(Split::negotiate(all).unwrap().features(), features::USED);
         let e = Split::negotiate(features::VERSION_1).unwrap_err();
         assert!(e.to_string().contains("VIRTIO_F_ACCESS_PLATFORM"), "{e}");
+        // TSO without checksum offload is no TSO.
+        let no_csum = Split::negotiate(all & !features::CSUM).unwrap();
+        assert_eq!(
+            no_csum.features() & (features::HOST_TSO4 | features::HOST_TSO6),
+            0
+        );
     }
 
     #[test]

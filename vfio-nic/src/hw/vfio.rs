@@ -52,7 +52,16 @@ pub struct VfioPci {
     group: u32,
     container: Arc<VfioContainer>,
     device: VfioDevice,
-    bars: Vec<Option<Bar>>,
+    bars: Vec<BarSlot>,
+}
+
+/// One BAR of a device: mapped, not offered for mapping, or its mmap
+/// failed (kept to report when the BAR is used).
+#[derive(Debug)]
+enum BarSlot {
+    Mapped(Bar),
+    NotMappable,
+    Failed { offset: u64, len: u64, errno: i32 },
 }
 
 impl std::fmt::Debug for VfioPci {
@@ -110,7 +119,7 @@ impl VfioPci {
         let container = Arc::new(VfioContainer::new(None).map_err(|e| open_err(bdf, group, e))?);
         let device =
             VfioDevice::new(&sys, container.clone(), false).map_err(|e| open_err(bdf, group, e))?;
-        let bars = map_bars(&device)?;
+        let bars = map_bars(&device);
         let pci = VfioPci {
             bdf: bdf.into(),
             group,
@@ -150,19 +159,33 @@ impl VfioPci {
     /// offered no mapping of it (an I/O BAR, the upper half of a 64-bit
     /// BAR, or none).
     pub fn bar(&self, index: u32) -> Result<&Bar> {
-        self.bars
-            .get(index as usize)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| Error::BarNotMappable {
+        match self.bars.get(index as usize) {
+            Some(BarSlot::Mapped(b)) => Ok(b),
+            Some(&BarSlot::Failed { offset, len, errno }) => Err(Error::BarMap {
+                offset,
+                len,
+                source: std::io::Error::from_raw_os_error(errno),
+            }),
+            _ => Err(Error::BarNotMappable {
                 index,
                 flags: self.device.get_region_flags(index),
-            })
+            }),
+        }
     }
 
     /// Reads `buf.len()` bytes of PCI configuration space at `offset`.
+    /// Bytes outside the region, or that the read could not get, read as
+    /// zero.
     pub fn config_read(&self, offset: u64, buf: &mut [u8]) {
-        self.device
-            .region_read(VFIO_PCI_CONFIG_REGION_INDEX, buf, offset);
+        buf.fill(0);
+        let size = self.device.get_region_size(VFIO_PCI_CONFIG_REGION_INDEX);
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_some_and(|end| end <= size)
+        {
+            self.device
+                .region_read(VFIO_PCI_CONFIG_REGION_INDEX, buf, offset);
+        }
     }
 
     /// The PCI vendor and device IDs.
@@ -201,20 +224,26 @@ fn iommu_group(sys: &Path, bdf: &str) -> Result<u32> {
 }
 
 /// Maps each of BARs 0..=5 that VFIO offers to mmap (flag `MMAP`, size
-/// not 0); the others stay `None`.
-fn map_bars(device: &VfioDevice) -> Result<Vec<Option<Bar>>> {
-    let mut bars = Vec::new();
-    for idx in VFIO_PCI_BAR0_REGION_INDEX..=VFIO_PCI_BAR5_REGION_INDEX {
-        let flags = device.get_region_flags(idx);
-        let size = device.get_region_size(idx);
-        if flags & VFIO_REGION_INFO_FLAG_MMAP == 0 || size == 0 {
-            bars.push(None);
-            continue;
-        }
-        let bar = Bar::map(device.as_raw_fd(), device.get_region_offset(idx), size)?;
-        bars.push(Some(bar));
-    }
-    Ok(bars)
+/// not 0). A BAR whose mmap fails is kept as the error, reported when the
+/// BAR is used: a device is not refused for a BAR its driver never needs.
+fn map_bars(device: &VfioDevice) -> Vec<BarSlot> {
+    (VFIO_PCI_BAR0_REGION_INDEX..=VFIO_PCI_BAR5_REGION_INDEX)
+        .map(|idx| {
+            let flags = device.get_region_flags(idx);
+            let (offset, len) = (device.get_region_offset(idx), device.get_region_size(idx));
+            if flags & VFIO_REGION_INFO_FLAG_MMAP == 0 || len == 0 {
+                return BarSlot::NotMappable;
+            }
+            match Bar::map(device.as_raw_fd(), offset, len) {
+                Ok(b) => BarSlot::Mapped(b),
+                Err(e) => BarSlot::Failed {
+                    offset,
+                    len,
+                    errno: e.errno().unwrap_or(libc::EINVAL),
+                },
+            }
+        })
+        .collect()
 }
 
 /// Reads the type1 module's `dma_entry_limit`.

@@ -102,9 +102,12 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                     // The L4 length: its header and all payload (for TSO,
                     // the whole packet's; the device moves it per segment).
                     let l4len = pkt.hlen + pkt.len - m - iplen;
-                    let sum = csum::pseudo_header_sum(&h[m..m + iplen], l4len);
-                    let at = m + iplen + l4_csum_offset(l.l4);
-                    h[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+                    // The layout was parsed from these headers: an IPv4 or
+                    // IPv6 header of `iplen` bytes, the L4 header after it.
+                    if let Some(sum) = csum::pseudo_header_sum(&h[m..m + iplen], l4len) {
+                        let at = m + iplen + l4_csum_offset(l.l4);
+                        h[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+                    }
                 }
                 [pre, h]
             }

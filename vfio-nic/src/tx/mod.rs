@@ -328,7 +328,15 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         // replaced). The caller promised the device translates through
         // `domain`, where the ring and every frag the queue posts are
         // mapped.
-        unsafe { dev.attach(ring.iova(), cfg.ring) }?;
+        if let Err(e) = unsafe { dev.attach(ring.iova(), cfg.ring) } {
+            // A device that took some of the ring before it failed must let
+            // go of it before the ring is freed; one that cannot be stopped
+            // keeps the ring, leaked, never reused.
+            if dev.detach().is_err() {
+                std::mem::forget(ring);
+            }
+            return Err(e);
+        }
         Ok(Queue {
             dev,
             cfg,

@@ -106,7 +106,7 @@ const FILL: u8 = 0xA5;
 /// reports what happened to the payload.
 fn device_writes_into_tx_payload(access: MapAccess) -> Attempt {
     const LEN: u16 = 8;
-    let (domain, mut nic) = open_virtio(access);
+    let (domain, nic) = open_virtio(access);
     let cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
     let mut cache = FragCache::new(Pool::new(domain.clone(), cfg).unwrap());
     let mut payload = cache.refill(4096, true).unwrap();
@@ -119,6 +119,9 @@ fn device_writes_into_tx_payload(access: MapAccess) -> Attempt {
     let l = Layout::new(LEN);
     let ring = Coherent::new(domain.clone(), l.used, Dir::BIDIRECTIONAL).unwrap();
     let buf = Coherent::new(domain.clone(), 4096, Dir::TO_DEVICE).unwrap();
+    // Bound again after the memory it will use, so that it is dropped (and
+    // the device reset) before that memory, also when a step below panics.
+    let mut nic = nic;
     let mut frame = [0u8; VNET_HDR + 60];
     frame[VNET_HDR..VNET_HDR + 12]
         .copy_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 0x99]);

@@ -57,7 +57,7 @@ fn join(segs: &[Vec<u8>]) -> Vec<u8> {
     let total = (fr.len() - MAC) as u16;
     fr[MAC + 2..MAC + 4].copy_from_slice(&total.to_be_bytes());
     csum::fill_ipv4_header(&mut fr[MAC..L4]);
-    let sum = csum::pseudo_header_sum(&fr[MAC..L4], fr.len() - L4);
+    let sum = csum::pseudo_header_sum(&fr[MAC..L4], fr.len() - L4).unwrap();
     fr[L4 + 16..L4 + 18].copy_from_slice(&sum.to_be_bytes());
     fr
 }
@@ -102,7 +102,7 @@ fn ipv6_super_frames_are_cut_with_their_lengths_flags_and_checksums() {
         .write(&mut fr, &payload)
         .unwrap();
     let l4 = MAC + 40;
-    let sum = csum::pseudo_header_sum(&fr[MAC..l4], fr.len() - l4);
+    let sum = csum::pseudo_header_sum(&fr[MAC..l4], fr.len() - l4).unwrap();
     fr[l4 + 16..l4 + 18].copy_from_slice(&sum.to_be_bytes());
     let out = segment(&fr, 1440).unwrap();
     assert_eq!(out.len(), 4);
@@ -133,7 +133,7 @@ fn a_udp_frame_is_completed_whole() {
         .write(&mut fr, &[9u8; 3000])
         .unwrap();
     let want = fr[L4 + 6..L4 + 8].to_vec();
-    let sum = csum::pseudo_header_sum(&fr[MAC..L4], fr.len() - L4);
+    let sum = csum::pseudo_header_sum(&fr[MAC..L4], fr.len() - L4).unwrap();
     fr[L4 + 6..L4 + 8].copy_from_slice(&sum.to_be_bytes());
     let out = segment(&fr, 1448).unwrap();
     assert_eq!(out.len(), 1);

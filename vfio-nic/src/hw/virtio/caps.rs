@@ -92,7 +92,8 @@ pub fn parse(cfg: &[u8]) -> Result<Caps> {
         }
         let (id, next) = (cfg[at], cfg[at + 1]);
         let len = usize::from(cfg[at + CAP_LEN]);
-        if id == PCI_CAP_ID_VNDR && len >= CAP_LENGTH + 4 {
+        // A structure in a reserved BAR (above 5) is one to skip.
+        if id == PCI_CAP_ID_VNDR && len >= CAP_LENGTH + 4 && cfg[at + CAP_BAR] <= 5 {
             let r = Region {
                 bar: cfg[at + CAP_BAR],
                 offset: u32_at(cfg, at + CAP_OFFSET).unwrap_or(0),
@@ -100,9 +101,10 @@ pub fn parse(cfg: &[u8]) -> Result<Caps> {
             };
             let slot = match cfg[at + CAP_TYPE] {
                 COMMON_CFG => Some(&mut common),
-                NOTIFY_CFG if len >= CAP_NOTIFY_MULT + 4 => {
-                    mult = mult.or(u32_at(cfg, at + CAP_NOTIFY_MULT));
-                    Some(&mut notify)
+                // Its multiplier must be there too.
+                NOTIFY_CFG if notify.is_none() && len >= CAP_NOTIFY_MULT + 4 => {
+                    mult = u32_at(cfg, at + CAP_NOTIFY_MULT);
+                    mult.map(|_| &mut notify)
                 }
                 ISR_CFG => Some(&mut isr),
                 DEVICE_CFG => Some(&mut device),
@@ -181,6 +183,18 @@ mod tests {
         c[0x61] = 0x40; // back to the first: a loop
         let caps = parse(&c).unwrap();
         assert_eq!(caps.common.bar, 2);
+    }
+
+    #[test]
+    fn a_notify_capability_cut_short_or_in_a_reserved_bar_is_skipped() {
+        let mut c = space(&[
+            (0x40, COMMON_CFG, 4, 0, 0x38),
+            (0x50, NOTIFY_CFG, 6, 0x3000, 0x1000),
+            (0xec, NOTIFY_CFG, 4, 0x3000, 0x1000),
+        ]);
+        c.truncate(0x100 - 4); // the second notify's multiplier runs past the end
+        let e = parse(&c).unwrap_err();
+        assert!(e.to_string().contains("notification"), "{e}");
     }
 
     #[test]

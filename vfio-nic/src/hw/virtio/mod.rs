@@ -249,11 +249,24 @@ impl<T: Transport> VirtioNetPci<T> {
     /// which this driver never sets up (the device ignores a notification
     /// of a queue without rings). An emulator traces it, so it delimits
     /// measurement windows there (`vm/run.sh sweep --nic virtio`).
+    ///
+    /// A device whose notification addresses lie less than 4 bytes apart
+    /// (a `notify_off_multiplier` below 4, which the spec allows: queues
+    /// may share one address and be told apart by the value written) could
+    /// take the mark for another queue's notification:
+    /// [`Error::VirtioCap`], and nothing is written.
     pub fn mark(&self, value: u32) -> Result<()> {
-        // SAFETY: the receive queue has no rings (every `init` starts from
-        // a reset, and nothing here sets them), so the device reads and
-        // writes nothing for this notification.
-        unsafe { self.t.notify(self.notify[usize::from(RX_QUEUE)], value) }
+        let [rx, tx] = self.notify;
+        if rx.abs_diff(tx) < 4 {
+            return Err(Error::VirtioCap {
+                what: "notification layout for marks (queues less than 4 bytes apart)",
+            });
+        }
+        // SAFETY: the 4 bytes at the receive queue's address are no other
+        // queue's (checked above), and the receive queue has no rings
+        // (every `init` starts from a reset, and nothing here sets them),
+        // so the device reads and writes nothing for this notification.
+        unsafe { self.t.notify(rx, value) }
     }
 
     /// Points TX queue `TX_QUEUE` at the three parts of a split ring and
@@ -270,34 +283,42 @@ impl<T: Transport> VirtioNetPci<T> {
         driver: Iova,
         device: Iova,
     ) -> Result<()> {
-        if !len.is_power_of_two() {
-            return Err(Error::BadConfig {
-                what: "virtqueue size (a power of two)",
-                value: u64::from(len),
-            });
+        // Checked before anything changes: a ring the device cannot take
+        // leaves the device (and a ring it runs) as it was.
+        self.write::<u16>(common::QUEUE_SELECT, TX_QUEUE)?;
+        let max = self.read::<u16>(common::QUEUE_SIZE)?;
+        if !len.is_power_of_two() || len > max {
+            return Err(Error::VirtqueueSize { len, max });
         }
-        let enabled = self.ready && {
-            self.write::<u16>(common::QUEUE_SELECT, TX_QUEUE)?;
-            self.read::<u16>(common::QUEUE_ENABLE)? != 0
-        };
+        let enabled = self.ready && self.read::<u16>(common::QUEUE_ENABLE)? != 0;
         if !self.ready || enabled || self.ring.is_some() {
             self.init()?;
         }
-        self.write::<u16>(common::QUEUE_SELECT, TX_QUEUE)?;
-        let max = self.read::<u16>(common::QUEUE_SIZE)?;
-        if len > max {
-            return Err(Error::BadConfig {
-                what: "virtqueue size (at most the device's queue_size)",
-                value: u64::from(len),
-            });
+        // SAFETY: the caller's promise for the three parts is passed on.
+        let r = unsafe { self.program(len, [desc, driver, device]) };
+        if r.is_err() {
+            // The device may hold some of the addresses: stop it before
+            // the caller frees the ring.
+            self.reset()?;
         }
+        r
+    }
+
+    /// Writes the TX queue's size and addresses, enables it and sets
+    /// `DRIVER_OK`.
+    ///
+    /// # Safety
+    /// As [`attach_parts`](Self::attach_parts).
+    unsafe fn program(&mut self, len: u16, parts: [Iova; 3]) -> Result<()> {
+        self.write::<u16>(common::QUEUE_SELECT, TX_QUEUE)?;
         self.write::<u16>(common::QUEUE_SIZE, len)?;
         self.write::<u16>(common::QUEUE_MSIX_VECTOR, common::NO_VECTOR)?;
-        for (off, at) in [
-            (common::QUEUE_DESC, desc),
-            (common::QUEUE_DRIVER, driver),
-            (common::QUEUE_DEVICE, device),
-        ] {
+        let offs = [
+            common::QUEUE_DESC,
+            common::QUEUE_DRIVER,
+            common::QUEUE_DEVICE,
+        ];
+        for (off, at) in offs.into_iter().zip(parts) {
             self.write::<u32>(off, at.raw() as u32)?;
             self.write::<u32>(off + 4, (at.raw() >> 32) as u32)?;
         }

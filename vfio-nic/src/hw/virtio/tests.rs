@@ -19,6 +19,10 @@ struct Fake {
     driver_features: RefCell<u64>,
     /// Every status the driver wrote.
     statuses: RefCell<Vec<u64>>,
+    /// Answer `DRIVER_OK` with `NEEDS_RESET`.
+    refuse_driver_ok: std::cell::Cell<bool>,
+    /// Bytes between two queues' notification addresses.
+    mult: u32,
 }
 
 impl Fake {
@@ -32,6 +36,8 @@ impl Fake {
             notes: RefCell::new(Vec::new()),
             driver_features: RefCell::new(0),
             statuses: RefCell::new(Vec::new()),
+            refuse_driver_ok: std::cell::Cell::new(false),
+            mult: 4,
         }
     }
     fn sel(&self) -> usize {
@@ -114,6 +120,11 @@ impl Transport for &Fake {
             common::DEVICE_STATUS if !self.accept_features => {
                 v &= !u64::from(VIRTIO_CONFIG_S_FEATURES_OK);
             }
+            common::DEVICE_STATUS
+                if self.refuse_driver_ok.get() && v & u64::from(VIRTIO_CONFIG_S_DRIVER_OK) != 0 =>
+            {
+                v |= u64::from(VIRTIO_CONFIG_S_NEEDS_RESET);
+            }
             common::DRIVER_FEATURE => {
                 let half = self.get(common::DRIVER_FEATURE_SELECT, 4);
                 let mut d = self.driver_features.borrow_mut();
@@ -125,7 +136,7 @@ impl Transport for &Fake {
         Ok(())
     }
     fn notify_offset(&self, queue_off: u32) -> Result<u32> {
-        Ok(queue_off * 4)
+        Ok(queue_off * self.mult)
     }
     unsafe fn notify<W: Width>(&self, off: u32, v: W) -> Result<()> {
         self.notes.borrow_mut().push((off, to64(v)));
@@ -203,6 +214,31 @@ fn attach_places_the_ring_parts_and_kick_notifies_the_tx_queue() {
 }
 
 #[test]
+fn a_device_that_refuses_the_queue_is_reset_before_the_error_returns() {
+    let dev = Fake::new(ALL);
+    let mut nic = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap();
+    dev.refuse_driver_ok.set(true);
+    // SAFETY: the fake device reads no memory.
+    let e = unsafe { nic.attach(Iova(0x10_0000), 8) }.unwrap_err();
+    assert!(matches!(e, Error::DeviceRefused { .. }), "{e}");
+    assert_eq!(dev.queue(usize::from(TX_QUEUE), 0x1c, 2), 0, "queue off");
+    assert_eq!(dev.queue(usize::from(TX_QUEUE), 0x20, 8), 0, "no address");
+    assert_eq!(dev.get(common::DEVICE_STATUS, 1), 0, "reset");
+    // SAFETY: as above.
+    assert!(matches!(unsafe { nic.kick(0) }, Err(Error::NotAttached)));
+}
+
+#[test]
+fn marks_need_notification_addresses_4_bytes_apart() {
+    let mut dev = Fake::new(ALL);
+    dev.mult = 2;
+    let nic = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap();
+    let e = nic.mark(0x5f00_0000).unwrap_err();
+    assert!(matches!(e, Error::VirtioCap { .. }), "{e}");
+    assert!(dev.notes.borrow().is_empty(), "nothing written");
+}
+
+#[test]
 fn a_ring_the_device_cannot_take_is_refused_before_it_is_enabled() {
     let mut dev = Fake::new(ALL);
     dev.max = 32;
@@ -210,7 +246,21 @@ fn a_ring_the_device_cannot_take_is_refused_before_it_is_enabled() {
     for len in [64u16, 48] {
         // SAFETY: the fake device reads no memory.
         let e = unsafe { nic.attach(Iova(0x10_0000), len) }.unwrap_err();
-        assert!(matches!(e, Error::BadConfig { .. }), "{e}");
+        assert!(matches!(e, Error::VirtqueueSize { max: 32, .. }), "{e}");
         assert_eq!(dev.queue(usize::from(TX_QUEUE), 0x1c, 2), 0);
     }
+    // A ring that runs is left running by a refused one.
+    // SAFETY: as above.
+    unsafe { nic.attach(Iova(0x10_0000), 32) }.unwrap();
+    let statuses = dev.statuses.borrow().len();
+    // SAFETY: as above.
+    let e = unsafe { nic.attach(Iova(0x20_0000), 64) }.unwrap_err();
+    assert!(
+        matches!(e, Error::VirtqueueSize { len: 64, max: 32 }),
+        "{e}"
+    );
+    assert_eq!(dev.statuses.borrow().len(), statuses, "no status written");
+    assert_eq!(dev.queue(usize::from(TX_QUEUE), 0x20, 8), 0x10_0000);
+    // SAFETY: as above.
+    unsafe { nic.kick(0) }.unwrap();
 }

@@ -77,13 +77,14 @@ impl PciTransport {
     fn reg<W: Width>(&self, r: Region, off: u32, what: &'static str) -> Result<(&Bar, Reg)> {
         let bar = self.bar_of(r, what, 0)?;
         let w = size_of::<W>() as u32;
-        if off.checked_add(w).is_none_or(|e| e > r.length) {
-            return Err(Error::BadRegister {
+        let at = r.offset.checked_add(off);
+        match at {
+            Some(at) if off.checked_add(w).is_some_and(|e| e <= r.length) => Ok((bar, Reg(at))),
+            _ => Err(Error::BadRegister {
                 offset: off,
                 bar_len: r.length as usize,
-            });
+            }),
         }
-        Ok((bar, Reg(r.offset + off)))
     }
 }
 
