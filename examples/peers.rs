@@ -10,8 +10,9 @@
 //! ```
 //!
 //! Rows: pfrag's frag cache (one frag; 32 frags in one bulk call; 32 single
-//! refills), its TX queue on the null device (64 B frames; the driver's
-//! time per 64 KB TSO packet with a strict IOMMU and with it off); DPDK's
+//! refills), its TX queue on the null device (64 B frames with a strict
+//! IOMMU, with it off, and the driver's time alone; the driver's time per
+//! 64 KB TSO packet with a strict IOMMU and with it off); DPDK's
 //! `rte_mempool` (single and bulk, lcore cache 256), `rte_pktmbuf`
 //! (alloc/free, single and bulk) and `dpdk-testpmd` txonly on `net_null`;
 //! `ixgbe-driver`'s `MemPool`; a `crossbeam_queue::ArrayQueue` free list.
@@ -20,9 +21,13 @@
 //! as skipped with the reason.
 //!
 //! The last line has the form
-//! `peers: single pfrag/dpdk=X.XX bulk pfrag/dpdk=Y.YY txonly pfrag/dpdk=Z.ZZ`:
-//! ratios of ns per object (lower is better for pfrag), then of packets
-//! per second (higher is better).
+//! `peers: single pfrag/dpdk=A bulk pfrag/mbuf=B txonly-driver pfrag/dpdk=C txonly-off pfrag/dpdk=D txonly-strict pfrag/dpdk=E`:
+//! A and B are ratios of ns per object (lower is better for pfrag): one
+//! frag against `rte_mempool` get+put, a burst of 32 against
+//! `rte_pktmbuf_alloc_bulk`+`free_bulk` per mbuf; C, D and E are ratios of
+//! packets per second against testpmd txonly (higher is better): 64 B
+//! frames, the driver's own time, the whole loop on the null device with
+//! the IOMMU off, and with a strict IOMMU.
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -184,19 +184,55 @@ impl Table {
         )
     }
 
-    /// The last line: `peers: single pfrag/dpdk=X.XX bulk pfrag/dpdk=Y.YY
-    /// txonly pfrag/dpdk=Z.ZZ`. The first two are ratios of ns per object
-    /// (lower is better for pfrag), the third of packets per second
-    /// (higher is better).
+    /// The last line: `peers: single pfrag/dpdk=A bulk pfrag/mbuf=B
+    /// txonly-driver pfrag/dpdk=C txonly-off pfrag/dpdk=D txonly-strict
+    /// pfrag/dpdk=E`. A and B are ratios of ns per object (lower is better
+    /// for pfrag): one frag against `rte_mempool` get+put, a burst against
+    /// `rte_pktmbuf_alloc_bulk`+`free_bulk` per mbuf. C, D and E are ratios
+    /// of packets per second against testpmd txonly (higher is better): 64
+    /// B frames, the driver's own time, then the whole loop on the null
+    /// device with the IOMMU off, then strict.
     pub fn summary(&self) -> String {
+        let testpmd = self.dpdk(Group::Txonly);
+        let tx = |what: &str| match (self.row(Group::Txonly, "pfrag", what), testpmd) {
+            (Some(p), Some(d)) => format!("{:.2}", d.ratio(p).0),
+            _ => "n/a".into(),
+        };
+        let mbuf = match (
+            self.reference(Group::Bulk),
+            self.row(Group::Bulk, "dpdk", MBUF_BULK),
+        ) {
+            (Some(p), Some(d)) => format!("{:.2}", p.ratio(d).0),
+            _ => "n/a".into(),
+        };
         format!(
-            "peers: single pfrag/dpdk={} bulk pfrag/dpdk={} txonly pfrag/dpdk={}",
+            "peers: single pfrag/dpdk={} bulk pfrag/mbuf={mbuf} txonly-driver pfrag/dpdk={} txonly-off pfrag/dpdk={} txonly-strict pfrag/dpdk={}",
             self.ratio(Group::Single, false).0,
-            self.ratio(Group::Bulk, false).0,
-            self.ratio(Group::Txonly, true).0
+            tx(TX_DRIVER),
+            tx(TX_OFF),
+            tx(TX_STRICT),
         )
     }
+
+    /// The first row of `who` in group `g` whose description starts with
+    /// `what`, if it ran.
+    fn row(&self, g: Group, who: &str, what: &str) -> Option<&Timing> {
+        self.rows
+            .iter()
+            .find(|r| r.group == g && r.who == who && r.what.starts_with(what))
+            .and_then(|r| r.result.as_ref().ok())
+    }
 }
+
+/// pfrag's txonly rows: the whole loop with a strict IOMMU (the group's
+/// reference), with the IOMMU off, and the driver's time alone.
+pub const TX_STRICT: &str = "TX 64 B frames, strict IOMMU, null device model";
+/// See [`TX_STRICT`].
+pub const TX_OFF: &str = "TX 64 B frames, IOMMU off, null device model";
+/// See [`TX_STRICT`].
+pub const TX_DRIVER: &str = "TX 64 B frames, the driver's time alone";
+/// DPDK's burst row that a frag burst is compared with.
+pub const MBUF_BULK: &str = "rte_pktmbuf_alloc_bulk + free_bulk";
 
 #[cfg(test)]
 mod tests {
@@ -212,12 +248,22 @@ mod tests {
         tab.push(Group::Single, "pfrag", "frag", t(3.0), true);
         tab.push(Group::Single, "dpdk", "mempool", t(4.0), false);
         tab.push(Group::Bulk, "pfrag", "bulk", t(1.0), true);
-        tab.push(Group::Bulk, "dpdk", "bulk", t(0.5), false);
-        tab.push(Group::Txonly, "pfrag", "tx", t(50.0), true);
+        tab.push(Group::Bulk, "dpdk", "rte_mempool bulk", t(0.5), false);
+        tab.push(
+            Group::Bulk,
+            "dpdk",
+            format!("{MBUF_BULK} (32)"),
+            t(4.0),
+            false,
+        );
+        tab.push(Group::Txonly, "pfrag", TX_STRICT, t(50.0), true);
+        tab.push(Group::Txonly, "pfrag", TX_OFF, t(40.0), false);
+        tab.push(Group::Txonly, "pfrag", TX_DRIVER, t(20.0), false);
         tab.push(Group::Txonly, "dpdk", "testpmd", t(25.0), false);
         assert_eq!(
             tab.summary(),
-            "peers: single pfrag/dpdk=0.75 bulk pfrag/dpdk=2.00 txonly pfrag/dpdk=0.50"
+            "peers: single pfrag/dpdk=0.75 bulk pfrag/mbuf=0.25 txonly-driver pfrag/dpdk=1.25 \
+             txonly-off pfrag/dpdk=0.62 txonly-strict pfrag/dpdk=0.50"
         );
         let text = tab.render();
         assert!(text.contains("1.33"), "{text}");
@@ -237,7 +283,8 @@ mod tests {
         assert!(tab.render().contains("skipped: no libdpdk"));
         assert_eq!(
             tab.summary(),
-            "peers: single pfrag/dpdk=n/a bulk pfrag/dpdk=n/a txonly pfrag/dpdk=n/a"
+            "peers: single pfrag/dpdk=n/a bulk pfrag/mbuf=n/a txonly-driver pfrag/dpdk=n/a \
+             txonly-off pfrag/dpdk=n/a txonly-strict pfrag/dpdk=n/a"
         );
     }
 }

@@ -109,19 +109,24 @@ fn frag_rows(t: &mut Table, h: &Harness) {
 }
 
 fn tx_rows(t: &mut Table, h: &Harness) {
-    let what = "TX 64 B frames, strict IOMMU, null device model";
     t.push(
         Group::Txonly,
         "pfrag",
-        what,
+        super::TX_STRICT,
         tx::small_frames(h, false),
         true,
     );
-    let what = "TX 64 B frames, the driver's time alone";
     t.push(
         Group::Txonly,
         "pfrag",
-        what,
+        super::TX_OFF,
+        tx::small_frames_off(h),
+        false,
+    );
+    t.push(
+        Group::Txonly,
+        "pfrag",
+        super::TX_DRIVER,
         tx::small_frames(h, true),
         false,
     );
@@ -168,7 +173,7 @@ fn dpdk_rows(t: &mut Table, child: Result<Vec<(String, Timing)>, String>) {
         ),
         (
             Group::Bulk,
-            format!("rte_pktmbuf_alloc_bulk + free_bulk ({n}), per mbuf"),
+            format!("{} ({n}), per mbuf", super::MBUF_BULK),
             "pktmbuf_bulk",
         ),
     ];

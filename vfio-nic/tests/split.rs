@@ -25,7 +25,6 @@ fn queue(order: u32, cfg: tx::Config) -> Result<(Q, Pool<Arc<SoftIommu>>), Error
 }
 
 #[test]
-#[cfg_attr(miri, ignore = "grows pools of 1 MiB arenas; the split is plain Rust")]
 fn small_payloads_come_from_order_0_chunks_and_bulk_from_the_queues_order() {
     let (mut q, pool) = queue(4, tx::Config::default()).unwrap();
     let small = q.small_cache().expect("a split by default").pool().clone();
@@ -49,7 +48,6 @@ fn small_payloads_come_from_order_0_chunks_and_bulk_from_the_queues_order() {
 }
 
 #[test]
-#[cfg_attr(miri, ignore = "grows pools of 1 MiB arenas; the split is plain Rust")]
 fn without_a_split_every_payload_comes_from_the_queues_pool() {
     let cfg = tx::Config {
         split: None,
