@@ -176,8 +176,11 @@ impl Table {
             "pfrag/dpdk ns per object, single",
             self.ratio(Group::Single, false),
         ) + &line(
-            "pfrag/dpdk ns per object, bulk",
+            "pfrag/dpdk ns per object, bulk against rte_mempool",
             self.ratio(Group::Bulk, false),
+        ) + &line(
+            "pfrag/dpdk ns per object, bulk against rte_pktmbuf",
+            self.mbuf_ratio(),
         ) + &line(
             "pfrag/dpdk packets per second, txonly",
             self.ratio(Group::Txonly, true),
@@ -198,13 +201,7 @@ impl Table {
             (Some(p), Some(d)) => format!("{:.2}", d.ratio(p).0),
             _ => "n/a".into(),
         };
-        let mbuf = match (
-            self.reference(Group::Bulk),
-            self.row(Group::Bulk, "dpdk", MBUF_BULK),
-        ) {
-            (Some(p), Some(d)) => format!("{:.2}", p.ratio(d).0),
-            _ => "n/a".into(),
-        };
+        let mbuf = self.mbuf_ratio().0;
         format!(
             "peers: single pfrag/dpdk={} bulk pfrag/mbuf={mbuf} txonly-driver pfrag/dpdk={} txonly-off pfrag/dpdk={} txonly-strict pfrag/dpdk={}",
             self.ratio(Group::Single, false).0,
@@ -212,6 +209,25 @@ impl Table {
             tx(TX_OFF),
             tx(TX_STRICT),
         )
+    }
+
+    /// pfrag's burst against `rte_pktmbuf_alloc_bulk`+`free_bulk`, per
+    /// object, with its spread (as [`ratio`](Self::ratio)).
+    fn mbuf_ratio(&self) -> (String, String, String) {
+        match (
+            self.reference(Group::Bulk),
+            self.row(Group::Bulk, "dpdk", MBUF_BULK),
+        ) {
+            (Some(p), Some(d)) => {
+                let (m, lo, hi) = p.ratio(d);
+                (
+                    format!("{m:.2}"),
+                    format!("{lo:.2}-{hi:.2}"),
+                    format!("{:.2}", p.min / d.min),
+                )
+            }
+            _ => ("n/a".into(), "n/a".into(), "n/a".into()),
+        }
     }
 
     /// The first row of `who` in group `g` whose description starts with

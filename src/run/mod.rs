@@ -194,6 +194,10 @@ impl RunConfig {
             // MTU, more for an MSS past 1460 (jumbo frames).
             mtu: (usize::from(self.mss) + HDR_LEN - 14).max(usize::from(tx::Config::DEFAULT_MTU))
                 as u16,
+            // A row measures chunks of its order: every payload from the
+            // pool of that order, small ones too (the flows experiment
+            // measures the queue's default split).
+            split: None,
             ..tx::Config::default()
         }
     }

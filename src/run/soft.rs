@@ -184,7 +184,7 @@ impl<M: DmaMapper + Translate + 'static, D: Model + Send + 'static> Bench<'_, M,
         self.go.wait();
         let t0 = Instant::now();
         let measured = setup.and_then(|(mut q, mut g)| {
-            let snap = (q.device().counters(), q.stats(), q.cache().stats());
+            let snap = (q.device().counters(), q.stats(), q.cache_stats());
             let cpu0 = (thread_cpu_ns(), q.device().device_ns());
             let packets = share(cfg.packets, cfg.queues.max(1), i, cfg.skew);
             let bytes = pump(&mut q, &mut g, cfg, packets, &mut rng, &mut tick)?;
@@ -196,7 +196,7 @@ impl<M: DmaMapper + Translate + 'static, D: Model + Send + 'static> Bench<'_, M,
         self.done.wait();
         self.release.wait();
         let (q, (n0, q0, c0), packets, bytes, end, cpu) = measured?;
-        let (n, qs, cs) = (q.device().counters(), q.stats(), q.cache().stats());
+        let (n, qs, cs) = (q.device().counters(), q.stats(), q.cache_stats());
         Ok(QueueRun {
             cpu,
             packets,

@@ -113,7 +113,7 @@ fn run_on<N: VfioNic>(
     pump(&mut q, &mut gen, cfg, cfg.warmup, &mut rng, tick)?;
 
     let magic = crate::vm::MARK_MAGIC | (window & 0x7f_ffff) << 1;
-    let (m0, q0, c0, pool0) = (mapper.stats(), q.stats(), q.cache().stats(), pool.stats());
+    let (m0, q0, c0, pool0) = (mapper.stats(), q.stats(), q.cache_stats(), pool.stats());
     // SAFETY: the device is only asked for its counters, never replaced
     // or re-pointed.
     let g0 = unsafe { q.device_mut() }.sent()?;
@@ -125,7 +125,7 @@ fn run_on<N: VfioNic>(
     let driver_ns = thread_cpu_ns().saturating_sub(cpu0);
     q.device().mark(magic | 1)?;
     let m = mapper.stats().since(&m0);
-    let (qs, cs) = (q.stats(), q.cache().stats());
+    let (qs, cs) = (q.stats(), q.cache_stats());
     // SAFETY: as above.
     let counted = unsafe { q.device_mut() }.sent()?;
     // The device's own count where it keeps one; else the packets it

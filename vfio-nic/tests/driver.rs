@@ -209,7 +209,7 @@ fn headers_the_offload_cannot_use_post_nothing() {
         (&tcp, Offload::Tso { mss: 0 }),
     ];
     for (h, o) in cases {
-        let before = (q.stats(), q.cache().stats().frags, q.free_descs());
+        let before = (q.stats(), q.cache_stats().frags, q.free_descs());
         match q.send(h, &payload, o, 0) {
             Err(Error::BadHeaders { why, .. }) => assert!(
                 matches!(
@@ -224,7 +224,7 @@ fn headers_the_offload_cannot_use_post_nothing() {
             ),
             other => panic!("{o:?}: {other:?}"),
         }
-        let after = (q.stats(), q.cache().stats().frags, q.free_descs());
+        let after = (q.stats(), q.cache_stats().frags, q.free_descs());
         assert_eq!(before, after, "nothing posted, allocated or advanced");
     }
     // A rejected zero-copy post hands the frags back.
@@ -244,8 +244,7 @@ fn small_packets_go_out_inline_in_their_bounce_slot() {
     let raw = bytes(64, 8);
     // Frags carved by either cache (small payloads come from the queue's
     // order-0 cache: `tx::Config::split`).
-    let carved =
-        |q: &Queue| q.cache().stats().frags + q.small_cache().map_or(0, |c| c.stats().frags);
+    let carved = |q: &Queue| q.cache_stats().frags;
     let frags = carved(&q);
     let descs = q.stats().descs;
     // Context + one data descriptor, then one data descriptor each: the
@@ -424,7 +423,7 @@ fn into_device_errors_convert_for_question_mark() {
 fn frames_longer_than_the_mtu_are_refused() {
     let mut q = queue(2);
     let raw = bytes(9042, 1);
-    let (frags, descs) = (q.cache().stats().frags, q.stats().descs);
+    let (frags, descs) = (q.cache_stats().frags, q.stats().descs);
     assert!(matches!(
         q.send(&raw[..14], &raw[14..], Offload::None, 1),
         Err(Error::FrameTooLong {
@@ -440,7 +439,7 @@ fn frames_longer_than_the_mtu_are_refused() {
             max: 1514
         })
     ));
-    assert_eq!((q.cache().stats().frags, q.stats().descs), (frags, descs));
+    assert_eq!((q.cache_stats().frags, q.stats().descs), (frags, descs));
     assert_eq!(q.in_flight(), 0);
     // At the limit they go.
     q.send(&raw[..14], &raw[14..1514], Offload::None, 3)

@@ -343,7 +343,7 @@ fn too_many_buffers_is_refused_before_allocating() {
         q.send(0, 65160),
         Err(Error::TooManyBuffers { needed: 18, max: 8 })
     ));
-    assert_eq!(q.cache().stats().frags, 0);
+    assert_eq!(q.cache_stats().frags, 0);
 }
 
 /// A NIC attached to an 8-descriptor ring mapped for `dir`, for tests that

@@ -82,3 +82,55 @@ fn a_split_outside_one_page_is_refused() {
         }
     }
 }
+
+#[test]
+fn small_payloads_charge_the_queues_memory_account_and_stop_at_its_limit() {
+    use pfrag::account::{Limits, MemAccount, NoHooks};
+    let limits = Limits {
+        min: 1 << 20,
+        pressure: 1 << 20,
+        max: 1 << 20,
+    };
+    let account = MemAccount::new(limits, NoHooks).unwrap();
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let pcfg = pool::Config::new(Order::new(4).unwrap(), Policy::Persistent);
+    let pool = Pool::with_account(domain.clone(), pcfg, account.clone()).unwrap();
+    // SAFETY: the null device translates through `iommu`, which `domain`
+    // maps through.
+    let mut q = unsafe { tx::Queue::new(domain, pool, NullNic::new(iommu), tx::Config::default()) }
+        .unwrap();
+    assert!(q.small_cache().is_some());
+    let mut held = Vec::new();
+    let err = loop {
+        if let Err(e) = q.frags(4000, &mut held) {
+            break e;
+        }
+        assert!(held.len() <= 1024, "1 MiB of 4 KiB chunks never ran out");
+    };
+    assert!(err.is_backoff(), "{err}");
+    assert!(
+        account.bytes() > 0 && account.bytes() <= 1 << 20,
+        "{}",
+        account.bytes()
+    );
+    for f in held.drain(..) {
+        q.cache_mut().complete(f).unwrap();
+    }
+}
+
+#[test]
+fn a_pool_with_a_byte_limit_and_no_account_is_not_split() {
+    let mut pcfg = pool::Config::new(Order::new(4).unwrap(), Policy::Persistent);
+    pcfg.max_bytes = Some(1 << 20);
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let pool = Pool::new(domain.clone(), pcfg).unwrap();
+    // SAFETY: as above.
+    let q = unsafe { tx::Queue::new(domain, pool, NullNic::new(iommu), tx::Config::default()) }
+        .unwrap();
+    assert!(
+        q.small_cache().is_none(),
+        "its limit holds for every payload"
+    );
+}

@@ -353,6 +353,13 @@ impl<M: DmaMapper> Pool<M> {
         &self.shared.domain
     }
 
+    /// The memory account the pool charges, if it was made with one
+    /// ([`Pool::with_account`]): another pool that should share its limits
+    /// is made with the same.
+    pub fn account(&self) -> Option<&Arc<dyn Charge>> {
+        self.shared.account.as_ref()
+    }
+
     /// Chunk size in bytes.
     pub fn chunk_size(&self) -> usize {
         self.shared.cfg.order.size()

@@ -87,8 +87,10 @@ pub struct Config {
     /// ones from the queue's pool, so that a small send held until its ACK
     /// pins 4 KiB rather than a large chunk full of other flows' frags
     /// (with a pool of order 0 there is nothing to split, and no second
-    /// pool). `None`: every payload from the queue's pool (one shared
-    /// cache, for comparison). `t` is 1..=4096.
+    /// pool). The second pool charges the queue's pool's memory account;
+    /// a pool with `max_bytes` and no account is not split, so that its
+    /// limit holds. `None`: every payload from the queue's pool (one
+    /// shared cache, for comparison). `t` is 1..=4096.
     pub split: Option<usize>,
 }
 

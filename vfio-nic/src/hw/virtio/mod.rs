@@ -125,6 +125,9 @@ pub struct VirtioNetPci<T: Transport = PciTransport> {
     ready: bool,
     /// The attached ring's size.
     ring: Option<u16>,
+    /// The TX queue's largest size, as the device reported it after the
+    /// last reset (`queue_size` then reads back what the driver wrote).
+    max: u16,
 }
 
 impl VirtioNetPci<PciTransport> {
@@ -146,6 +149,7 @@ impl<T: Transport> VirtioNetPci<T> {
             notify: [0; 2],
             ready: false,
             ring: None,
+            max: 0,
         };
         nic.init()?;
         Ok(nic)
@@ -222,6 +226,8 @@ impl<T: Transport> VirtioNetPci<T> {
             let off = u32::from(self.read::<u16>(common::QUEUE_NOTIFY_OFF)?);
             self.notify[usize::from(q)] = self.t.notify_offset(off)?;
         }
+        // TX_QUEUE is selected.
+        self.max = self.read::<u16>(common::QUEUE_SIZE)?;
         self.fmt = fmt;
         self.ready = true;
         Ok(())
@@ -285,11 +291,10 @@ impl<T: Transport> VirtioNetPci<T> {
     ) -> Result<()> {
         // Checked before anything changes: a ring the device cannot take
         // leaves the device (and a ring it runs) as it was.
-        self.write::<u16>(common::QUEUE_SELECT, TX_QUEUE)?;
-        let max = self.read::<u16>(common::QUEUE_SIZE)?;
-        if !len.is_power_of_two() || len > max {
-            return Err(Error::VirtqueueSize { len, max });
+        if !len.is_power_of_two() || len > self.max {
+            return Err(Error::VirtqueueSize { len, max: self.max });
         }
+        self.write::<u16>(common::QUEUE_SELECT, TX_QUEUE)?;
         let enabled = self.ready && self.read::<u16>(common::QUEUE_ENABLE)? != 0;
         if !self.ready || enabled || self.ring.is_some() {
             self.init()?;

@@ -263,4 +263,10 @@ fn a_ring_the_device_cannot_take_is_refused_before_it_is_enabled() {
     assert_eq!(dev.queue(usize::from(TX_QUEUE), 0x20, 8), 0x10_0000);
     // SAFETY: as above.
     unsafe { nic.kick(0) }.unwrap();
+    // Re-attaching at another size up to the device's maximum works, though
+    // `queue_size` now reads back the size written.
+    // SAFETY: as above.
+    unsafe { nic.attach(Iova(0x30_0000), 16) }.unwrap();
+    // SAFETY: as above.
+    unsafe { nic.attach(Iova(0x40_0000), 32) }.unwrap();
 }
