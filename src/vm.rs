@@ -270,7 +270,9 @@ fn mark_value(line: &str, mark_reg: u32) -> Option<u32> {
     (v & 0xff00_0000 == MARK_MAGIC).then_some(v)
 }
 
-/// Splits QEMU's trace at the window marks (see [`mark_value`]) and counts
+/// Splits QEMU's trace at the window marks (an 82576 register write to
+/// `mark_reg`, or a virtio notification of queue 0, carrying a
+/// [`MARK_MAGIC`] value) and counts
 /// IOMMU events in each window, in order.
 pub fn count_windows(trace: &str, mark_reg: u32) -> Vec<VtdCounts> {
     let mut out = Vec::new();

@@ -290,7 +290,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
 
     /// Frags for a payload of `len` bytes, appended to `out`: from the
-    /// small payloads' cache up to the split ([`Config::split`]), else from
+    /// small payloads' cache up to the split ([`Config::split`](super::Config::split)), else from
     /// the queue's cache (fit-whole as the queue is configured). A memory
     /// limit is counted as a back-off (`mem_backoffs`).
     pub fn frags(&mut self, len: usize, out: &mut Vec<Frag<M>>) -> Result<()> {
