@@ -53,6 +53,7 @@ mod config;
 mod detach;
 mod header;
 mod send;
+mod split;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -237,37 +238,6 @@ pub struct Queue<M: DmaMapper, D: TxDevice> {
     stats: Stats,
 }
 
-/// The small payloads' cache of a queue over `pool` with `cfg`: a pool of
-/// order-0 chunks with the same policy, direction and payload limit, its
-/// batches and watermark sized for order 0, on plain pages, charging the
-/// same memory account as `pool`. A pool with `max_bytes` and no account
-/// gets no split: a second pool would hold memory past that limit (give
-/// the pool a [`MemAccount`](pfrag::account::MemAccount), which both pools
-/// then share).
-fn small_cache<M: DmaMapper>(pool: &Pool<M>, cfg: &Config) -> Result<Option<FragCache<M>>> {
-    let main = pool.config();
-    let unshared_limit = main.max_bytes.is_some() && pool.account().is_none();
-    if cfg.split.is_none() || main.order.get() == 0 || unshared_limit {
-        return Ok(None);
-    }
-    let small = pool::Config {
-        order: Order::new(0)?,
-        grow_batch: 0,
-        high_watermark: 0,
-        shrink_batch: 0,
-        max_bytes: None,
-        queues: 1,
-        hugepages: false,
-        ..main.clone()
-    };
-    let domain = pool.domain().clone();
-    let p = match pool.account() {
-        Some(a) => Pool::with_account(domain, small, a.clone())?,
-        None => Pool::new(domain, small)?,
-    };
-    Ok(Some(FragCache::new(p)))
-}
-
 /// A completed packet: its token, and how the device reported it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Completion {
@@ -330,7 +300,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             )?),
             HeaderMode::Mapped => None,
         };
-        let small = small_cache(&pool, &cfg)?;
+        let small = split::small_cache(&pool, &cfg)?;
         let cache = FragCache::for_queue(pool, cfg.queue)?;
         // SAFETY: `ring` is this queue's own, kept until the device is
         // detached or the queue dropped (the device first); nothing after
@@ -386,24 +356,6 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// The payload frag cache.
     pub fn cache(&self) -> &FragCache<M> {
         &self.cache
-    }
-    /// Both payload caches' counters, summed (the queue's cache and the
-    /// small payloads' one).
-    pub fn cache_stats(&self) -> pfrag::frag::CacheStats {
-        let mut s = self.cache.stats();
-        if let Some(t) = self.small.as_ref().map(FragCache::stats) {
-            s.frags += t.frags;
-            s.bytes += t.bytes;
-            s.chunks_taken += t.chunks_taken;
-            s.reused_in_place += t.reused_in_place;
-            s.waste_bytes += t.waste_bytes;
-        }
-        s
-    }
-    /// The small payloads' cache, over order-0 chunks of the queue's
-    /// second pool (`None` without a split, or with a pool of order 0).
-    pub fn small_cache(&self) -> Option<&FragCache<M>> {
-        self.small.as_ref()
     }
     /// The payload frag cache, to carve frags for a zero-copy
     /// [`post`](Self::post) (or use [`frags`](Self::frags)).
