@@ -41,4 +41,6 @@ pub mod docs {
     pub struct Results;
     #[doc = include_str!("../docs/vfio-guest.md")]
     pub struct VfioGuest;
+    #[doc = include_str!("../docs/virtio-net.md")]
+    pub struct VirtioNet;
 }
