@@ -170,12 +170,47 @@ pub enum CaptureError {
 /// flows: each must be valid, and none may come after the first frame of
 /// the fresh start that followed.
 pub fn check_pcap(path: &Path, console: &Console) -> Result<Capture, CaptureError> {
-    let p = path.display().to_string();
-    let f = std::fs::File::open(path).map_err(|source| CaptureError::Io {
-        path: p.clone(),
-        source,
-    })?;
+    let (f, p) = open_capture(path)?;
     check_pcap_from(f, &p, console)
+}
+
+/// Opens the capture at `path`, with its name for errors.
+fn open_capture(path: &Path) -> Result<(std::fs::File, String), CaptureError> {
+    let p = path.display().to_string();
+    match std::fs::File::open(path) {
+        Ok(f) => Ok((f, p)),
+        Err(source) => Err(CaptureError::Io { path: p, source }),
+    }
+}
+
+/// The crash pairs `(killed, fresh)` of a capture, judged frame by frame:
+/// a killed driver's frame is stale once its fresh start's first frame
+/// went by.
+struct Crashes<'a> {
+    pairs: &'a [(u32, u32)],
+    /// Per pair: has the fresh start's first frame been seen?
+    fresh_seen: Vec<bool>,
+}
+
+impl<'a> Crashes<'a> {
+    fn new(pairs: &'a [(u32, u32)]) -> Crashes<'a> {
+        Crashes {
+            pairs,
+            fresh_seen: vec![false; pairs.len()],
+        }
+    }
+
+    /// For a frame of `flow`: `Some(stale)` if it is a killed driver's,
+    /// else `None` (and a fresh start's frame is noted).
+    fn judge(&mut self, flow: Option<u32>) -> Option<bool> {
+        if let Some(i) = self.pairs.iter().position(|p| Some(p.0) == flow) {
+            return Some(self.fresh_seen[i]);
+        }
+        for (seen, p) in self.fresh_seen.iter_mut().zip(self.pairs) {
+            *seen |= Some(p.1) == flow;
+        }
+        None
+    }
 }
 
 fn source_flow(fr: &[u8]) -> Option<u32> {
@@ -192,8 +227,7 @@ fn check_pcap_from(r: impl Read, name: &str, c: &Console) -> Result<Capture, Cap
     let mut check = WireCheck::default();
     let mut leak_check = WireCheck::default();
     let mut crash_check = WireCheck::default();
-    // Per crash pair: has the fresh start's first frame been seen?
-    let mut fresh_seen = vec![false; c.crash_flows.len()];
+    let mut crashes = Crashes::new(&c.crash_flows);
     let mut cap = Capture::default();
     while let Some(pkt) = rd.next_packet() {
         let pkt = pkt.map_err(|e| CaptureError::Pcap {
@@ -215,14 +249,11 @@ fn check_pcap_from(r: impl Read, name: &str, c: &Console) -> Result<Capture, Cap
             }
             continue;
         }
-        if let Some(i) = c.crash_flows.iter().position(|p| Some(p.0) == flow) {
+        if let Some(stale) = crashes.judge(flow) {
             cap.crash_frames += 1;
             cap.crash_bad += u64::from(crash_check.frame(&pkt.data).is_err());
-            cap.stale += u64::from(fresh_seen[i]);
+            cap.stale += u64::from(stale);
             continue;
-        }
-        for (i, p) in c.crash_flows.iter().enumerate() {
-            fresh_seen[i] |= Some(p.1) == flow;
         }
         let _ = check.frame(&pkt.data);
     }

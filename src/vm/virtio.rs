@@ -60,11 +60,7 @@ impl VirtioCapture {
 /// each `crash` pair) are checked apart, their number unknown, and none
 /// may follow the first frame of the fresh start's flow (the second).
 pub fn check_virtio_pcap(path: &Path, crash: &[(u32, u32)]) -> Result<VirtioCapture, CaptureError> {
-    let p = path.display().to_string();
-    let f = std::fs::File::open(path).map_err(|source| CaptureError::Io {
-        path: p.clone(),
-        source,
-    })?;
+    let (f, p) = super::open_capture(path)?;
     check_virtio_pcap_from(f, &p, crash)
 }
 
@@ -80,7 +76,7 @@ fn check_virtio_pcap_from(
     let mut rd = PcapReader::new(r).map_err(perr)?;
     let mut wire = WireCheck::default();
     let mut crash_wire = WireCheck::default();
-    let mut fresh_seen = vec![false; crash.len()];
+    let mut crashes = super::Crashes::new(crash);
     let mut cap = VirtioCapture::default();
     while let Some(pkt) = rd.next_packet() {
         let pkt = pkt.map_err(perr)?;
@@ -89,16 +85,13 @@ fn check_virtio_pcap_from(
             continue;
         }
         let flow = super::source_flow(&pkt.data);
-        if let Some(i) = crash.iter().position(|p| Some(p.0) == flow) {
+        if let Some(stale) = crashes.judge(flow) {
             cap.crash_frames += 1;
-            cap.stale += u64::from(fresh_seen[i]);
+            cap.stale += u64::from(stale);
             let ok = segment(&pkt.data, VIRTIO_MSS)
                 .is_ok_and(|fs| fs.iter().all(|f| crash_wire.frame(f).is_ok()));
             cap.crash_bad += u64::from(!ok);
             continue;
-        }
-        for (i, p) in crash.iter().enumerate() {
-            fresh_seen[i] |= Some(p.1) == flow;
         }
         cap.super_frames += 1;
         if (pkt.data.len() as u32) < pkt.orig_len {

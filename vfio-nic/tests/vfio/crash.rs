@@ -6,7 +6,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 
 use super::*;
 
@@ -28,12 +28,20 @@ pub(super) fn sender() -> PathBuf {
     p
 }
 
-#[test]
-#[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
-fn driver_killed_mid_tx_then_a_fresh_start_sends_clean() {
+/// Starts the sender with `args` (the NIC and device) on flow `flow`,
+/// sending 64 KB packets until killed; once it runs, and 200 ms later
+/// (descriptors posted, the device reading them), kills it with SIGKILL.
+pub(super) fn kill_sender_mid_run(args: &[&str], flow: usize) -> ExitStatus {
     let mut child = Command::new(sender())
-        .args(["--device", &bdf(), "--flow", &KILLED_FLOW.to_string()])
-        .args(["--len", "65160", "--packets", "0"])
+        .args(args)
+        .args([
+            "--flow",
+            &flow.to_string(),
+            "--len",
+            "65160",
+            "--packets",
+            "0",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the sender");
@@ -45,11 +53,17 @@ fn driver_killed_mid_tx_then_a_fresh_start_sends_clean() {
         "vfio_send: running",
         "the sender did not start"
     );
-    // Mid-run: descriptors posted, the device reading them.
     std::thread::sleep(Duration::from_millis(200));
     child.kill().unwrap();
     let st = child.wait().unwrap();
     assert!(!st.success(), "the sender was killed: {st}");
+    st
+}
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
+fn driver_killed_mid_tx_then_a_fresh_start_sends_clean() {
+    let st = kill_sender_mid_run(&["--device", &bdf()], KILLED_FLOW);
     println!("crash: sender killed ({st})");
     println!("pcap-crash-flows: {KILLED_FLOW} {FRESH_FLOW}");
 

@@ -246,36 +246,10 @@ fn virtio_mapping_limit_fails_per_frag_with_enospc() {
 #[test]
 #[ignore = "needs a virtio-net device bound to vfio-pci: vm/run.sh test"]
 fn virtio_driver_killed_mid_tx_then_a_fresh_start_sends_clean() {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
     const KILLED_FLOW: usize = 74;
     const FRESH_FLOW: usize = 75;
-    let mut child = Command::new(super::crash::sender())
-        .args(["--nic", "virtio", "--device", &vbdf()])
-        .args([
-            "--flow",
-            &KILLED_FLOW.to_string(),
-            "--len",
-            "65160",
-            "--packets",
-            "0",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the sender");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(
-        line.trim(),
-        "vfio_send: running",
-        "the sender did not start"
-    );
-    // Mid-run: chains posted, the device reading them.
-    std::thread::sleep(Duration::from_millis(200));
-    child.kill().unwrap();
-    let st = child.wait().unwrap();
-    assert!(!st.success(), "the sender was killed: {st}");
+    let args = ["--nic", "virtio", "--device", &vbdf()];
+    let st = super::crash::kill_sender_mid_run(&args, KILLED_FLOW);
     println!("virtio crash: sender killed ({st})");
     println!("pcap-virtio-crash-flows: {KILLED_FLOW} {FRESH_FLOW}");
 
