@@ -83,8 +83,8 @@ struct Args {
     /// Flows, round robin.
     #[arg(long, default_value_t = 200)]
     flows: usize,
-    /// Packets measured per configuration, 1..=1,000,000,000 (default
-    /// 20,000 on the software NIC, 2,000 through VFIO).
+    /// Packets measured per configuration in each repetition,
+    /// 1..=1,000,000,000 (default 2,000).
     #[arg(long, value_parser = cli::packets)]
     packets: Option<u64>,
     /// Packets sent before measuring, 0..=1,000,000,000 (default: twice
@@ -172,7 +172,9 @@ struct Args {
           value_parser = clap::value_parser!(u16).range(1..=9000))]
     mss: Vec<u16>,
     /// Repetitions of every configuration, interleaved round robin; rows
-    /// show the median and the spread (default 5; 1 with --quick).
+    /// show the median and the spread, ratios their 95 % confidence
+    /// interval from 6 on (default 50 on the software backend, 5 on
+    /// VFIO; 1 with --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
     reps: Option<u32>,
     /// Run the software NIC on its own thread, polling the ring's doorbell
@@ -304,16 +306,16 @@ fn main() -> ExitCode {
     let (packets, warmup) = if a.quick {
         (a.packets.unwrap_or(1_000), a.warmup.unwrap_or(100))
     } else {
-        let n = match a.backend {
-            Backend::Soft => 20_000,
-            Backend::Vfio => 2_000,
-        };
         (
-            a.packets.unwrap_or(n),
+            a.packets.unwrap_or(2_000),
             a.warmup.unwrap_or(2 * u64::from(a.ring)),
         )
     };
-    let reps = a.reps.unwrap_or(if a.quick { 1 } else { 5 }) as usize;
+    let reps = a.reps.unwrap_or(match (a.quick, a.backend) {
+        (true, _) => 1,
+        (false, Backend::Soft) => 50,
+        (false, Backend::Vfio) => 5,
+    }) as usize;
     if let Err(e) = check_args(&a) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
@@ -504,10 +506,7 @@ fn print_ratios(out: &mut impl Write, per_job: &[JobRows], a: &Args) {
         let mut parts = Vec::new();
         let mut add = |name: &str, s: Option<Spread>| {
             if let Some(s) = s {
-                parts.push(format!(
-                    "{name} {:.2}x ({:.2}–{:.2})",
-                    s.median, s.min, s.max
-                ));
+                parts.push(format!("{name} {}", ratio_text(&s)));
             }
         };
         let pf = get("per-frag", "strict");
@@ -545,6 +544,21 @@ fn print_ratios(out: &mut impl Write, per_job: &[JobRows], a: &Args) {
             let _ = writeln!(out, "order {o}{mss}: {}", parts.join(", "));
         }
     }
+}
+
+/// A ratio's median, range and, with enough repetitions, its 95 %
+/// confidence interval and whether it differs from 1 significantly.
+fn ratio_text(s: &Spread) -> String {
+    let mut t = format!("{:.2}x ({:.2}–{:.2}", s.median, s.min, s.max);
+    if let Some((lo, hi)) = s.ci95 {
+        let verdict = if s.differs_from(1.0) == Some(true) {
+            "differs from 1"
+        } else {
+            "not different from 1"
+        };
+        t += &format!("; 95% CI {lo:.2}–{hi:.2}, {verdict}");
+    }
+    t + ")"
 }
 
 /// Writes the CSV and SVG asked for; false after reporting an error.

@@ -15,6 +15,10 @@ pub struct Spread {
     pub min: f64,
     /// The greatest value.
     pub max: f64,
+    /// The distribution-free 95 % confidence interval of the median
+    /// ([`median_ci95`]); `None` for fewer than 6 values, where none
+    /// reaches 95 %.
+    pub ci95: Option<(f64, f64)>,
 }
 
 impl Spread {
@@ -35,8 +39,36 @@ impl Spread {
             median,
             min: s[0],
             max: s[n - 1],
+            ci95: median_ci95(n).map(|(lo, hi)| (s[lo], s[hi])),
         })
     }
+
+    /// Whether the confidence interval lies wholly on one side of `x`:
+    /// the median differs from `x` significantly (at 5 %). `None` without
+    /// an interval.
+    pub fn differs_from(&self, x: f64) -> Option<bool> {
+        self.ci95.map(|(lo, hi)| x < lo || x > hi)
+    }
+}
+
+/// The ranks (0-based, in sorted order) bounding a 95 % confidence
+/// interval for the median of `n` values, from the order statistics
+/// alone (no assumption on the distribution): the `k`-th smallest and
+/// the `k`-th largest for the largest `k` with P(B < k) <= 2.5 %, where B
+/// is Binomial(n, 1/2), so that the interval covers the median with
+/// probability at least 95 %. For 25 values, the 8th and the 18th.
+/// `None` for fewer than 6 values.
+pub fn median_ci95(n: usize) -> Option<(usize, usize)> {
+    // P(B = i) for i = 0, 1, ..., summed while the tail stays within 2.5 %.
+    let mut p = 0.5f64.powi(i32::try_from(n).ok()?);
+    let mut tail = 0.0;
+    let mut k = 0;
+    while k < n / 2 && tail + p <= 0.025 {
+        tail += p;
+        p *= (n - k) as f64 / (k + 1) as f64;
+        k += 1;
+    }
+    (k > 0).then(|| (k - 1, n - k))
 }
 
 /// One row for the repetitions `reps` of one configuration: the median
@@ -104,6 +136,27 @@ mod tests {
         assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]).unwrap().median, 2.5);
         assert!(Spread::of(&[]).is_none());
         assert!(Spread::of(&[1.0, f64::NAN]).is_none());
+    }
+
+    #[test]
+    fn the_median_interval_follows_the_binomial_order_statistics() {
+        // Fewer than 6 values: even min..max covers the median with less
+        // than 95 % (1 - 2 / 2^5 = 93.75 % for 5).
+        assert_eq!(median_ci95(5), None);
+        assert_eq!(median_ci95(0), None);
+        // 6 values: min..max covers it with 96.9 %.
+        assert_eq!(median_ci95(6), Some((0, 5)));
+        // Textbook values: n = 10 -> 2nd and 9th; n = 25 -> 8th and 18th;
+        // n = 100 -> 40th and 61st (1-based).
+        assert_eq!(median_ci95(10), Some((1, 8)));
+        assert_eq!(median_ci95(25), Some((7, 17)));
+        assert_eq!(median_ci95(100), Some((39, 60)));
+        let v: Vec<f64> = (1..=25).map(f64::from).collect();
+        let s = Spread::of(&v).unwrap();
+        assert_eq!(s.ci95, Some((8.0, 18.0)));
+        assert_eq!(s.differs_from(7.5), Some(true));
+        assert_eq!(s.differs_from(13.0), Some(false));
+        assert_eq!(Spread::of(&[1.0, 2.0]).unwrap().differs_from(9.0), None);
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub struct Ring<M: DmaMapper> {
     slot: usize,
     busy: Vec<bool>,
     in_use: usize,
+    /// A slot's worth of bytes, where the parts of a packet are gathered
+    /// before they are copied into its slot.
+    gather: Box<[u8]>,
 }
 
 impl<M: DmaMapper> std::fmt::Debug for Ring<M> {
@@ -59,6 +62,7 @@ impl<M: DmaMapper> Ring<M> {
             slot,
             busy: vec![false; slots],
             in_use: 0,
+            gather: vec![0; slot].into_boxed_slice(),
         })
     }
 
@@ -113,11 +117,23 @@ impl<M: DmaMapper> Ring<M> {
         if *busy {
             return Err(Error::SlotBusy { slot: i });
         }
-        let mut at = i * self.slot;
+        let at = i * self.slot;
+        // Gathered first, so that the slot takes whole-word stores (parts
+        // that end mid-word would each cost a read-modify-write).
+        let mut n = 0;
         for p in parts {
-            self.mem.write(at, p)?;
-            at += p.len();
+            // A second pass of `parts` longer than the first stops here.
+            let dst = self
+                .gather
+                .get_mut(n..n + p.len())
+                .ok_or(Error::HeaderTooLarge {
+                    len: n + p.len(),
+                    slot: self.slot,
+                })?;
+            dst.copy_from_slice(p);
+            n += p.len();
         }
+        self.mem.write(at, &self.gather[..n])?;
         *busy = true;
         self.in_use += 1;
         Ok(self.mem.iova().offset((i * self.slot) as u64))

@@ -184,7 +184,29 @@ impl Table {
         ) + &line(
             "pfrag/dpdk packets per second, txonly",
             self.ratio(Group::Txonly, true),
+        ) + &line(
+            "virtio/82576 format, the driver's ns per 64 B frame",
+            self.format_ratio(),
         )
+    }
+
+    /// The driver's time per 64 B frame in the virtio-net format over the
+    /// same in the 82576's, with its spread (as [`ratio`](Self::ratio)).
+    fn format_ratio(&self) -> (String, String, String) {
+        match (
+            self.row(Group::Txonly, "pfrag", TX_VIRTIO),
+            self.row(Group::Txonly, "pfrag", TX_DRIVER),
+        ) {
+            (Some(v), Some(i)) => {
+                let (m, lo, hi) = v.ratio(i);
+                (
+                    format!("{m:.2}"),
+                    format!("{lo:.2}-{hi:.2}"),
+                    format!("{:.2}", v.min / i.min),
+                )
+            }
+            _ => ("n/a".into(), "n/a".into(), "n/a".into()),
+        }
     }
 
     /// The last line: `peers: single pfrag/dpdk=A bulk pfrag/mbuf=B
@@ -247,6 +269,8 @@ pub const TX_STRICT: &str = "TX 64 B frames, strict IOMMU, null device model";
 pub const TX_OFF: &str = "TX 64 B frames, IOMMU off, null device model";
 /// See [`TX_STRICT`].
 pub const TX_DRIVER: &str = "TX 64 B frames, the driver's time alone";
+/// The driver's time alone, in the virtio-net format (strict IOMMU).
+pub const TX_VIRTIO: &str = "TX 64 B frames, virtio format, driver's time";
 /// DPDK's burst row that a frag burst is compared with.
 pub const MBUF_BULK: &str = "rte_pktmbuf_alloc_bulk + free_bulk";
 
@@ -275,7 +299,14 @@ mod tests {
         tab.push(Group::Txonly, "pfrag", TX_STRICT, t(50.0), true);
         tab.push(Group::Txonly, "pfrag", TX_OFF, t(40.0), false);
         tab.push(Group::Txonly, "pfrag", TX_DRIVER, t(20.0), false);
+        tab.push(Group::Txonly, "pfrag", TX_VIRTIO, t(30.0), false);
         tab.push(Group::Txonly, "dpdk", "testpmd", t(25.0), false);
+        assert!(
+            tab.spread()
+                .contains("virtio/82576 format, the driver's ns per 64 B frame: 1.50 "),
+            "{}",
+            tab.spread()
+        );
         assert_eq!(
             tab.summary(),
             "peers: single pfrag/dpdk=0.75 bulk pfrag/mbuf=0.25 txonly-driver pfrag/dpdk=1.25 \

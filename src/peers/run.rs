@@ -130,6 +130,13 @@ fn tx_rows(t: &mut Table, h: &Harness) {
         tx::small_frames(h, true),
         false,
     );
+    t.push(
+        Group::Txonly,
+        "pfrag",
+        super::TX_VIRTIO,
+        tx::small_frames_virtio(h),
+        false,
+    );
     let (strict, off) = match tx::tso(h) {
         Ok((s, o)) => (Ok(s), Ok(o)),
         Err(e) => (Err(e.clone()), Err(e)),

@@ -96,6 +96,10 @@ pub struct Buf {
     /// chains a packet's descriptors by index (virtio's `next`); others
     /// ignore it. Meaningless in the last buffer.
     pub next: u16,
+    /// Whether the device is to report the packet's completion (the
+    /// 82576's RS bit). Always true unless the format defers reports
+    /// ([`Format::DEFERRED_REPORT`]). Meaningful in the last buffer.
+    pub report: bool,
 }
 
 /// What a format knows of the packet whose descriptors it writes.
@@ -181,6 +185,21 @@ pub unsafe trait Format {
     /// posts for every offloaded packet. False by default: the 82576
     /// computes the checksum from scratch.
     const PSEUDO_HEADER_SUM: bool = false;
+    /// Whether the device reports only the packets whose last buffer asks
+    /// ([`Buf::report`]), and completes packets in ring order (the
+    /// 82576's RS bit, which DPDK sets every `tx_rs_thresh` descriptors).
+    /// If so, the engine asks every
+    /// [`report_every`](crate::tx::Config::report_every) packets and for
+    /// the last packet before each doorbell, polls only the packets that
+    /// asked, and frees every packet before a reported one with it, as
+    /// [`Status::Ok`]. False by default: every packet is reported (a
+    /// virtio used ring).
+    ///
+    /// An implementation that says true also promises (part of the
+    /// trait's safety contract) that when [`done`](Self::done) returns
+    /// `Some` for a packet, the device has finished reading every buffer
+    /// of every packet posted before it too.
+    const DEFERRED_REPORT: bool = false;
 
     /// Bytes of ring memory for `size` descriptors: the descriptor table,
     /// and whatever else the device reads or writes beside it (virtio's
@@ -218,7 +237,10 @@ pub unsafe trait Format {
     fn write_context(&self, desc: &mut [u64], ctx: &Self::Context);
 
     /// Writes the data descriptor for `buf` of `pkt` into `desc`. The last
-    /// buffer's descriptor must ask for the status write-back.
+    /// buffer's descriptor must ask for the status write-back when
+    /// `buf.report` (always, unless the format defers reports). The engine
+    /// may write the same slot again with `report` set, before the
+    /// doorbell that hands it to the device.
     fn write_data(&self, desc: &mut [u64], buf: Buf, pkt: &Packet);
 
     /// The packet's completion, from the status word of its last

@@ -125,6 +125,8 @@ pub struct NicStats {
     /// does not care; QEMU's emulated one drops such packets behind an
     /// IOMMU, see [`tx::Config::boundary`](crate::tx::Config::boundary)).
     pub page_crossing_bufs: u64,
+    /// Status words written back: descriptors that asked (RS).
+    pub write_backs: u64,
 }
 
 impl NicStats {
@@ -185,6 +187,7 @@ impl NicStats {
             bad_payload: f(self.bad_payload, o.bad_payload),
             bad_desc: f(self.bad_desc, o.bad_desc),
             page_crossing_bufs: f(self.page_crossing_bufs, o.page_crossing_bufs),
+            write_backs: f(self.write_backs, o.write_backs),
         }
     }
 }
@@ -573,10 +576,12 @@ impl<T: Translate> TxDevice for SoftNic<T> {
                         unsafe { self.process() };
                         self.bufs.clear();
                     }
-                    // SAFETY: `at` was handed over, as above.
-                    if d.cmd().contains(Dcmd::RS) && unsafe { write_back(&self.iommu, at) }.is_err()
-                    {
-                        self.stats.faults += 1;
+                    if d.cmd().contains(Dcmd::RS) {
+                        // SAFETY: `at` was handed over, as above.
+                        match unsafe { write_back(&self.iommu, at) } {
+                            Ok(()) => self.stats.write_backs += 1,
+                            Err(_) => self.stats.faults += 1,
+                        }
                     }
                 }
                 Desc::Other(_) => self.stats.bad_desc += 1,

@@ -92,6 +92,16 @@ pub struct Config {
     /// limit holds. `None`: every payload from the queue's pool (one
     /// shared cache, for comparison). `t` is 1..=4096.
     pub split: Option<usize>,
+    /// How often a packet asks its device to report completion, where the
+    /// format lets the device report only some
+    /// ([`Format::DEFERRED_REPORT`](crate::format::Format::DEFERRED_REPORT),
+    /// the 82576's RS bit): every `report_every`-th packet, and the last
+    /// packet before each doorbell. The packets before a reported one
+    /// complete with it, their frags freed in one burst. Default 32
+    /// ([`Config::DEFAULT_REPORT_EVERY`], DPDK's `tx_rs_thresh`); 1 asks
+    /// for every packet. Formats that report every packet (virtio) ignore
+    /// it. At least 1.
+    pub report_every: u16,
 }
 
 impl Config {
@@ -110,6 +120,9 @@ impl Config {
     /// The default size-class split: payloads up to 4 KiB from order-0
     /// chunks.
     pub const DEFAULT_SPLIT: Option<usize> = Some(4096);
+    /// By default a packet asks for a report every 32 packets (and before
+    /// each doorbell).
+    pub const DEFAULT_REPORT_EVERY: u16 = 32;
 }
 
 impl Default for Config {
@@ -123,6 +136,7 @@ impl Default for Config {
             queue: 0,
             mtu: Config::DEFAULT_MTU,
             split: Config::DEFAULT_SPLIT,
+            report_every: Config::DEFAULT_REPORT_EVERY,
         }
     }
 }
@@ -162,6 +176,9 @@ pub(super) fn check_config(cfg: &Config) -> Result<()> {
     }
     if cfg.max_bufs < 2 {
         return bad("max_bufs (at least 2)", cfg.max_bufs as u64);
+    }
+    if cfg.report_every == 0 {
+        return bad("report_every (at least 1)", 0);
     }
     if cfg.mtu < Config::MIN_MTU {
         return bad("mtu (at least 68)", u64::from(cfg.mtu));

@@ -49,15 +49,16 @@
 //! The queue is generic over the device ([`TxDevice`]) and the mapper, so
 //! the hot path has no indirect calls.
 
+mod burst;
 mod config;
 mod detach;
 mod header;
+mod reap;
 mod send;
 mod split;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use pfrag::bounce;
 use pfrag::dma::{Coherent, Dir, DmaMapper, Domain};
@@ -70,6 +71,7 @@ use crate::error::{Error, Result};
 use crate::format::{Format, RingMem, Status};
 
 pub use crate::offload::Offload;
+pub use burst::TxPacket;
 use config::check_config;
 pub use config::{Backoff, Config, HeaderMode};
 pub use detach::IntoDeviceError;
@@ -171,6 +173,10 @@ struct Pending<M: DmaMapper> {
     frags: Vec<Frag<M>>,
     /// The caller's token, handed back at completion.
     token: u64,
+    /// Whether its last descriptor asks the device for a report: every
+    /// packet's does, unless the format defers reports
+    /// ([`Format::DEFERRED_REPORT`]).
+    report: bool,
 }
 
 /// A TX queue over device `D`, with pool memory mapped through `M`.
@@ -235,6 +241,8 @@ pub struct Queue<M: DmaMapper, D: TxDevice> {
     fmt: Fmt<D>,
     /// The offload context the device holds (the last one written).
     ctx: Option<FmtContext<D>>,
+    /// Where the queue is in asking for reports.
+    reports: reap::Reports,
     stats: Stats,
 }
 
@@ -333,6 +341,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             domain,
             fmt,
             ctx: None,
+            reports: reap::Reports::default(),
             stats: Stats::default(),
         })
     }
@@ -430,6 +439,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// Rings the doorbell for everything posted (if the device wants it:
     /// a virtio device may say it is still at work).
     pub fn kick(&mut self) -> Result<()> {
+        self.report_last()?;
         if !self.fmt.flush(&RingMem::new(&self.ring, self.cfg.ring))? {
             return Ok(());
         }
@@ -449,104 +459,6 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         // packet's write-back, and header slots of the queue's own bounce
         // ring, reused only after that write-back too.
         unsafe { self.dev.kick(self.tail) }
-    }
-
-    /// Reaps until nothing is in flight. Fails with [`Error::Timeout`] if
-    /// `timeout` passes without any packet completing (the device stopped:
-    /// a blocked DMA, a disabled queue), instead of spinning forever.
-    /// Returns how many completed. Like [`reap`](Self::reap) it drops the
-    /// completed packets' tokens: a driver that needs them (at shutdown,
-    /// before [`into_device`](Self::into_device)) calls
-    /// [`wait_tokens`](Self::wait_tokens).
-    pub fn wait(&mut self, timeout: Duration) -> Result<usize> {
-        self.wait_with(timeout, |_| {})
-    }
-
-    /// [`wait`](Self::wait), appending each completed packet's token to
-    /// `out`, oldest first, as [`reap_tokens`](Self::reap_tokens) does. On
-    /// a timeout `out` still holds the tokens of every packet completed
-    /// before it; the rest stay in flight and come back from a later reap.
-    pub fn wait_tokens(&mut self, timeout: Duration, out: &mut Vec<u64>) -> Result<usize> {
-        self.wait_with(timeout, |c| out.push(c.token))
-    }
-
-    fn wait_with(&mut self, timeout: Duration, mut each: impl FnMut(Completion)) -> Result<usize> {
-        let mut done = 0;
-        let mut since = Instant::now();
-        let mut backoff = Backoff::default();
-        while !self.pending.is_empty() {
-            let n = self.reap_with(&mut each)?;
-            if n > 0 {
-                done += n;
-                since = Instant::now();
-                backoff.reset();
-                continue;
-            }
-            if since.elapsed() >= timeout {
-                return Err(Error::Timeout {
-                    pending: self.pending.len(),
-                    waited_ms: since.elapsed().as_millis() as u64,
-                    head: self.dev.head(),
-                    tail: self.tail,
-                });
-            }
-            backoff.pause();
-        }
-        Ok(done)
-    }
-
-    /// Frees every packet whose last descriptor has `DD` set, oldest first.
-    /// Returns how many completed (their tokens are dropped; see
-    /// [`reap_tokens`](Self::reap_tokens)).
-    pub fn reap(&mut self) -> Result<usize> {
-        self.reap_with(|_| {})
-    }
-
-    /// [`reap`](Self::reap), appending each completed packet's token to
-    /// `out`, oldest first: how the caller learns what finished (the role
-    /// of an skb destructor or a DPDK free callback).
-    pub fn reap_tokens(&mut self, out: &mut Vec<u64>) -> Result<usize> {
-        self.reap_with(|c| out.push(c.token))
-    }
-
-    /// [`reap`](Self::reap), appending each completed packet's token and
-    /// the device's verdict on it ([`Status`]) to `out`, oldest first.
-    /// Packets with [`Status::Error`] are counted in
-    /// [`Stats::device_errors`] too.
-    pub fn reap_completions(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
-        self.reap_with(|c| out.push(c))
-    }
-
-    fn reap_with(&mut self, mut done: impl FnMut(Completion)) -> Result<usize> {
-        let mut n = 0;
-        while let Some(p) = self.pending.front() {
-            let ring = RingMem::new(&self.ring, self.cfg.ring);
-            let Some(status) = self.fmt.done(&ring, p.head, p.last)? else {
-                break;
-            };
-            if status != Status::Ok {
-                self.stats.device_errors += 1;
-            }
-            let mut p = self.pending.pop_front().expect("front exists");
-            self.used -= usize::from(p.ndesc);
-            // Completed on the queue's own thread: frags of the chunk the
-            // cache is carving need no atomic operation. (An inline packet
-            // has none, and no vector to keep.)
-            if p.frags.capacity() > 0 {
-                if self.cache.complete_burst(p.frags.drain(..)).is_err() {
-                    self.stats.unmap_errors += 1;
-                }
-                self.spare.push(p.frags);
-            }
-            self.drop_header(p.hdr);
-            done(Completion {
-                token: p.token,
-                status,
-            });
-            n += 1;
-        }
-        self.stats.completed += n as u64;
-        Ok(n)
     }
 }
 

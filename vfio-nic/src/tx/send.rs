@@ -138,6 +138,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             first: true,
             last: true,
             next: self.next(idx),
+            report: self.report_next(),
         };
         let head = self.tail;
         let written = self
@@ -151,12 +152,12 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.stats.inline_packets += 1;
         self.advance(
             head,
-            idx,
+            (idx, buf),
             nctx + 1,
             ctx,
             Hdr::Slot(usize::from(idx)),
             Vec::new(),
-            pkt.len,
+            &pkt,
             token,
         );
         Ok(())
@@ -178,22 +179,23 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         }
     }
 
-    /// Records a written packet: the tail moves past `last`, the counters
-    /// and the device's context follow, and the packet waits for its
-    /// write-back.
+    /// Records a written packet: the tail moves past `last` (whose buffer
+    /// is `buf`), the counters, the device's context and the reports
+    /// follow, and the packet waits for its completion.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn advance(
         &mut self,
         head: u16,
-        last: u16,
+        (last, buf): (u16, Buf),
         ndesc: usize,
         ctx: Ctx<FmtContext<D>>,
         hdr: Hdr<M>,
         frags: Vec<Frag<M>>,
-        len: usize,
+        pkt: &Packet,
         token: u64,
     ) {
+        self.note_report(last, buf, *pkt);
         match ctx {
             Ctx::Write(c) => self.ctx = Some(c),
             Ctx::Held => self.stats.contexts_skipped += 1,
@@ -202,7 +204,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.tail = self.next(last);
         self.used += ndesc;
         self.stats.packets += 1;
-        self.stats.bytes += len as u64;
+        self.stats.bytes += pkt.len as u64;
         self.stats.descs += ndesc as u64;
         self.pending.push_back(Pending {
             head,
@@ -211,6 +213,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             hdr,
             frags,
             token,
+            report: buf.report,
         });
     }
 
@@ -434,7 +437,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let written = self
             .write_packet(ctx, &pkt, hdr_iova, frags)
             .and_then(|last| self.publish(head).map(|()| last));
-        let last = match written {
+        let (last, last_buf) = match written {
             Ok(last) => last,
             Err(e) => {
                 self.drop_header(hold);
@@ -442,20 +445,22 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             }
         };
         let frags = std::mem::replace(frags, self.spare.pop().unwrap_or_default());
-        self.advance(head, last, ndesc, ctx, hold, frags, pkt.len, token);
+        self.advance(head, (last, last_buf), ndesc, ctx, hold, frags, &pkt, token);
         Ok(())
     }
 
     /// Writes the context (`ctx`, if the device needs a new one), header
     /// and data descriptors from the tail on. Returns the index of the last
-    /// one (which asks for write-back).
+    /// one and its buffer (which asks for a report if
+    /// [`report_next`](Self::report_next) says so).
     fn write_packet(
         &self,
         ctx: Ctx<FmtContext<D>>,
         pkt: &Packet,
         hdr_iova: Iova,
         frags: &[Frag<M>],
-    ) -> Result<u16> {
+    ) -> Result<(u16, Buf)> {
+        let report = self.report_next();
         let mut idx = self.tail;
         self.write_context(idx, ctx)?;
         idx = self.next_by(idx, ctx.descs());
@@ -465,8 +470,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             first: true,
             last: false,
             next: self.next(idx),
+            report,
         };
         self.write_data(idx, hdr, pkt)?;
+        let mut last_buf = hdr;
         let nfr = frags.len();
         for (i, f) in frags.iter().enumerate() {
             let max = Fmt::<D>::MAX_BUF;
@@ -480,11 +487,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                     first: false,
                     last,
                     next: self.next(idx),
+                    report,
                 };
                 self.write_data(idx, buf, pkt)?;
+                last_buf = buf;
             }
         }
-        Ok(idx)
+        Ok((idx, last_buf))
     }
 
     /// Writes the context descriptor at `idx` if `ctx` asks for one.
@@ -499,7 +508,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
 
     /// Writes the data descriptor for `buf` of `pkt` at `idx`.
-    fn write_data(&self, idx: u16, buf: Buf, pkt: &Packet) -> Result<()> {
+    pub(super) fn write_data(&self, idx: u16, buf: Buf, pkt: &Packet) -> Result<()> {
         let mut w = [0u64; MAX_DESC_WORDS];
         let w = &mut w[..Fmt::<D>::DESC_SIZE / 8];
         self.fmt.write_data(w, buf, pkt);

@@ -17,7 +17,10 @@ pub struct Advanced;
 
 // SAFETY: a data descriptor names `buf.iova` and `buf.len` (DTALEN; the
 // engine never hands a buffer longer than `MAX_BUF`), a context descriptor
-// names no memory, and the 82576 writes back only the status dword.
+// names no memory, and the 82576 writes back only the status dword. It
+// fetches and processes a queue's descriptors in ring order and writes DD
+// into a descriptor with RS only once it has read that packet's data, so
+// DD there also says every earlier packet was read (`DEFERRED_REPORT`).
 unsafe impl Format for Advanced {
     const NAME: &'static str = "82576 advanced";
     const DESC_SIZE: usize = desc::SIZE;
@@ -27,6 +30,9 @@ unsafe impl Format for Advanced {
     const MAX_PAYLOAD: usize = desc::MAX_PAYLEN;
     const STATUS_OFFSET: usize = desc::STATUS_OFFSET;
     const HAS_CONTEXT: bool = true;
+    /// RS only every `report_every` packets and before each doorbell, as
+    /// DPDK's igb driver sets it every `tx_rs_thresh` descriptors.
+    const DEFERRED_REPORT: bool = true;
 
     type Context = Context;
 
@@ -61,10 +67,10 @@ unsafe impl Format for Advanced {
             (true, Offload::Tso { .. }) => (pkt.len, popts),
             (true, _) => (pkt.hlen + pkt.len, popts),
         };
-        let end = if buf.last {
-            Dcmd::EOP | Dcmd::RS
-        } else {
-            Dcmd::empty()
+        let end = match (buf.last, buf.report) {
+            (true, true) => Dcmd::EOP | Dcmd::RS,
+            (true, false) => Dcmd::EOP,
+            (false, _) => Dcmd::empty(),
         };
         let data = Data::new(
             buf.iova.raw(),

@@ -1,0 +1,193 @@
+//! Completions: reaping what the device reported, waiting for it, and
+//! asking the device for reports. A format that defers reports
+//! ([`Format::DEFERRED_REPORT`], the 82576's RS bit) is asked for one every
+//! [`Config::report_every`](super::Config::report_every) packets and for
+//! the last packet before each doorbell; the packets before a reported one
+//! complete with it, in one burst of frees (DPDK's `tx_rs_thresh` and
+//! `tx_free_thresh`).
+
+use std::time::{Duration, Instant};
+
+use pfrag::dma::DmaMapper;
+
+use super::{Backoff, Completion, Fmt, Queue};
+use crate::device::TxDevice;
+use crate::error::{Error, Result};
+use crate::format::{Buf, Format, Packet, RingMem, Status};
+
+/// The last packet posted without asking for a report: the doorbell
+/// rewrites its last descriptor to ask.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Unreported {
+    /// Its last descriptor's slot.
+    idx: u16,
+    /// Its last buffer, as written.
+    buf: Buf,
+    pkt: Packet,
+}
+
+/// Where the queue is in its reports.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Reports {
+    /// Packets posted since the last one that asked for a report.
+    since: u16,
+    /// The last of them, if any.
+    last: Option<Unreported>,
+}
+
+impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
+    /// Whether the next packet posted asks the device to report its
+    /// completion: every packet, unless the format defers reports; then
+    /// every [`Config::report_every`](super::Config::report_every)-th.
+    pub(super) fn report_next(&self) -> bool {
+        !Fmt::<D>::DEFERRED_REPORT || self.reports.since + 1 >= self.cfg.report_every
+    }
+
+    /// Records the packet just posted, whose last buffer `buf` (of `pkt`)
+    /// sits in slot `idx`.
+    pub(super) fn note_report(&mut self, idx: u16, buf: Buf, pkt: Packet) {
+        self.reports = if buf.report {
+            Reports::default()
+        } else {
+            Reports {
+                since: self.reports.since + 1,
+                last: Some(Unreported { idx, buf, pkt }),
+            }
+        };
+    }
+
+    /// Before a doorbell: the last packet posted asks for a report, so
+    /// that everything handed to the device is reported. It was posted
+    /// since the last doorbell, so the device has not read it yet.
+    pub(super) fn report_last(&mut self) -> Result<()> {
+        let Some(u) = self.reports.last else {
+            return Ok(());
+        };
+        let buf = Buf {
+            report: true,
+            ..u.buf
+        };
+        self.write_data(u.idx, buf, &u.pkt)?;
+        if let Some(p) = self.pending.back_mut() {
+            p.report = true;
+        }
+        self.reports = Reports::default();
+        Ok(())
+    }
+
+    /// Reaps until nothing is in flight. Fails with [`Error::Timeout`] if
+    /// `timeout` passes without any packet completing (the device stopped:
+    /// a blocked DMA, a disabled queue), instead of spinning forever.
+    /// Returns how many completed. Like [`reap`](Self::reap) it drops the
+    /// completed packets' tokens: a driver that needs them (at shutdown,
+    /// before [`into_device`](Self::into_device)) calls
+    /// [`wait_tokens`](Self::wait_tokens).
+    pub fn wait(&mut self, timeout: Duration) -> Result<usize> {
+        self.wait_with(timeout, |_| {})
+    }
+
+    /// [`wait`](Self::wait), appending each completed packet's token to
+    /// `out`, oldest first, as [`reap_tokens`](Self::reap_tokens) does. On
+    /// a timeout `out` still holds the tokens of every packet completed
+    /// before it; the rest stay in flight and come back from a later reap.
+    pub fn wait_tokens(&mut self, timeout: Duration, out: &mut Vec<u64>) -> Result<usize> {
+        self.wait_with(timeout, |c| out.push(c.token))
+    }
+
+    fn wait_with(&mut self, timeout: Duration, mut each: impl FnMut(Completion)) -> Result<usize> {
+        let mut done = 0;
+        let mut since = Instant::now();
+        let mut backoff = Backoff::default();
+        while !self.pending.is_empty() {
+            let n = self.reap_with(&mut each)?;
+            if n > 0 {
+                done += n;
+                since = Instant::now();
+                backoff.reset();
+                continue;
+            }
+            if since.elapsed() >= timeout {
+                return Err(Error::Timeout {
+                    pending: self.pending.len(),
+                    waited_ms: since.elapsed().as_millis() as u64,
+                    head: self.dev.head(),
+                    tail: self.tail,
+                });
+            }
+            backoff.pause();
+        }
+        Ok(done)
+    }
+
+    /// Frees every packet whose last descriptor has `DD` set, oldest first.
+    /// Returns how many completed (their tokens are dropped; see
+    /// [`reap_tokens`](Self::reap_tokens)).
+    pub fn reap(&mut self) -> Result<usize> {
+        self.reap_with(|_| {})
+    }
+
+    /// [`reap`](Self::reap), appending each completed packet's token to
+    /// `out`, oldest first: how the caller learns what finished (the role
+    /// of an skb destructor or a DPDK free callback).
+    pub fn reap_tokens(&mut self, out: &mut Vec<u64>) -> Result<usize> {
+        self.reap_with(|c| out.push(c.token))
+    }
+
+    /// [`reap`](Self::reap), appending each completed packet's token and
+    /// the device's verdict on it ([`Status`]) to `out`, oldest first.
+    /// Packets with [`Status::Error`] are counted in
+    /// [`Stats::device_errors`](super::Stats::device_errors) too.
+    pub fn reap_completions(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
+        self.reap_with(|c| out.push(c))
+    }
+
+    fn reap_with(&mut self, mut done: impl FnMut(Completion)) -> Result<usize> {
+        let mut n = 0;
+        // The oldest packet that asked for a report; the packets before it
+        // complete with it (a format that defers reports completes in
+        // order). Every packet asks where the format does not defer.
+        while let Some(k) = self.pending.iter().position(|p| p.report) {
+            let p = &self.pending[k];
+            let ring = RingMem::new(&self.ring, self.cfg.ring);
+            let Some(status) = self.fmt.done(&ring, p.head, p.last)? else {
+                break;
+            };
+            if status != Status::Ok {
+                self.stats.device_errors += 1;
+            }
+            self.free_first(k + 1, status, &mut done);
+            n += k + 1;
+        }
+        self.stats.completed += n as u64;
+        Ok(n)
+    }
+
+    /// Frees the `k` oldest packets, the last of which the device reported
+    /// with `status` (the others complete as [`Status::Ok`]): their
+    /// descriptors, headers and frags, the frags in one burst.
+    fn free_first(&mut self, k: usize, status: Status, done: &mut impl FnMut(Completion)) {
+        let mut burst = self.spare.pop().unwrap_or_default();
+        for i in 0..k {
+            let Some(mut p) = self.pending.pop_front() else {
+                break;
+            };
+            self.used -= usize::from(p.ndesc);
+            // An inline packet has no frags and no vector to keep.
+            if p.frags.capacity() > 0 {
+                burst.append(&mut p.frags);
+                self.spare.push(p.frags);
+            }
+            self.drop_header(p.hdr);
+            done(Completion {
+                token: p.token,
+                status: if i + 1 == k { status } else { Status::Ok },
+            });
+        }
+        // Completed on the queue's own thread: frags of the chunk the
+        // cache is carving need no atomic operation.
+        if !burst.is_empty() && self.cache.complete_burst(burst.drain(..)).is_err() {
+            self.stats.unmap_errors += 1;
+        }
+        self.spare.push(burst);
+    }
+}
