@@ -21,7 +21,7 @@ use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
 use pfrag_lab::reps::{self, Spread};
 use pfrag_lab::run::driver_limit;
-use pfrag_lab::run::{run_vfio, DeviceModel, DeviceSetup, Workload};
+use pfrag_lab::run::{run_vfio, DeviceModel, DeviceSetup, DmaBackend, Workload};
 use pfrag_lab::{cli, report};
 use pfrag_lab::{limit, run, IommuMode, Row, RunConfig};
 use vfio_nic::model::softnic::Touch;
@@ -32,8 +32,22 @@ enum Backend {
     /// The software NIC model (a simulator).
     Soft,
     /// An Intel 82576 bound to vfio-pci (see --device), through the
-    /// kernel's IOMMU.
+    /// kernel's IOMMU, mapped through a type1 container.
     Vfio,
+    /// The same, opened through its VFIO cdev and mapped through an
+    /// iommufd IOAS (a kernel with CONFIG_IOMMUFD).
+    Iommufd,
+}
+
+impl Backend {
+    /// How a real NIC's memory is mapped; `None` for the software NIC.
+    fn dma(self) -> Option<DmaBackend> {
+        match self {
+            Backend::Soft => None,
+            Backend::Vfio => Some(DmaBackend::Type1),
+            Backend::Iommufd => Some(DmaBackend::Iommufd),
+        }
+    }
 }
 
 /// The NIC whose descriptor format the queue writes.
@@ -314,7 +328,7 @@ fn main() -> ExitCode {
     let reps = a.reps.unwrap_or(match (a.quick, a.backend) {
         (true, _) => 1,
         (false, Backend::Soft) => 50,
-        (false, Backend::Vfio) => 5,
+        (false, Backend::Vfio | Backend::Iommufd) => 5,
     }) as usize;
     if let Err(e) = check_args(&a) {
         eprintln!("error: {e}");
@@ -327,10 +341,16 @@ fn main() -> ExitCode {
     }
     let on = match a.backend {
         Backend::Soft => "on the software NIC (a simulator)".to_string(),
-        Backend::Vfio => match a.nic {
-            Nic::Igb => format!("on the 82576 at {} through VFIO", a.device),
-            Nic::Virtio => format!("on the virtio-net device at {} through VFIO", a.device),
-        },
+        Backend::Vfio | Backend::Iommufd => {
+            let how = match a.backend {
+                Backend::Iommufd => "VFIO's cdev and iommufd",
+                _ => "VFIO",
+            };
+            match a.nic {
+                Nic::Igb => format!("on the 82576 at {} through {how}", a.device),
+                Nic::Virtio => format!("on the virtio-net device at {} through {how}", a.device),
+            }
+        }
     };
     eprintln!(
         "sweep: {} configurations {on}, {reps} repetitions, {} packets of {} B each, \
@@ -372,7 +392,7 @@ fn device_setup(a: &Args) -> DeviceSetup {
 
 /// Settings that do not go together, refused before anything runs.
 fn check_args(a: &Args) -> Result<(), String> {
-    if a.queues == 0 || (a.queues > 1 && a.backend == Backend::Vfio) {
+    if a.queues == 0 || (a.queues > 1 && a.backend != Backend::Soft) {
         return Err(
             "--queues must be >= 1, and 1 with --backend vfio (one NIC queue is driven)".into(),
         );
@@ -385,7 +405,7 @@ fn check_args(a: &Args) -> Result<(), String> {
         }
     }
     device_setup(a).check(a.queues).map_err(|e| e.to_string())?;
-    if a.backend == Backend::Vfio && (a.device_thread || a.iommu_latency) {
+    if a.backend != Backend::Soft && (a.device_thread || a.iommu_latency) {
         return Err(
             "--device-thread and --iommu-latency model the software NIC and IOMMU; \
                     they do not apply to --backend vfio"
@@ -452,13 +472,11 @@ fn run_all(a: &Args, jobs: Vec<Job>, reps: usize, per_cfg: u64) -> Option<Vec<Jo
                 eprintln!("sweep: {what}");
             }
             let r = match job {
-                Job::Run(c) => match a.backend {
-                    Backend::Soft => run(c, &mut |n| bar.inc(n)),
-                    Backend::Vfio => {
-                        run_vfio(c, &a.device, (rep * jobs.len() + i) as u32, &mut |n| {
-                            bar.inc(n)
-                        })
-                        .map(|r| vec![r])
+                Job::Run(c) => match a.backend.dma() {
+                    None => run(c, &mut |n| bar.inc(n)),
+                    Some(dma) => {
+                        let window = (rep * jobs.len() + i) as u32;
+                        run_vfio(c, &a.device, dma, window, &mut |n| bar.inc(n)).map(|r| vec![r])
                     }
                 },
                 Job::Limit(c) => Ok(vec![limit(c)]),

@@ -322,7 +322,11 @@ test)
     send_bin=$(build_static sender)
     [ -x "$send_bin" ] || die "vfio_send not built"
     cargo build -q --release --example vmcheck
-    pack "$bin" --ignored --test-threads=1 --nocapture "$@"
+    # The iommufd tests need a kernel with iommufd: the others skip them.
+    skip=""
+    [ "$kernel_line" = iommufd ] || skip="--skip iommufd_"
+    # shellcheck disable=SC2086 # $skip is two words or none
+    pack "$bin" --ignored --test-threads=1 --nocapture $skip "$@"
     boot
     cat "$vm/console.log"
     "$root/target/release/examples/vmcheck" test --console "$vm/console.log" --pcap "$vm/tx.pcap" \
@@ -335,16 +339,21 @@ sweep)
     cargo build -q --release --example vmcheck
     # --nic virtio: the virtio-net device, its capture, and its marks
     # (notifications of its unused receive queue).
-    dev=$bdf pcap="$vm/tx.pcap" nic=igb prev=""
+    # --backend iommufd: the same, mapped through iommufd (VM_KERNEL=iommufd).
+    dev=$bdf pcap="$vm/tx.pcap" nic=igb prev="" backend="--backend vfio"
     for a in "$@"; do
         case "$prev,$a" in
         --nic,*) nic=$a ;;
         *,--nic=*) nic=${a#--nic=} ;;
         esac
+        case "$a" in
+        --backend | --backend=*) backend="" ;;
+        esac
         prev=$a
     done
     if [ "$nic" = virtio ]; then dev=$vbdf pcap="$vm/virtio.pcap"; fi
-    pack "$bin" --backend vfio --device "$dev" --no-progress --csv /tmp/out.csv "$@"
+    # shellcheck disable=SC2086 # $backend is two words or none
+    pack "$bin" $backend --device "$dev" --no-progress --csv /tmp/out.csv "$@"
     boot -d trace:vtd_inv_desc_iotlb_pages,trace:vtd_inv_desc_iotlb_domain,trace:vtd_inv_desc_iotlb_global,trace:vtd_iotlb_page_hit,trace:vtd_iotlb_page_update,trace:e1000e_core_write,trace:virtio_pci_notify_write \
         -D "$vm/trace.log"
     cat "$vm/console.log"

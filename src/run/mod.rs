@@ -458,7 +458,7 @@ pub use row::Row;
 use row::{Cpu, Measured};
 pub use soft::run;
 pub use timed::{thread_cpu_ns, DeviceTime, Timed};
-pub use vfio::run_vfio;
+pub use vfio::{run_vfio, DmaBackend};
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,8 @@
 //! Runs on a real NIC through VFIO: an 82576, or a virtio-net device.
 
+use pfrag::dma::DmaMapper;
 use vfio_nic::device::TxDevice;
+use vfio_nic::hw::iommufd::IommufdMapper;
 use vfio_nic::hw::virtio::{VirtioConfig, VirtioNetPci};
 
 use super::*;
@@ -63,31 +65,56 @@ impl VfioNic for VirtioNetPci {
 /// counted per row. Payload bytes are not read back here
 /// (`bytes_verified` is 0): the frames are checked where they are
 /// captured.
+///
+/// `dma` says how the device is opened and its memory mapped: a type1
+/// container ([`VfioMapper`]), or an iommufd IOAS through the device's
+/// cdev ([`IommufdMapper`]); the `backend` column says which.
 pub fn run_vfio(
     cfg: &RunConfig,
     bdf: &str,
+    dma: DmaBackend,
     window: u32,
     tick: &mut dyn FnMut(u64),
 ) -> Result<Row, RunError> {
     match cfg.model {
-        DeviceModel::Soft => run_on::<Igb>(cfg, bdf, window, tick),
-        DeviceModel::Virtio => run_on::<VirtioNetPci>(cfg, bdf, window, tick),
+        DeviceModel::Soft => open_on::<Igb>(cfg, bdf, dma, window, tick),
+        DeviceModel::Virtio => open_on::<VirtioNetPci>(cfg, bdf, dma, window, tick),
         DeviceModel::Null => Err(RunError::Setting(
             "VFIO runs drive a real NIC: --model null does not apply".into(),
         )),
     }
 }
 
-fn run_on<N: VfioNic>(
+/// How a VFIO run opens its device and maps its memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DmaBackend {
+    /// A type1 container: `VFIO_IOMMU_MAP_DMA`.
+    Type1,
+    /// An iommufd IOAS: `IOMMU_IOAS_MAP`.
+    Iommufd,
+}
+
+impl DmaBackend {
+    /// The `backend` column.
+    pub fn name(self) -> &'static str {
+        match self {
+            DmaBackend::Type1 => "vfio",
+            DmaBackend::Iommufd => "iommufd",
+        }
+    }
+}
+
+fn open_on<N: VfioNic>(
     cfg: &RunConfig,
     bdf: &str,
+    dma: DmaBackend,
     window: u32,
     tick: &mut dyn FnMut(u64),
 ) -> Result<Row, RunError> {
     check(cfg)?;
     if cfg.iommu != IommuMode::Strict {
         return Err(RunError::Setting(format!(
-            "VFIO runs under the kernel's type1 IOMMU driver, which unmaps strictly; iommu {} is not available",
+            "VFIO runs under the kernel's IOMMU driver, which unmaps strictly; iommu {} is not available",
             cfg.iommu.name()
         )));
     }
@@ -99,8 +126,28 @@ fn run_on<N: VfioNic>(
                 .into(),
         ));
     }
-    let pci = VfioPci::open(bdf)?;
-    let mapper = Arc::new(VfioMapper::new(&pci)?);
+    match dma {
+        DmaBackend::Type1 => {
+            let pci = VfioPci::open(bdf)?;
+            let mapper = Arc::new(VfioMapper::new(&pci)?);
+            run_on::<N, _>(cfg, pci, mapper, dma, window, tick)
+        }
+        DmaBackend::Iommufd => {
+            let pci = VfioPci::open_iommufd(bdf)?;
+            let mapper = Arc::new(IommufdMapper::new(&pci)?);
+            run_on::<N, _>(cfg, pci, mapper, dma, window, tick)
+        }
+    }
+}
+
+fn run_on<N: VfioNic, M: DmaMapper>(
+    cfg: &RunConfig,
+    pci: VfioPci,
+    mapper: Arc<M>,
+    dma: DmaBackend,
+    window: u32,
+    tick: &mut dyn FnMut(u64),
+) -> Result<Row, RunError> {
     let nic = N::open(pci)?;
     let domain = Arc::new(Domain::new(mapper.clone()));
     let pool = Pool::new(domain.clone(), cfg.pool_config()?)?;
@@ -170,6 +217,6 @@ fn run_on<N: VfioNic>(
         cost_pte_ns: None,
         cost_inval_ns: None,
         cost_miss_ns: None,
-        ..common.row("vfio", cfg)
+        ..common.row(dma.name(), cfg)
     })
 }

@@ -159,6 +159,17 @@ pub enum Error {
         /// The device.
         bdf: String,
     },
+    /// A mapper asked for a device opened with another DMA backend (a type1
+    /// mapper for a device opened through iommufd, or the other way).
+    #[error(
+        "a {want} mapper needs a device opened through {want}; this one was opened through {have}"
+    )]
+    WrongBackend {
+        /// The backend the mapper needs.
+        want: &'static str,
+        /// The backend the device was opened with.
+        have: &'static str,
+    },
     /// The group's VFIO node does not exist: the device is not bound to vfio-pci.
     #[error("/dev/vfio/{group} is missing: {bdf} is bound to driver '{driver}', bind it to vfio-pci (echo <vendor> <device> > /sys/bus/pci/drivers/vfio-pci/new_id)")]
     GroupMissing {

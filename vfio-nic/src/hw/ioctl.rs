@@ -1,10 +1,21 @@
-//! The raw VFIO ioctls this crate issues itself, where `vfio-ioctls` has
-//! no call for what is needed: `VFIO_IOMMU_GET_INFO` with its capability
-//! chain, and `VFIO_IOMMU_MAP_DMA` with a chosen access (the crate's own
-//! map always asks for read and write). Every `ioctl(2)` of this crate is
-//! here.
+//! The raw VFIO and iommufd ioctls this crate issues itself, where
+//! `vfio-ioctls` has no call for what is needed: `VFIO_IOMMU_GET_INFO` with
+//! its capability chain, `VFIO_IOMMU_MAP_DMA` and `IOMMU_IOAS_MAP` with a
+//! chosen access (the crate's own maps always ask for read and write), and
+//! `IOMMU_IOAS_IOVA_RANGES`. Every `ioctl(2)` of this crate is here, or
+//! called from here through `iommufd-ioctls`.
 
-use std::os::fd::RawFd;
+use std::ops::Range;
+use std::os::fd::{AsRawFd, RawFd};
+
+use iommufd_bindings::{
+    iommu_ioas_iova_ranges, iommu_ioas_map, iommu_ioas_unmap, iommu_iova_range,
+    iommufd_ioas_map_flags_IOMMU_IOAS_MAP_FIXED_IOVA as MAP_FIXED_IOVA,
+    iommufd_ioas_map_flags_IOMMU_IOAS_MAP_READABLE as MAP_READABLE,
+    iommufd_ioas_map_flags_IOMMU_IOAS_MAP_WRITEABLE as MAP_WRITEABLE, IOMMUFD_CMD_IOAS_IOVA_RANGES,
+    IOMMUFD_TYPE,
+};
+use iommufd_ioctls::{IommuFd, IommufdError};
 
 use vfio_bindings::bindings::vfio::{
     vfio_iommu_type1_dma_map, VFIO_BASE, VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE, VFIO_TYPE,
@@ -14,6 +25,10 @@ use vfio_bindings::bindings::vfio::{
 const VFIO_IOMMU_GET_INFO: u64 = ((VFIO_TYPE as u64) << 8) | (VFIO_BASE as u64 + 12);
 /// `VFIO_IOMMU_MAP_DMA`: `_IO(VFIO_TYPE, VFIO_BASE + 13)`.
 const VFIO_IOMMU_MAP_DMA: u64 = ((VFIO_TYPE as u64) << 8) | (VFIO_BASE as u64 + 13);
+
+/// `IOMMU_IOAS_IOVA_RANGES`: `_IO(IOMMUFD_TYPE, IOMMUFD_CMD_IOAS_IOVA_RANGES)`.
+const IOMMU_IOAS_IOVA_RANGES: u64 =
+    ((IOMMUFD_TYPE as u64) << 8) | IOMMUFD_CMD_IOAS_IOVA_RANGES as u64;
 
 /// What the device may do to a mapping: the flags of `VFIO_IOMMU_MAP_DMA`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +48,114 @@ impl Access {
             Access::Read => VFIO_DMA_MAP_FLAG_READ,
             Access::Write => VFIO_DMA_MAP_FLAG_WRITE,
             Access::ReadWrite => VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
+        }
+    }
+}
+
+impl Access {
+    /// The flags of `IOMMU_IOAS_MAP` at a fixed IOVA.
+    pub fn ioas_flags(self) -> u32 {
+        MAP_FIXED_IOVA
+            | match self {
+                Access::Read => MAP_READABLE,
+                Access::Write => MAP_WRITEABLE,
+                Access::ReadWrite => MAP_READABLE | MAP_WRITEABLE,
+            }
+    }
+}
+
+/// The errno inside an `iommufd-ioctls` error (EIO if it has none).
+pub(crate) fn iommufd_errno(e: &IommufdError) -> i32 {
+    std::error::Error::source(e)
+        .and_then(|s| {
+            s.downcast_ref::<vmm_sys_util::errno::Error>()
+                .map(|e| e.errno())
+                .or_else(|| s.downcast_ref::<std::io::Error>()?.raw_os_error())
+        })
+        .unwrap_or(libc::EIO)
+}
+
+/// `IOMMU_IOAS_MAP` of `vaddr..vaddr+size` at the fixed `iova` of IOAS
+/// `ioas` with `access`. Returns the errno on failure.
+///
+/// # Safety
+/// As [`dma_map`]: the memory stays allocated until the range is unmapped,
+/// and no Rust reference to it is live while the device may write it.
+pub(crate) unsafe fn ioas_map(
+    iommufd: &IommuFd,
+    ioas: u32,
+    iova: u64,
+    vaddr: u64,
+    size: u64,
+    access: Access,
+) -> Result<(), i32> {
+    let map = iommu_ioas_map {
+        size: std::mem::size_of::<iommu_ioas_map>() as u32,
+        flags: access.ioas_flags(),
+        ioas_id: ioas,
+        __reserved: 0,
+        user_va: vaddr,
+        length: size,
+        iova,
+    };
+    // `map_iommu_ioas` is a safe function of `iommufd-ioctls`, though it
+    // lets the device reach the memory: what that may do is the caller's
+    // promise above.
+    iommufd.map_iommu_ioas(&map).map_err(|e| iommufd_errno(&e))
+}
+
+/// `IOMMU_IOAS_UNMAP` of `iova..iova+size` in IOAS `ioas`: the bytes
+/// unmapped, or the errno. `iova` 0 and `size` `u64::MAX` unmap everything.
+pub(crate) fn ioas_unmap(iommufd: &IommuFd, ioas: u32, iova: u64, size: u64) -> Result<u64, i32> {
+    let mut unmap = iommu_ioas_unmap {
+        size: std::mem::size_of::<iommu_ioas_unmap>() as u32,
+        ioas_id: ioas,
+        iova,
+        length: size,
+    };
+    iommufd
+        .unmap_iommu_ioas(&mut unmap)
+        .map_err(|e| iommufd_errno(&e))?;
+    Ok(unmap.length)
+}
+
+/// `IOMMU_IOAS_IOVA_RANGES` of IOAS `ioas`: the usable IOVA ranges (end
+/// exclusive) and the alignment every mapping's start and length must
+/// keep. Returns the errno on failure.
+pub(crate) fn ioas_iova_ranges(
+    iommufd: &IommuFd,
+    ioas: u32,
+) -> Result<(Vec<Range<u64>>, u64), i32> {
+    let mut room = 8usize;
+    loop {
+        let mut out = vec![iommu_iova_range { start: 0, last: 0 }; room];
+        let mut arg = iommu_ioas_iova_ranges {
+            size: std::mem::size_of::<iommu_ioas_iova_ranges>() as u32,
+            ioas_id: ioas,
+            num_iovas: room as u32,
+            __reserved: 0,
+            allowed_iovas: out.as_mut_ptr() as u64,
+            out_iova_alignment: 0,
+        };
+        // SAFETY: the ioctl number is IOMMU_IOAS_IOVA_RANGES, whose
+        // argument is an iommu_ioas_iova_ranges of `size` bytes; the kernel
+        // writes at most `num_iovas` iommu_iova_range entries at
+        // `allowed_iovas`, which is `out`, that long and alive for the
+        // call.
+        let ret =
+            unsafe { libc::ioctl(iommufd.as_raw_fd(), IOMMU_IOAS_IOVA_RANGES as _, &mut arg) };
+        let n = arg.num_iovas as usize;
+        match ret {
+            0 => {
+                out.truncate(n.min(room));
+                let ranges = out
+                    .iter()
+                    .map(|r| r.start..r.last.saturating_add(1))
+                    .collect();
+                return Ok((ranges, arg.out_iova_alignment.max(1)));
+            }
+            _ if last_errno() == libc::EMSGSIZE && n > room && n <= 4096 => room = n,
+            _ => return Err(last_errno()),
         }
     }
 }
@@ -111,5 +234,16 @@ mod tests {
         assert_eq!(Access::Read.flags(), 1);
         assert_eq!(Access::Write.flags(), 2);
         assert_eq!(Access::ReadWrite.flags(), 3);
+        // <linux/iommufd.h>: FIXED_IOVA 1, WRITEABLE 2, READABLE 4.
+        assert_eq!(Access::Read.ioas_flags(), 1 | 4);
+        assert_eq!(Access::Write.ioas_flags(), 1 | 2);
+        assert_eq!(Access::ReadWrite.ioas_flags(), 1 | 2 | 4);
+    }
+
+    #[test]
+    fn iommufd_ioctl_numbers_are_the_kernels() {
+        // From <linux/iommufd.h>: IOMMUFD_TYPE ';', IOMMUFD_CMD_BASE 0x80,
+        // IOAS_IOVA_RANGES the fifth command.
+        assert_eq!(IOMMU_IOAS_IOVA_RANGES, 0x3b84);
     }
 }

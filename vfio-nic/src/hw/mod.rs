@@ -1,6 +1,6 @@
 //! Real hardware: the only modules that map a BAR and touch registers
 //! ([`mmio`]), issue ioctls of their own ([`ioctl`]), talk to VFIO
-//! ([`vfio`], [`info`]), and drive an Intel 82576 ([`igb`]) and a
+//! ([`vfio`], [`info`]) and iommufd ([`iommufd`]), and drive an Intel 82576 ([`igb`]) and a
 //! virtio-net device over the modern PCI transport ([`virtio`]).
 
 use std::time::{Duration, Instant};
@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 pub mod igb;
 pub mod info;
 pub mod ioctl;
+pub mod iommufd;
 pub mod mmio;
 pub mod vfio;
 pub mod virtio;

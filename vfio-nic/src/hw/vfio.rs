@@ -29,7 +29,7 @@ use vfio_bindings::bindings::vfio::{
     VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_BAR5_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX,
     VFIO_REGION_INFO_FLAG_MMAP,
 };
-use vfio_ioctls::{VfioContainer, VfioDevice, VfioError};
+use vfio_ioctls::{VfioContainer, VfioDevice, VfioError, VfioIommufd};
 
 use crate::error::{Error, Result};
 use crate::hw::ioctl::{self, Access};
@@ -50,9 +50,19 @@ pub const DMA_ENTRY_LIMIT: &str = "/sys/module/vfio_iommu_type1/parameters/dma_e
 pub struct VfioPci {
     bdf: String,
     group: u32,
-    container: Arc<VfioContainer>,
+    backend: Backend,
     device: VfioDevice,
     bars: Vec<BarSlot>,
+}
+
+/// Where a device's DMA mappings go.
+#[derive(Clone)]
+enum Backend {
+    /// A type1 container (`/dev/vfio/vfio` and the group).
+    Type1(Arc<VfioContainer>),
+    /// An IOAS of iommufd (`/dev/iommu`), the device opened through its
+    /// cdev (`/dev/vfio/devices/vfioN`).
+    Iommufd(Arc<VfioIommufd>),
 }
 
 /// One BAR of a device: mapped, not offered for mapping, or its mmap
@@ -69,6 +79,7 @@ impl std::fmt::Debug for VfioPci {
         f.debug_struct("VfioPci")
             .field("bdf", &self.bdf)
             .field("group", &self.group)
+            .field("backend", &self.backend_name())
             .field("bars", &self.bars)
             .finish()
     }
@@ -99,36 +110,55 @@ impl VfioPci {
     /// BAR that VFIO offers to map (an 82576's BAR0, a virtio device's
     /// modern BAR).
     pub fn open(bdf: &str) -> Result<VfioPci> {
-        let sys = PathBuf::from("/sys/bus/pci/devices").join(bdf);
-        if !sys.exists() {
-            return Err(Error::DeviceMissing { bdf: bdf.into() });
-        }
-        let group = iommu_group(&sys, bdf)?;
-        let dev_node = PathBuf::from(format!("/dev/vfio/{group}"));
-        if !dev_node.exists() {
-            let driver = std::fs::read_link(sys.join("driver"))
-                .ok()
-                .and_then(|p| p.file_name().map(|s| s.to_string_lossy().into_owned()))
-                .unwrap_or_else(|| "none".into());
-            return Err(Error::GroupMissing {
-                bdf: bdf.into(),
-                group,
-                driver,
-            });
-        }
+        let (sys, group) = bound(bdf)?;
         let container = Arc::new(VfioContainer::new(None).map_err(|e| open_err(bdf, group, e))?);
         let device =
             VfioDevice::new(&sys, container.clone(), false).map_err(|e| open_err(bdf, group, e))?;
+        Ok(VfioPci::with(bdf, group, Backend::Type1(container), device))
+    }
+
+    /// Opens the device at `bdf` through iommufd instead of a type1
+    /// container: opens `/dev/iommu`, allocates an IOAS, opens the device's
+    /// cdev (`/dev/vfio/devices/vfioN`), binds it to the iommufd and
+    /// attaches it to the IOAS; then as [`open`](Self::open). Needs a
+    /// kernel with `CONFIG_IOMMUFD` and `CONFIG_VFIO_DEVICE_CDEV`.
+    pub fn open_iommufd(bdf: &str) -> Result<VfioPci> {
+        let (sys, group) = bound(bdf)?;
+        let iommufd = iommufd_ioctls::IommuFd::new().map_err(|e| Error::VfioOpen {
+            what: "/dev/iommu (is the kernel built with CONFIG_IOMMUFD?)".into(),
+            errno: Some(ioctl::iommufd_errno(&e)),
+            detail: e.to_string(),
+        })?;
+        let ioas =
+            VfioIommufd::new(Arc::new(iommufd), None, None).map_err(|e| open_err(bdf, group, e))?;
+        let ioas = Arc::new(ioas);
+        if !sys.join("vfio-dev").exists() {
+            return Err(Error::VfioOpen {
+                what: format!("the VFIO cdev of {bdf}"),
+                errno: Some(libc::ENOENT),
+                detail: format!(
+                    "{} is missing: is the kernel built with CONFIG_VFIO_DEVICE_CDEV?",
+                    sys.join("vfio-dev").display()
+                ),
+            });
+        }
+        let device =
+            VfioDevice::new(&sys, ioas.clone(), true).map_err(|e| open_err(bdf, group, e))?;
+        Ok(VfioPci::with(bdf, group, Backend::Iommufd(ioas), device))
+    }
+
+    /// The opened device, its BARs mapped and bus mastering on.
+    fn with(bdf: &str, group: u32, backend: Backend, device: VfioDevice) -> VfioPci {
         let bars = map_bars(&device);
         let pci = VfioPci {
             bdf: bdf.into(),
             group,
-            container,
+            backend,
             device,
             bars,
         };
         pci.enable_bus_master();
-        Ok(pci)
+        pci
     }
 
     fn enable_bus_master(&self) {
@@ -198,10 +228,53 @@ impl VfioPci {
         )
     }
 
-    /// The container (the IOMMU domain of the device).
-    pub fn container(&self) -> &Arc<VfioContainer> {
-        &self.container
+    /// The type1 container (the IOMMU domain of the device), if it was
+    /// opened with [`open`](Self::open).
+    pub fn container(&self) -> Option<&Arc<VfioContainer>> {
+        match &self.backend {
+            Backend::Type1(c) => Some(c),
+            Backend::Iommufd(_) => None,
+        }
     }
+
+    /// The iommufd and IOAS of the device, if it was opened with
+    /// [`open_iommufd`](Self::open_iommufd).
+    pub fn iommufd(&self) -> Option<&Arc<VfioIommufd>> {
+        match &self.backend {
+            Backend::Iommufd(i) => Some(i),
+            Backend::Type1(_) => None,
+        }
+    }
+
+    /// `"type1"` or `"iommufd"`.
+    pub fn backend_name(&self) -> &'static str {
+        match self.backend {
+            Backend::Type1(_) => "type1",
+            Backend::Iommufd(_) => "iommufd",
+        }
+    }
+}
+
+/// The sysfs directory and IOMMU group of `bdf`, checking that it is
+/// bound to vfio-pci (its group's node exists).
+fn bound(bdf: &str) -> Result<(PathBuf, u32)> {
+    let sys = PathBuf::from("/sys/bus/pci/devices").join(bdf);
+    if !sys.exists() {
+        return Err(Error::DeviceMissing { bdf: bdf.into() });
+    }
+    let group = iommu_group(&sys, bdf)?;
+    if !PathBuf::from(format!("/dev/vfio/{group}")).exists() {
+        let driver = std::fs::read_link(sys.join("driver"))
+            .ok()
+            .and_then(|p| p.file_name().map(|s| s.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "none".into());
+        return Err(Error::GroupMissing {
+            bdf: bdf.into(),
+            group,
+            driver,
+        });
+    }
+    Ok((sys, group))
 }
 
 impl Regs for VfioPci {
@@ -333,10 +406,16 @@ impl VfioMapper {
     }
 
     /// As [`new`](Self::new), with the access policy `access`.
+    /// [`Error::WrongBackend`] for a device opened through iommufd (see
+    /// [`IommufdMapper`](crate::hw::iommufd::IommufdMapper)).
     pub fn with_access(pci: &VfioPci, access: MapAccess) -> Result<VfioMapper> {
-        let info = iommu_info(&pci.container)?;
+        let container = pci.container().ok_or(Error::WrongBackend {
+            want: "type1",
+            have: pci.backend_name(),
+        })?;
+        let info = iommu_info(container)?;
         Ok(VfioMapper {
-            container: pci.container.clone(),
+            container: container.clone(),
             info,
             access,
             c: Counters::default(),

@@ -71,13 +71,18 @@ fn persistent_queue(domain: &Dom, nic: Igb, order: u32) -> Queue {
 }
 
 /// The traffic generator for `flows` flows.
-fn traffic(flows: usize) -> Traffic<VfioMapper> {
+fn traffic<M: DmaMapper>(flows: usize) -> Traffic<M> {
     Traffic::new(flows, MSS as u16).unwrap()
 }
 
 /// Posts one generated packet, kicking and waiting for completions while
 /// the ring is full.
-fn send(q: &mut Queue, g: &mut Traffic<VfioMapper>, flow: usize, len: usize) -> Result<(), Error> {
+fn send<M: DmaMapper>(
+    q: &mut tx::Queue<M, Igb>,
+    g: &mut Traffic<M>,
+    flow: usize,
+    len: usize,
+) -> Result<(), Error> {
     g.send_waiting(q, flow, len, WAIT, &mut Vec::new())
 }
 
@@ -99,6 +104,7 @@ fn header_for(policy: Policy) -> HeaderMode {
 
 mod crash;
 mod faults;
+mod iommufd;
 mod loopback;
 mod memory;
 mod protect;

@@ -10,20 +10,20 @@ use vfio_nic::hw::igb::RX_BUF;
 use vfio_nic::hw::vfio::MapAccess;
 
 /// What the TX payload held before the device was pointed at it.
-const FILL: u8 = 0xA5;
+pub(super) const FILL: u8 = 0xA5;
 /// The looped-back frame's flow.
 const FLOW: usize = 5;
 /// RX descriptors (all pointing at the payload; the first is used).
 const RX_LEN: u16 = 8;
 
 /// The outcome of one attempt.
-struct Attempt {
+pub(super) struct Attempt {
     /// The payload's bytes afterwards.
-    after: Vec<u8>,
+    pub(super) after: Vec<u8>,
     /// The frame length the RX descriptor reports, if it was written back.
-    rx_len: Option<usize>,
+    pub(super) rx_len: Option<usize>,
     /// DMAR write faults the kernel logged inside the payload's page.
-    faults: Vec<String>,
+    pub(super) faults: Vec<String>,
 }
 
 /// Points every RX descriptor at a TX pool payload mapped with `access`,
@@ -31,6 +31,16 @@ struct Attempt {
 fn device_writes_into_tx_payload(access: MapAccess) -> Attempt {
     let pci = VfioPci::open(&bdf()).expect("open the VFIO device");
     let mapper = VfioMapper::with_access(&pci, access).unwrap();
+    device_writes_into_tx_payload_over(pci, mapper, access)
+}
+
+/// [`device_writes_into_tx_payload`] on a device opened with its mapper
+/// (whose access is `access`): type1 or iommufd.
+pub(super) fn device_writes_into_tx_payload_over<M: DmaMapper>(
+    pci: VfioPci,
+    mapper: M,
+    access: MapAccess,
+) -> Attempt {
     let domain = Arc::new(Domain::new(mapper));
     let mut nic = Igb::new(pci, IgbConfig::default()).expect("reset and link up");
     let cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
@@ -102,7 +112,12 @@ fn device_writes_into_tx_payload(access: MapAccess) -> Attempt {
 #[test]
 #[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
 fn device_write_into_read_only_tx_memory_is_blocked() {
-    let a = device_writes_into_tx_payload(MapAccess::Narrow);
+    check_blocked(&device_writes_into_tx_payload(MapAccess::Narrow));
+}
+
+/// The device's write into read-only TX memory was blocked: a DMAR write
+/// fault in the payload's page, and every byte unchanged.
+pub(super) fn check_blocked(a: &Attempt) {
     for f in &a.faults {
         println!("kernel: {f}");
     }
@@ -122,7 +137,11 @@ fn device_write_into_read_only_tx_memory_is_blocked() {
 #[test]
 #[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
 fn device_write_into_read_write_tx_memory_lands() {
-    let a = device_writes_into_tx_payload(MapAccess::ReadWrite);
+    check_lands(&device_writes_into_tx_payload(MapAccess::ReadWrite));
+}
+
+/// The control run: no fault, and the payload holds the looped-back frame.
+pub(super) fn check_lands(a: &Attempt) {
     assert!(a.faults.is_empty(), "unexpected faults: {:?}", a.faults);
     let len = a.rx_len.expect("the looped-back frame was received");
     assert!(len <= RX_BUF, "{len}-byte frame");

@@ -1,0 +1,274 @@
+//! The iommufd backend: [`IommufdMapper`], a [`DmaMapper`] over an IOAS
+//! of `/dev/iommu`, for a device opened with
+//! [`VfioPci::open_iommufd`] (its VFIO cdev bound to the iommufd and
+//! attached to the IOAS). The same pools, queues and drivers run over it
+//! as over the type1 container's [`VfioMapper`](super::vfio::VfioMapper).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use pfrag::dma::Domain;
+//! use vfio_nic::hw::iommufd::IommufdMapper;
+//! use vfio_nic::hw::vfio::VfioPci;
+//!
+//! // The NIC bound to vfio-pci, on a kernel with CONFIG_IOMMUFD and
+//! // CONFIG_VFIO_DEVICE_CDEV.
+//! let pci = VfioPci::open_iommufd("0000:00:02.0")?;
+//! let mapper = IommufdMapper::new(&pci)?;
+//! println!("usable IOVA ranges: {:x?}", mapper.ranges());
+//! let domain = Arc::new(Domain::new(mapper));
+//! # let _ = domain;
+//! # Ok::<(), vfio_nic::Error>(())
+//! ```
+//!
+//! What differs from type1: there is no `dma_entry_limit` (a mapping
+//! fails when the process runs out of lockable memory or the IOAS of IOVA
+//! space instead), and the usable IOVA ranges are the IOAS's
+//! (`IOMMU_IOAS_IOVA_RANGES`), narrowed by every device attached.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use iommufd_ioctls::IommuFd;
+use pfrag::dma::{DmaMapper, IovaSpace, MapStats, Mapping, PageSizes, Unmapped};
+use pfrag::{Iova, OsAdvice};
+use vfio_ioctls::VfioIommufd;
+
+use crate::error::{Error, Result};
+use crate::hw::ioctl;
+use crate::hw::vfio::{MapAccess, VfioPci};
+
+/// A [`DmaMapper`] over an iommufd IOAS: every `map` is one
+/// `IOMMU_IOAS_MAP` at a fixed IOVA, every `unmap` one `IOMMU_IOAS_UNMAP`.
+///
+/// Each range is mapped with the narrowest access its direction allows
+/// ([`MapAccess::Narrow`]): TX payloads and header slots READABLE only,
+/// RX buffers WRITEABLE only, rings both.
+///
+/// Counters as [`VfioMapper`](super::vfio::VfioMapper)'s: ioctls, 4 KiB
+/// pages mapped, and one invalidation per unmap (the IOMMU driver syncs
+/// the IOTLB for the range before the unmap returns).
+pub struct IommufdMapper {
+    /// Keeps the IOAS (and the iommufd) alive while anything is mapped.
+    ioas: Arc<VfioIommufd>,
+    ranges: Vec<Range<u64>>,
+    alignment: u64,
+    access: MapAccess,
+    map_calls: AtomicU64,
+    unmap_calls: AtomicU64,
+    pages: AtomicU64,
+}
+
+impl std::fmt::Debug for IommufdMapper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IommufdMapper")
+            .field("ioas", &self.ioas_id())
+            .field("ranges", &self.ranges)
+            .field("alignment", &self.alignment)
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+impl IommufdMapper {
+    /// A mapper over `pci`'s IOAS, reading its usable IOVA ranges; every
+    /// mapping as narrow as its direction allows. [`Error::WrongBackend`]
+    /// for a device opened through a type1 container.
+    pub fn new(pci: &VfioPci) -> Result<IommufdMapper> {
+        IommufdMapper::with_access(pci, MapAccess::Narrow)
+    }
+
+    /// As [`new`](Self::new), with the access policy `access`.
+    pub fn with_access(pci: &VfioPci, access: MapAccess) -> Result<IommufdMapper> {
+        let ioas = pci.iommufd().ok_or(Error::WrongBackend {
+            want: "iommufd",
+            have: pci.backend_name(),
+        })?;
+        let (ranges, alignment) = ioctl::ioas_iova_ranges(ioas.iommufd(), ioas.ioas().id())
+            .map_err(|errno| Error::VfioOpen {
+                what: "the IOAS's IOVA ranges (IOMMU_IOAS_IOVA_RANGES)".into(),
+                errno: Some(errno),
+                detail: std::io::Error::from_raw_os_error(errno).to_string(),
+            })?;
+        Ok(IommufdMapper {
+            ioas: ioas.clone(),
+            ranges,
+            alignment,
+            access,
+            map_calls: AtomicU64::new(0),
+            unmap_calls: AtomicU64::new(0),
+            pages: AtomicU64::new(0),
+        })
+    }
+
+    /// Usable IOVA ranges, end exclusive, as read at creation.
+    pub fn ranges(&self) -> &[Range<u64>] {
+        &self.ranges
+    }
+
+    /// The alignment every mapping's IOVA and length must keep.
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// The access policy.
+    pub fn map_access(&self) -> MapAccess {
+        self.access
+    }
+
+    /// The IOAS's object ID.
+    pub fn ioas_id(&self) -> u32 {
+        self.ioas.ioas().id()
+    }
+
+    fn fd(&self) -> &IommuFd {
+        self.ioas.iommufd()
+    }
+
+    /// Refuses a zero length before any ioctl.
+    fn check_len(len: u64) -> pfrag::Result<()> {
+        if len == 0 {
+            return Err(pfrag::Error::ZeroLength);
+        }
+        Ok(())
+    }
+}
+
+/// Advice for an errno of `IOMMU_IOAS_MAP`.
+fn map_hint(errno: i32) -> &'static str {
+    match errno {
+        libc::ENOMEM => {
+            "pinning these pages would pass RLIMIT_MEMLOCK: raise it (ulimit -l, or \
+             limits.conf) or run with CAP_IPC_LOCK"
+        }
+        libc::EEXIST => "the IOVA range overlaps an existing mapping of the IOAS",
+        libc::EINVAL => {
+            "iova, address or length is not aligned to the IOAS's alignment, or the \
+             range is outside its usable IOVA ranges"
+        }
+        libc::ENOSPC => "the IOAS has no room at this IOVA",
+        libc::EFAULT => "the host address range is not mapped in this process",
+        _ => "IOMMU_IOAS_MAP failed",
+    }
+}
+
+impl DmaMapper for IommufdMapper {
+    unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
+        IommufdMapper::check_len(m.len)?;
+        // SAFETY: the map lets the device reach `m.addr..+m.len` until the
+        // unmap, with the access of `m.dir` (narrowed by `self.access`).
+        // Our caller promised (`DmaMapper::map`'s contract) that the memory
+        // stays allocated until then, and pfrag keeps it for good if the
+        // unmap fails; the CPU reaches ring and bounce memory only through
+        // atomics, and a frag is not touched between its post and its
+        // completion, while a TX device only reads it.
+        let r = unsafe {
+            ioctl::ioas_map(
+                self.fd(),
+                self.ioas_id(),
+                m.iova.raw(),
+                m.addr.raw() as u64,
+                m.len,
+                self.access.access(m.dir),
+            )
+        };
+        self.map_calls.fetch_add(1, Ordering::Relaxed);
+        match r {
+            Ok(()) => {
+                self.pages
+                    .fetch_add(m.len.div_ceil(pfrag::PAGE_SIZE), Ordering::Relaxed);
+                Ok(())
+            }
+            Err(n) => Err(pfrag::Error::Map {
+                iova: m.iova,
+                len: m.len,
+                source: OsAdvice::io(n, map_hint(n).to_string()),
+            }),
+        }
+    }
+
+    fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
+        IommufdMapper::check_len(len)?;
+        self.unmap_calls.fetch_add(1, Ordering::Relaxed);
+        let refused = |n: i32, why: &str| pfrag::Error::Unmap {
+            iova,
+            len,
+            source: OsAdvice::io(n, why.to_string()),
+        };
+        match ioctl::ioas_unmap(self.fd(), self.ioas_id(), iova.raw(), len) {
+            Ok(done) if done == len => Ok(Unmapped::Flushed),
+            // The kernel unmapped less than asked: the range was not mapped
+            // whole. What it did unmap is gone; the rest was never ours.
+            Ok(_) => Err(refused(
+                libc::ENOENT,
+                "IOMMU_IOAS_UNMAP unmapped less than the range: it was not mapped whole",
+            )),
+            Err(n) => Err(refused(
+                n,
+                "IOMMU_IOAS_UNMAP refused: the range must cover whole earlier mappings",
+            )),
+        }
+    }
+
+    fn page_sizes(&self) -> PageSizes {
+        PageSizes::SIZE_4K
+    }
+
+    fn iova_space(&self) -> IovaSpace {
+        IovaSpace::Ranges(self.ranges.clone())
+    }
+
+    fn flushed_seq(&self) -> u64 {
+        u64::MAX
+    }
+
+    fn flush(&self) -> pfrag::Result<()> {
+        Ok(())
+    }
+
+    fn stats(&self) -> MapStats {
+        let unmaps = self.unmap_calls.load(Ordering::Relaxed);
+        MapStats {
+            map_calls: self.map_calls.load(Ordering::Relaxed),
+            unmap_calls: unmaps,
+            ptes_written: self.pages.load(Ordering::Relaxed),
+            invalidations: unmaps,
+            ..MapStats::default()
+        }
+    }
+}
+
+/// Bytes still mapped in the IOAS of `mapper`, found by unmapping
+/// everything (`IOMMU_IOAS_UNMAP` of the whole space reports what it
+/// removed): for a test that checks, at its end, that every mapping was
+/// undone. Whatever it finds is unmapped under its owner, whose own unmap
+/// then fails (and pfrag keeps that memory out of circulation).
+pub fn unmap_all(mapper: &IommufdMapper) -> Result<u64> {
+    ioctl::ioas_unmap(mapper.fd(), mapper.ioas_id(), 0, u64::MAX).map_err(|errno| Error::VfioOpen {
+        what: "IOMMU_IOAS_UNMAP of the whole IOAS".into(),
+        errno: Some(errno),
+        detail: std::io::Error::from_raw_os_error(errno).to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_name_the_cause() {
+        assert!(map_hint(libc::ENOMEM).contains("RLIMIT_MEMLOCK"));
+        assert!(map_hint(libc::EEXIST).contains("overlaps"));
+        assert!(map_hint(libc::EINVAL).contains("IOVA ranges"));
+        assert_eq!(map_hint(libc::EPERM), "IOMMU_IOAS_MAP failed");
+    }
+
+    #[test]
+    fn a_zero_length_is_refused_before_any_ioctl() {
+        assert!(matches!(
+            IommufdMapper::check_len(0),
+            Err(pfrag::Error::ZeroLength)
+        ));
+        assert!(IommufdMapper::check_len(4096).is_ok());
+    }
+}

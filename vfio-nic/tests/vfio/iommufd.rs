@@ -1,0 +1,146 @@
+//! The same driver over iommufd instead of a type1 container: the 82576
+//! opened through its VFIO cdev, bound to `/dev/iommu` and attached to an
+//! IOAS, with `IommufdMapper` under the pools. These run only on a guest
+//! kernel built with `CONFIG_IOMMUFD` and `CONFIG_VFIO_DEVICE_CDEV`
+//! (`VM_KERNEL=iommufd vm/run.sh test`; the other kernels skip the
+//! `iommufd_` tests by name).
+
+use super::protect::{check_blocked, check_lands, device_writes_into_tx_payload_over};
+use super::*;
+use pfrag::frag::FragCache;
+use vfio_nic::hw::iommufd::{self, IommufdMapper};
+use vfio_nic::hw::vfio::MapAccess;
+
+fn open_iommufd(access: MapAccess) -> (VfioPci, IommufdMapper) {
+    let pci = VfioPci::open_iommufd(&bdf()).expect("open the device through iommufd");
+    assert_eq!(pci.backend_name(), "iommufd");
+    let mapper = IommufdMapper::with_access(&pci, access).expect("read the IOAS's IOVA ranges");
+    (pci, mapper)
+}
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci and a kernel with iommufd: VM_KERNEL=iommufd vm/run.sh test"]
+fn iommufd_ranges_are_the_ioas_s_and_a_type1_mapper_is_refused() {
+    let (pci, mapper) = open_iommufd(MapAccess::Narrow);
+    let ranges = mapper.ranges().to_vec();
+    println!(
+        "iommufd IOAS {}: usable IOVA ranges {ranges:x?}, alignment {:#x}",
+        mapper.ioas_id(),
+        mapper.alignment()
+    );
+    assert!(!ranges.is_empty(), "the IOAS reports usable ranges");
+    assert!(
+        mapper.alignment() <= 4096,
+        "alignment {:#x}",
+        mapper.alignment()
+    );
+    // The x86 MSI window is never usable for DMA.
+    let msi = 0xfee0_0000u64..0xfef0_0000;
+    assert!(
+        ranges
+            .iter()
+            .all(|r| r.end <= msi.start || r.start >= msi.end),
+        "{ranges:x?} overlaps the MSI window"
+    );
+    let e = VfioMapper::new(&pci).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::WrongBackend {
+                want: "type1",
+                have: "iommufd"
+            }
+        ),
+        "{e:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci and a kernel with iommufd: VM_KERNEL=iommufd vm/run.sh test"]
+fn iommufd_tso_flows_make_no_map_calls_per_packet_and_return_every_mapping() {
+    let (pci, mapper) = open_iommufd(MapAccess::Narrow);
+    let domain = Arc::new(Domain::new(mapper));
+    let nic = Igb::new(pci, IgbConfig::default()).expect("reset and link up");
+    let cfg = pool::Config::new(Order::new(3).unwrap(), Policy::Persistent);
+    let pool = Pool::new(domain.clone(), cfg).unwrap();
+    let txc = txcfg(HeaderMode::Bounce(SlotSize::B128));
+    // SAFETY: the NIC is the VFIO device attached to the IOAS `domain`
+    // maps into.
+    let mut q = unsafe { tx::Queue::new(domain.clone(), pool, nic, txc) }.unwrap();
+    let mut g = traffic(8);
+    let len = 30 * MSS;
+    // A warm-up burst maps the pool's first chunks.
+    for flow in 0..8 {
+        send(&mut q, &mut g, flow, len).unwrap();
+    }
+    q.kick().unwrap();
+    q.wait(WAIT).unwrap();
+    let maps = domain.mapper().stats().map_calls;
+    let packets = 200;
+    for i in 0..packets {
+        send(&mut q, &mut g, i % 8, len).unwrap();
+        if i % 16 == 15 {
+            q.kick().unwrap();
+        }
+    }
+    q.kick().unwrap();
+    q.wait(WAIT).unwrap();
+    let steady = domain.mapper().stats().map_calls - maps;
+    println!(
+        "iommufd: {} packets of {len} B, {steady} map ioctls after the warm-up, {} unmaps",
+        packets + 8,
+        domain.mapper().stats().unmap_calls
+    );
+    assert_eq!(steady, 0, "map ioctls in steady state");
+    assert_eq!(q.stats().device_errors, 0);
+    expect_on_wire((packets as u64 + 8) * segments(len));
+    let mapper_handle = domain.clone();
+    drop(q);
+    // Everything the queue and its pools mapped is unmapped with them:
+    // the IOAS is empty.
+    let left = iommufd::unmap_all(mapper_handle.mapper()).unwrap();
+    assert_eq!(left, 0, "{left} bytes still mapped after the queue is gone");
+}
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci and a kernel with iommufd: VM_KERNEL=iommufd vm/run.sh test"]
+fn iommufd_leftover_mappings_are_found() {
+    // The check above can fail: a pool still alive leaves its chunk mapped.
+    let (_pci, mapper) = open_iommufd(MapAccess::Narrow);
+    let domain = Arc::new(Domain::new(mapper));
+    let cfg = pool::Config::new(Order::new(2).unwrap(), Policy::Persistent);
+    let mut cache = FragCache::new(Pool::new(domain.clone(), cfg).unwrap());
+    let f = cache.refill(1000, true).unwrap();
+    let left = iommufd::unmap_all(domain.mapper()).unwrap();
+    assert!(
+        left >= 16 << 10,
+        "only {left} bytes mapped under a live pool"
+    );
+    // Its owner's unmap now fails, and pfrag keeps that memory out of
+    // circulation rather than reuse it.
+    cache.complete(f).unwrap();
+    drop(cache);
+    println!("iommufd: a live pool's {left} mapped bytes were found");
+}
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci and a kernel with iommufd: VM_KERNEL=iommufd vm/run.sh test"]
+fn iommufd_device_write_into_read_only_tx_memory_is_blocked() {
+    let (pci, mapper) = open_iommufd(MapAccess::Narrow);
+    check_blocked(&device_writes_into_tx_payload_over(
+        pci,
+        mapper,
+        MapAccess::Narrow,
+    ));
+}
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci and a kernel with iommufd: VM_KERNEL=iommufd vm/run.sh test"]
+fn iommufd_device_write_into_read_write_tx_memory_lands() {
+    let (pci, mapper) = open_iommufd(MapAccess::ReadWrite);
+    check_lands(&device_writes_into_tx_payload_over(
+        pci,
+        mapper,
+        MapAccess::ReadWrite,
+    ));
+}
