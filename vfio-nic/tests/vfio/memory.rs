@@ -200,3 +200,11 @@ fn pool_memory_goes_back_through_vfio() {
     assert_eq!(h.before - h.peak, h.huge_arenas, "one huge page per arena");
     assert_eq!(h.after, h.before, "every huge page back: {h:?}");
 }
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
+fn type1_mapping_cost() {
+    let pci = VfioPci::open(&bdf()).expect("open the VFIO device");
+    let mapper = VfioMapper::new(&pci).unwrap();
+    super::iommufd::mapping_cost(&mapper, "type1");
+}
