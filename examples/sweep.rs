@@ -394,7 +394,8 @@ fn device_setup(a: &Args) -> DeviceSetup {
 fn check_args(a: &Args) -> Result<(), String> {
     if a.queues == 0 || (a.queues > 1 && a.backend != Backend::Soft) {
         return Err(
-            "--queues must be >= 1, and 1 with --backend vfio (one NIC queue is driven)".into(),
+            "--queues must be >= 1, and 1 with --backend vfio or iommufd (one NIC queue is driven)"
+                .into(),
         );
     }
     if let Some(f) = a.skew {
@@ -408,7 +409,7 @@ fn check_args(a: &Args) -> Result<(), String> {
     if a.backend != Backend::Soft && (a.device_thread || a.iommu_latency) {
         return Err(
             "--device-thread and --iommu-latency model the software NIC and IOMMU; \
-                    they do not apply to --backend vfio"
+                    they do not apply to --backend vfio or iommufd"
                 .into(),
         );
     }

@@ -29,6 +29,8 @@ pub mod docs {
     pub struct Driver;
     #[doc = include_str!("../docs/experiments.md")]
     pub struct Experiments;
+    #[doc = include_str!("../docs/iommufd.md")]
+    pub struct Iommufd;
     #[doc = include_str!("../docs/layout.md")]
     pub struct Layout;
     #[doc = include_str!("../docs/library.md")]

@@ -59,13 +59,14 @@ impl Spread {
 /// probability at least 95 %. For 25 values, the 8th and the 18th.
 /// `None` for fewer than 6 values.
 pub fn median_ci95(n: usize) -> Option<(usize, usize)> {
-    // P(B = i) for i = 0, 1, ..., summed while the tail stays within 2.5 %.
-    let mut p = 0.5f64.powi(i32::try_from(n).ok()?);
+    // P(B = i) for i = 0, 1, ..., summed while the tail stays within 2.5 %;
+    // kept as a logarithm, since 2^-n underflows past n = 1074.
+    let mut ln_p = -(n as f64) * std::f64::consts::LN_2;
     let mut tail = 0.0;
     let mut k = 0;
-    while k < n / 2 && tail + p <= 0.025 {
-        tail += p;
-        p *= (n - k) as f64 / (k + 1) as f64;
+    while k < n / 2 && tail + ln_p.exp() <= 0.025 {
+        tail += ln_p.exp();
+        ln_p += ((n - k) as f64).ln() - ((k + 1) as f64).ln();
         k += 1;
     }
     (k > 0).then(|| (k - 1, n - k))
@@ -151,6 +152,10 @@ mod tests {
         assert_eq!(median_ci95(10), Some((1, 8)));
         assert_eq!(median_ci95(25), Some((7, 17)));
         assert_eq!(median_ci95(100), Some((39, 60)));
+        // Past 2^-1074, where a plain 2^-n underflows to 0: 1-based 505th
+        // and 571st for 1,075 values; 956th and 1,045th for 2,000.
+        assert_eq!(median_ci95(1075), Some((504, 570)));
+        assert_eq!(median_ci95(2000), Some((955, 1044)));
         let v: Vec<f64> = (1..=25).map(f64::from).collect();
         let s = Spread::of(&v).unwrap();
         assert_eq!(s.ci95, Some((8.0, 18.0)));

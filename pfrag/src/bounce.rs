@@ -97,46 +97,38 @@ impl<M: DmaMapper> Ring<M> {
     pub fn fill_parts<'a>(
         &mut self,
         i: usize,
-        parts: impl Iterator<Item = &'a [u8]> + Clone,
+        parts: impl Iterator<Item = &'a [u8]>,
     ) -> Result<Iova> {
         let slots = self.busy.len();
         let busy = self
             .busy
             .get_mut(i)
             .ok_or(Error::SlotOutOfRange { slot: i, slots })?;
-        let len: usize = parts.clone().map(<[u8]>::len).sum();
-        if len > self.slot {
-            return Err(Error::HeaderTooLarge {
-                len,
-                slot: self.slot,
-            });
-        }
-        if len == 0 {
-            return Err(Error::ZeroLength);
-        }
         if *busy {
             return Err(Error::SlotBusy { slot: i });
         }
-        let at = i * self.slot;
-        // Gathered first, so that the slot takes whole-word stores (parts
-        // that end mid-word would each cost a read-modify-write).
-        let mut n = 0;
+        // Gathered first, in one pass, so that the slot takes whole-word
+        // stores (parts that end mid-word would each cost a
+        // read-modify-write) and is written only once the whole packet is
+        // known to fit.
+        let mut n = 0usize;
         for p in parts {
-            // A second pass of `parts` longer than the first stops here.
-            let dst = self
-                .gather
-                .get_mut(n..n + p.len())
-                .ok_or(Error::HeaderTooLarge {
-                    len: n + p.len(),
-                    slot: self.slot,
-                })?;
+            let len = n.saturating_add(p.len());
+            let dst = self.gather.get_mut(n..len).ok_or(Error::HeaderTooLarge {
+                len,
+                slot: self.slot,
+            })?;
             dst.copy_from_slice(p);
-            n += p.len();
+            n = len;
         }
+        if n == 0 {
+            return Err(Error::ZeroLength);
+        }
+        let at = i * self.slot;
         self.mem.write(at, &self.gather[..n])?;
         *busy = true;
         self.in_use += 1;
-        Ok(self.mem.iova().offset((i * self.slot) as u64))
+        Ok(self.mem.iova().offset(at as u64))
     }
 
     /// Marks slot `i` free (its TX completed). Releasing a free slot does
@@ -162,6 +154,53 @@ mod tests {
             SoftIommu::new(SoftIommuConfig::default()).unwrap(),
         ));
         Ring::new(d, slots, SlotSize::B128).unwrap()
+    }
+
+    /// The first `n` bytes of slot `i`, as the device reads them.
+    fn slot_bytes(r: &Ring<SoftIommu>, i: usize, n: usize) -> Vec<u8> {
+        let iova = r.mem.iova().offset((i * r.slot) as u64);
+        let t = r
+            .mem
+            .domain()
+            .mapper()
+            .translate(iova, Dir::TO_DEVICE)
+            .unwrap();
+        let mut b = vec![0u8; n];
+        // SAFETY: the translation points into the ring's live region, which
+        // nobody writes now.
+        unsafe { mem::read(t.addr, &mut b) };
+        b
+    }
+
+    #[test]
+    fn parts_go_out_whole_or_not_at_all() {
+        let mut r = ring(2);
+        r.fill(0, &[0xaa; 20]).unwrap();
+        r.release(0);
+        // Parts that end mid-word, gathered into one buffer.
+        r.fill_parts(0, [&b"abc"[..], b"", b"defgh"].into_iter())
+            .unwrap();
+        assert_eq!(slot_bytes(&r, 0, 10), b"abcdefgh\xaa\xaa");
+        r.release(0);
+        // Nothing at all, or too much: refused, the slot free and as it was.
+        let e = r.fill_parts(0, [&b""[..], b""].into_iter()).unwrap_err();
+        assert!(matches!(e, Error::ZeroLength), "{e:?}");
+        let big = [1u8; 100];
+        let e = r
+            .fill_parts(0, [&big[..], &big[..]].into_iter())
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::HeaderTooLarge {
+                    len: 200,
+                    slot: 128
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(slot_bytes(&r, 0, 10), b"abcdefgh\xaa\xaa");
+        assert_eq!(r.in_use(), 0);
     }
 
     #[test]

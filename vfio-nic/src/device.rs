@@ -65,7 +65,11 @@ pub trait TxDevice {
     /// atomic accessors, of the same size as the device's accesses to the
     /// same bytes) from this call until the device reports the packet done
     /// (the status write-back of its last descriptor, or its head in the
-    /// used ring) or is detached. A model reads that memory through
+    /// used ring) or is detached. Where the format defers reports
+    /// ([`Format::DEFERRED_REPORT`](crate::format::Format::DEFERRED_REPORT)),
+    /// a report of a later packet of the same ring reports this one done
+    /// too: a device of such a format reads no packet's memory after it
+    /// has reported a later packet. A model reads that memory through
     /// [`Translate`](pfrag::dma::Translate); a real NIC by DMA.
     /// [`tx::Queue`](crate::tx::Queue) keeps this promise for the
     /// descriptors it writes: their buffers are frags it owns until it

@@ -187,7 +187,8 @@ pub unsafe trait Format {
     const PSEUDO_HEADER_SUM: bool = false;
     /// Whether the device reports only the packets whose last buffer asks
     /// ([`Buf::report`]), and completes packets in ring order (the
-    /// 82576's RS bit, which DPDK sets every `tx_rs_thresh` descriptors).
+    /// 82576's RS bit; DPDK's ixgbe and i40e drivers set theirs every
+    /// `tx_rs_thresh` descriptors).
     /// If so, the engine asks every
     /// [`report_every`](crate::tx::Config::report_every) packets and for
     /// the last packet before each doorbell, polls only the packets that

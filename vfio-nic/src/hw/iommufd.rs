@@ -90,6 +90,14 @@ impl IommufdMapper {
                 errno: Some(errno),
                 detail: std::io::Error::from_raw_os_error(errno).to_string(),
             })?;
+        // pfrag maps 4 KiB pages at 4 KiB-aligned IOVAs: an IOAS that
+        // needs more would refuse every map.
+        if alignment > pfrag::PAGE_SIZE {
+            return Err(Error::BadConfig {
+                what: "IOAS IOVA alignment (pfrag maps at 4 KiB alignment)",
+                value: alignment,
+            });
+        }
         Ok(IommufdMapper {
             ioas: ioas.clone(),
             ranges,
@@ -243,7 +251,13 @@ impl DmaMapper for IommufdMapper {
 /// removed): for a test that checks, at its end, that every mapping was
 /// undone. Whatever it finds is unmapped under its owner, whose own unmap
 /// then fails (and pfrag keeps that memory out of circulation).
-pub fn unmap_all(mapper: &IommufdMapper) -> Result<u64> {
+///
+/// # Safety
+/// No other mapper may map into this IOAS while a pool whose mappings
+/// this removes still hands out IOVAs: that pool still counts its IOVAs
+/// as mapped, and another mapper's memory mapped there would take the
+/// device's accesses meant for the pool (writes, for receive memory).
+pub unsafe fn unmap_all(mapper: &IommufdMapper) -> Result<u64> {
     ioctl::ioas_unmap(mapper.fd(), mapper.ioas_id(), 0, u64::MAX).map_err(|errno| Error::VfioOpen {
         what: "IOMMU_IOAS_UNMAP of the whole IOAS".into(),
         errno: Some(errno),

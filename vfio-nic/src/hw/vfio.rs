@@ -123,7 +123,12 @@ impl VfioPci {
     /// attaches it to the IOAS; then as [`open`](Self::open). Needs a
     /// kernel with `CONFIG_IOMMUFD` and `CONFIG_VFIO_DEVICE_CDEV`.
     pub fn open_iommufd(bdf: &str) -> Result<VfioPci> {
-        let (sys, group) = bound(bdf)?;
+        // No group node is needed: a kernel may have cdevs and no groups.
+        let sys = PathBuf::from("/sys/bus/pci/devices").join(bdf);
+        if !sys.exists() {
+            return Err(Error::DeviceMissing { bdf: bdf.into() });
+        }
+        let group = iommu_group(&sys, bdf)?;
         let iommufd = iommufd_ioctls::IommuFd::new().map_err(|e| Error::VfioOpen {
             what: "/dev/iommu (is the kernel built with CONFIG_IOMMUFD?)".into(),
             errno: Some(ioctl::iommufd_errno(&e)),
@@ -137,7 +142,8 @@ impl VfioPci {
                 what: format!("the VFIO cdev of {bdf}"),
                 errno: Some(libc::ENOENT),
                 detail: format!(
-                    "{} is missing: is the kernel built with CONFIG_VFIO_DEVICE_CDEV?",
+                    "{} is missing: bind the device to vfio-pci, on a kernel built with \
+                     CONFIG_VFIO_DEVICE_CDEV",
                     sys.join("vfio-dev").display()
                 ),
             });

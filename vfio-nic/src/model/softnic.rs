@@ -572,7 +572,8 @@ impl<T: Translate> TxDevice for SoftNic<T> {
                         // of the same attachment (`attach` and `detach`
                         // forget a partial packet), and the packet is not
                         // reported done before its last descriptor's
-                        // write-back, below: our caller's promise.
+                        // write-back, below, or a later packet's (this
+                        // model reads in ring order): our caller's promise.
                         unsafe { self.process() };
                         self.bufs.clear();
                     }

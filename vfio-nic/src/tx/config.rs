@@ -98,7 +98,8 @@ pub struct Config {
     /// the 82576's RS bit): every `report_every`-th packet, and the last
     /// packet before each doorbell. The packets before a reported one
     /// complete with it, their frags freed in one burst. Default 32
-    /// ([`Config::DEFAULT_REPORT_EVERY`], DPDK's `tx_rs_thresh`); 1 asks
+    /// ([`Config::DEFAULT_REPORT_EVERY`], as DPDK's ixgbe and i40e
+    /// `tx_rs_thresh`; its igb driver reports every packet); 1 asks
     /// for every packet. Formats that report every packet (virtio) ignore
     /// it. At least 1.
     pub report_every: u16,

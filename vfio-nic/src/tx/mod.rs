@@ -438,14 +438,25 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
 
     /// Rings the doorbell for everything posted (if the device wants it:
     /// a virtio device may say it is still at work).
+    ///
+    /// A failed doorbell leaves the queue as it was: the packets stay
+    /// posted and in flight, and the next `kick` hands them over.
     pub fn kick(&mut self) -> Result<()> {
-        self.report_last()?;
-        if !self.fmt.flush(&RingMem::new(&self.ring, self.cfg.ring))? {
+        let reports = self.report_last()?;
+        let flushed = match self.fmt.flush(&RingMem::new(&self.ring, self.cfg.ring)) {
+            Ok(f) => f,
+            Err(e) => {
+                self.unreport(reports);
+                return Err(e);
+            }
+        };
+        if !flushed {
             return Ok(());
         }
         let rung = self.ring_doorbell();
         if rung.is_err() {
             self.fmt.unflush();
+            self.unreport(reports);
         }
         rung
     }
@@ -456,8 +467,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         // this queue's, written by `post_frags` since the ring was attached
         // at `new`; they name the frags in `in_flight`, which the queue
         // owns (no `&mut` to them can exist) until `reap` sees the
-        // packet's write-back, and header slots of the queue's own bounce
-        // ring, reused only after that write-back too.
+        // packet's report (its own write-back, or, where the format defers
+        // reports, a later packet's: `kick`'s contract), and header slots
+        // of the queue's own bounce ring, reused only after that report
+        // too.
         unsafe { self.dev.kick(self.tail) }
     }
 }

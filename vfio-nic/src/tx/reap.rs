@@ -3,8 +3,8 @@
 //! ([`Format::DEFERRED_REPORT`], the 82576's RS bit) is asked for one every
 //! [`Config::report_every`](super::Config::report_every) packets and for
 //! the last packet before each doorbell; the packets before a reported one
-//! complete with it, in one burst of frees (DPDK's `tx_rs_thresh` and
-//! `tx_free_thresh`).
+//! complete with it, in one burst of frees (as DPDK's ixgbe and i40e
+//! drivers do with `tx_rs_thresh` and `tx_free_thresh`).
 
 use std::time::{Duration, Instant};
 
@@ -59,9 +59,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// Before a doorbell: the last packet posted asks for a report, so
     /// that everything handed to the device is reported. It was posted
     /// since the last doorbell, so the device has not read it yet.
-    pub(super) fn report_last(&mut self) -> Result<()> {
-        let Some(u) = self.reports.last else {
-            return Ok(());
+    /// Returns where the reports were, for [`unreport`](Self::unreport).
+    pub(super) fn report_last(&mut self) -> Result<Reports> {
+        let before = self.reports;
+        let Some(u) = before.last else {
+            return Ok(before);
         };
         let buf = Buf {
             report: true,
@@ -72,7 +74,20 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             p.report = true;
         }
         self.reports = Reports::default();
-        Ok(())
+        Ok(before)
+    }
+
+    /// The doorbell after [`report_last`](Self::report_last) failed: the
+    /// reports are as they were before it. The descriptor keeps its
+    /// request, which the device has not seen and which only makes it
+    /// report sooner.
+    pub(super) fn unreport(&mut self, before: Reports) {
+        if before.last.is_some() {
+            if let Some(p) = self.pending.back_mut() {
+                p.report = false;
+            }
+        }
+        self.reports = before;
     }
 
     /// Reaps until nothing is in flight. Fails with [`Error::Timeout`] if
@@ -119,7 +134,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         Ok(done)
     }
 
-    /// Frees every packet whose last descriptor has `DD` set, oldest first.
+    /// Frees every packet the device reported done, oldest first: those
+    /// whose last descriptor has `DD` set (or whose head is in the used
+    /// ring), and, where the format defers reports, the packets before a
+    /// reported one.
     /// Returns how many completed (their tokens are dropped; see
     /// [`reap_tokens`](Self::reap_tokens)).
     pub fn reap(&mut self) -> Result<usize> {

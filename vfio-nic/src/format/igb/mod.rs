@@ -31,7 +31,8 @@ unsafe impl Format for Advanced {
     const STATUS_OFFSET: usize = desc::STATUS_OFFSET;
     const HAS_CONTEXT: bool = true;
     /// RS only every `report_every` packets and before each doorbell, as
-    /// DPDK's igb driver sets it every `tx_rs_thresh` descriptors.
+    /// DPDK's ixgbe and i40e drivers set it every `tx_rs_thresh`
+    /// descriptors (its igb driver sets it on every packet).
     const DEFERRED_REPORT: bool = true;
 
     type Context = Context;
