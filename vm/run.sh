@@ -14,8 +14,13 @@
 #   vm/run.sh setup           only install and unpack what the guest needs
 #
 # The environment picks the combination:
-#   VM_KERNEL=6.12|7.3   guest kernel: Debian's from bookworm-backports (6.12,
-#                        the default) or trixie-backports (7.3)
+#   VM_KERNEL=6.12|7.3|iommufd
+#                        guest kernel: Debian's from bookworm-backports (6.12,
+#                        the default) or trixie-backports (7.3), or one built
+#                        from trixie's linux-source-6.12 with the options of
+#                        vm/kernel/iommufd.config (iommufd, the VFIO device
+#                        cdev; everything built in), cached per source
+#                        version and configuration
 #   VM_AW_BITS=39|48     the emulated VT-d's IOVA width (default 48)
 #
 # To look into a guest that stops making progress:
@@ -31,6 +36,8 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 vm="$root/target/vm"
+# Where cargo puts what it builds (the guest binaries, vmcheck).
+cargo_target=${CARGO_TARGET_DIR:-$root/target}
 target=x86_64-unknown-linux-gnu
 bdf=0000:00:02.0
 vbdf=0000:00:03.0
@@ -63,8 +70,17 @@ ensure_backports() {
     apt-get update -q
 }
 
-# The guest kernel's own directory under target/vm.
-kdir() { echo "$vm/kernel-$kernel_line"; }
+# The guest kernel's own directory under target/vm (for iommufd, named by
+# build_kernel after the source version and the configuration).
+iommufd_dir=""
+kdir() {
+    if [ "$kernel_line" = iommufd ]; then
+        [ -n "$iommufd_dir" ] || die "the iommufd kernel's directory is not known yet"
+        echo "$iommufd_dir"
+    else
+        echo "$vm/kernel-$kernel_line"
+    fi
+}
 
 # apt-get and apt-cache against one suite only, with their own state under
 # target/vm: trixie-backports is never added to the host's sources.
@@ -88,16 +104,85 @@ suite_apt() {
         -o Dir::State::Lists="$a/lists" -o Dir::Cache="$a/cache" "$@"
 }
 
+# Builds the iommufd guest kernel: tinyconfig of trixie's linux-source-6.12
+# with vm/kernel/iommufd.config merged in, everything built in. The result
+# goes to target/vm/kernel-iommufd-HASH/bzImage, HASH covering the source
+# package's version and the fragment, and is reused while both stay the same.
+build_kernel() {
+    local frag="$root/vm/kernel/iommufd.config"
+    local ver key k
+    [ -f "$frag" ] || die "no $frag"
+    ver=$(suite_apt apt-cache trixie policy linux-source-6.12 | awk '/Candidate:/{print $2; exit}')
+    case "$ver" in
+    "" | "(none)") die "no linux-source-6.12 in trixie" ;;
+    esac
+    key=$({ echo "linux-source-6.12 $ver"; cat "$frag"; } | sha256sum | cut -c1-16)
+    k="$vm/kernel-iommufd-$key"
+    iommufd_dir=$k
+    [ -f "$k/ok" ] && return
+    local tool
+    for tool in flex bison bc make gcc xz; do
+        command -v "$tool" >/dev/null 2>&1 && continue
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q flex bison bc make gcc xz-utils
+        break
+    done
+    # objtool (x86-64) links against libelf.
+    [ -f /usr/include/gelf.h ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -q libelf-dev
+    local src="$vm/linux-source-$ver"
+    if [ ! -f "$src/ok" ]; then
+        say "unpacking linux-source-6.12 $ver"
+        rm -rf "$src"
+        mkdir -p "$src/dl"
+        (cd "$src/dl" && suite_apt apt-get trixie download "linux-source-6.12=$ver" 2>/dev/null)
+        dpkg -x "$src"/dl/linux-source-6.12_*.deb "$src/deb"
+        tar -xf "$src"/deb/usr/src/linux-source-6.12.tar.* -C "$src"
+        rm -rf "$src/dl" "$src/deb"
+        touch "$src/ok"
+    fi
+    local tree="$src/linux-source-6.12" b="$k/build"
+    rm -rf "$k"
+    mkdir -p "$b"
+    say "configuring the iommufd kernel ($ver, $frag)"
+    make -s -C "$tree" O="$b" tinyconfig >"$k/config.log" 2>&1 || { cat "$k/config.log" >&2; die "make tinyconfig failed"; }
+    (cd "$b" && "$tree/scripts/kconfig/merge_config.sh" -m .config "$frag") >>"$k/config.log" 2>&1 ||
+        { cat "$k/config.log" >&2; die "merge_config.sh failed"; }
+    make -s -C "$tree" O="$b" olddefconfig >>"$k/config.log" 2>&1 || { cat "$k/config.log" >&2; die "make olddefconfig failed"; }
+    # merge_config.sh does not fail when Kconfig drops an option (a missing
+    # dependency): every line of the fragment must be in the final .config.
+    local line dropped=""
+    while IFS= read -r line; do
+        case "$line" in
+        CONFIG_*=* | "# CONFIG_"*" is not set") ;;
+        *) continue ;;
+        esac
+        grep -qxF -- "$line" "$b/.config" || dropped="$dropped ${line#\# }"
+    done <"$frag"
+    [ -z "$dropped" ] || die "olddefconfig dropped or changed:$dropped (see $b/.config)"
+    say "building the iommufd kernel (make -j$(nproc) bzImage, log in $k/build.log)"
+    local t0=$SECONDS
+    make -C "$tree" O="$b" -j"$(nproc)" bzImage >"$k/build.log" 2>&1 ||
+        { tail -40 "$k/build.log" >&2; die "the kernel build failed"; }
+    say "built the iommufd kernel in $((SECONDS - t0)) s"
+    cp "$b/arch/x86/boot/bzImage" "$k/bzImage"
+    cp "$b/.config" "$k/config"
+    rm -rf "$b"
+    touch "$k/ok"
+}
+
 # Downloads and unpacks the guest kernel of $VM_KERNEL: the image and, for
 # kernels that ship them apart, its binary and modules packages.
 fetch_kernel() {
     local k suite
+    if [ "$kernel_line" = iommufd ]; then
+        build_kernel
+        return
+    fi
     k=$(kdir)
     [ -f "$k/ok" ] && return
     case "$kernel_line" in
     6.12) suite=bookworm-backports ;;
     7.3) suite=trixie-backports ;;
-    *) die "VM_KERNEL=$kernel_line: use 6.12 or 7.3" ;;
+    *) die "VM_KERNEL=$kernel_line: use 6.12, 7.3 or iommufd" ;;
     esac
     local img pkgs
     img=$(suite_apt apt-cache "$suite" depends linux-image-amd64 |
@@ -128,9 +213,13 @@ moddir() {
     die "no modules under $(kdir)"
 }
 
-# The unpacked kernel image.
+# The unpacked (or built) kernel image.
 vmlinuz() {
     local f
+    if [ "$kernel_line" = iommufd ]; then
+        echo "$(kdir)/bzImage"
+        return
+    fi
     for f in "$(kdir)"/root/boot/vmlinuz-* "$(moddir)/vmlinuz"; do
         [ -f "$f" ] && { echo "$f"; return; }
     done
@@ -177,28 +266,29 @@ build_static() {
         # The guest needs no DPDK (it is only the peers example's), and
         # Debian's static DPDK archives do not link into a static binary.
         PFRAG_NO_DPDK=1 cargo build -q --release --target "$target" --example sweep >&2
-        echo "$root/target/$target/release/examples/sweep"
+        echo "$cargo_target/$target/release/examples/sweep"
         ;;
     sender)
         cargo build -q --release --target "$target" -p vfio-nic --example vfio_send >&2
-        echo "$root/target/$target/release/examples/vfio_send"
+        echo "$cargo_target/$target/release/examples/vfio_send"
         ;;
     esac
 }
 
-# Packs the initramfs: busybox, the VFIO modules, the guest binary as
-# /bin/guest (and $send_bin, if set, as /bin/vfio_send), and an /init that
-# runs "$@" after binding the NIC.
+# Packs the initramfs: busybox, the VFIO modules (none for the iommufd
+# kernel, which has VFIO built in), the guest binary as /bin/guest (and
+# $send_bin, if set, as /bin/vfio_send), and an /init that runs "$@" after
+# binding the NIC.
 pack() {
     local bin=$1
     shift
-    local mods
-    mods="$(moddir)/kernel"
+    local mods=""
+    [ "$kernel_line" = iommufd ] || mods="$(moddir)/kernel"
     local d="$vm/initrd.d"
     rm -rf "$d"
     mkdir -p "$d"/{bin,dev,proc,sys,tmp,lib/modules}
     cp "$vm/bb/bin/busybox" "$d/bin/busybox"
-    for m in virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_iommu_type1 \
+    [ -z "$mods" ] || for m in virt/lib/irqbypass drivers/vfio/vfio drivers/vfio/vfio_iommu_type1 \
         drivers/vfio/pci/vfio-pci-core drivers/vfio/pci/vfio-pci; do
         xz -dc "$mods/$m.ko.xz" > "$d/lib/modules/$(basename "$m").ko"
     done
@@ -210,11 +300,14 @@ pack() {
         echo 'mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev'
         # Every sysrq function, for a look at a guest that stops.
         echo 'echo 1 > /proc/sys/kernel/sysrq'
-        echo 'for m in irqbypass vfio vfio_iommu_type1 vfio-pci-core vfio-pci; do'
-        echo '  insmod /lib/modules/$m.ko || echo "guest: insmod $m failed"'
-        echo 'done'
+        if [ -n "$mods" ]; then
+            echo 'for m in irqbypass vfio vfio_iommu_type1 vfio-pci-core vfio-pci; do'
+            echo '  insmod /lib/modules/$m.ko || echo "guest: insmod $m failed"'
+            echo 'done'
+        fi
         echo "bdf=$bdf"
         echo 'echo "guest kernel: $(uname -r)"'
+        echo 'if [ -e /dev/iommu ]; then echo "guest iommufd: yes"; else echo "guest iommufd: no"; fi'
         # MGAW (bits 21:16 of the VT-d capability register) is the width less one.
         echo 'cap=$(cat /sys/class/iommu/dmar*/intel-iommu/cap 2>/dev/null | head -1)'
         echo 'if [ -n "$cap" ]; then echo "guest iommu: $(( ((0x$cap >> 16) & 63) + 1 ))-bit IOVA width (VT-d cap 0x$cap)"; else echo "guest iommu: no VT-d capability register"; fi'
@@ -232,6 +325,8 @@ pack() {
         echo 'vgroup=$(basename "$(readlink $vdev/iommu_group)")'
         echo 'i=0; while [ ! -e /dev/vfio/$vgroup ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done'
         echo 'echo "guest: $vbdf (virtio-net) in IOMMU group $vgroup, driver $(basename "$(readlink $vdev/driver)")"'
+        # The VFIO device cdevs (kernels with VFIO_DEVICE_CDEV).
+        echo 'if [ -d /dev/vfio/devices ]; then echo "guest: VFIO device cdevs:" $(ls /dev/vfio/devices); fi'
         echo 'echo 64 > /proc/sys/vm/nr_hugepages'
         echo 'cd /tmp'
         echo "export PFRAG_VFIO_DEVICE=$bdf"
@@ -329,7 +424,7 @@ test)
     pack "$bin" --ignored --test-threads=1 --nocapture $skip "$@"
     boot
     cat "$vm/console.log"
-    "$root/target/release/examples/vmcheck" test --console "$vm/console.log" --pcap "$vm/tx.pcap" \
+    "$cargo_target/release/examples/vmcheck" test --console "$vm/console.log" --pcap "$vm/tx.pcap" \
         --virtio-pcap "$vm/virtio.pcap"
     ;;
 sweep)
@@ -357,7 +452,7 @@ sweep)
     boot -d trace:vtd_inv_desc_iotlb_pages,trace:vtd_inv_desc_iotlb_domain,trace:vtd_inv_desc_iotlb_global,trace:vtd_iotlb_page_hit,trace:vtd_iotlb_page_update,trace:e1000e_core_write,trace:virtio_pci_notify_write \
         -D "$vm/trace.log"
     cat "$vm/console.log"
-    "$root/target/release/examples/vmcheck" sweep --nic "$nic" --console "$vm/console.log" \
+    "$cargo_target/release/examples/vmcheck" sweep --nic "$nic" --console "$vm/console.log" \
         --trace "$vm/trace.log" --pcap "$pcap" --out "$vm/sweep.csv"
     ;;
 *)
