@@ -7,6 +7,7 @@
 //! ```text
 //! vfio_send --device 0000:00:02.0 --flow 3 --len 65160 --packets 1000
 //! vfio_send --nic virtio --device 0000:00:03.0 --flow 3 --packets 1000
+//! vfio_send --backend iommufd --device 0000:00:02.0 --flow 3 --packets 1000
 //! ```
 //!
 //! It prints `vfio_send: running` once the first packets have completed,
@@ -19,12 +20,13 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use pfrag::bounce::SlotSize;
-use pfrag::dma::Domain;
+use pfrag::dma::{DmaMapper, Domain};
 use pfrag::pool::{self, Policy, Pool};
 use pfrag::Order;
 use vfio_nic::device::TxDevice;
 use vfio_nic::gen::Traffic;
 use vfio_nic::hw::igb::{Igb, IgbConfig};
+use vfio_nic::hw::iommufd::IommufdMapper;
 use vfio_nic::hw::vfio::{VfioMapper, VfioPci};
 use vfio_nic::hw::virtio::{VirtioConfig, VirtioNetPci};
 use vfio_nic::tx::{self, HeaderMode};
@@ -41,6 +43,15 @@ enum Nic {
     Virtio,
 }
 
+/// How the device is opened and its memory mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// A type1 container (`VFIO_IOMMU_MAP_DMA`).
+    Type1,
+    /// The device's VFIO cdev and an iommufd IOAS (`IOMMU_IOAS_MAP`).
+    Iommufd,
+}
+
 #[derive(Parser, Debug)]
 #[command(about = "Send one generated TCP flow from a NIC bound to vfio-pci")]
 struct Args {
@@ -50,6 +61,9 @@ struct Args {
     /// The NIC.
     #[arg(long, value_enum, default_value = "igb")]
     nic: Nic,
+    /// How its memory is mapped.
+    #[arg(long, value_enum, default_value = "type1")]
+    backend: Backend,
     /// Flow number (0..1024): its ports and payload pattern.
     #[arg(long, default_value_t = 0)]
     flow: usize,
@@ -75,17 +89,31 @@ fn main() -> ExitCode {
 }
 
 fn run(a: &Args) -> Result<(), vfio_nic::Error> {
-    let pci = VfioPci::open(&a.device)?;
-    let domain = Arc::new(Domain::new(VfioMapper::new(&pci)?));
+    match a.backend {
+        Backend::Type1 => {
+            let pci = VfioPci::open(&a.device)?;
+            let mapper = VfioMapper::new(&pci)?;
+            open_nic(a, pci, mapper)
+        }
+        Backend::Iommufd => {
+            let pci = VfioPci::open_iommufd(&a.device)?;
+            let mapper = IommufdMapper::new(&pci)?;
+            open_nic(a, pci, mapper)
+        }
+    }
+}
+
+fn open_nic<M: DmaMapper>(a: &Args, pci: VfioPci, mapper: M) -> Result<(), vfio_nic::Error> {
+    let domain = Arc::new(Domain::new(mapper));
     match a.nic {
         Nic::Igb => send_on(a, domain, Igb::new(pci, IgbConfig::default())?),
         Nic::Virtio => send_on(a, domain, VirtioNetPci::new(pci, VirtioConfig::default())?),
     }
 }
 
-fn send_on<D: TxDevice>(
+fn send_on<M: DmaMapper, D: TxDevice>(
     a: &Args,
-    domain: Arc<Domain<VfioMapper>>,
+    domain: Arc<Domain<M>>,
     nic: D,
 ) -> Result<(), vfio_nic::Error> {
     let pool = Pool::new(
@@ -98,9 +126,10 @@ fn send_on<D: TxDevice>(
         boundary: Some(4096),
         ..tx::Config::default()
     };
-    // SAFETY: the NIC is the VFIO device in the container `domain` maps into.
+    // SAFETY: the NIC is the VFIO device in the container (or attached to
+    // the IOAS) that `domain` maps into.
     let mut q = unsafe { tx::Queue::new(domain, pool, nic, cfg) }?;
-    let mut g: Traffic<VfioMapper> = Traffic::new(a.flow + 1, a.mss)?;
+    let mut g: Traffic<M> = Traffic::new(a.flow + 1, a.mss)?;
     let wait = Duration::from_secs(10);
     let mut sent = 0u64;
     let mut told = false;

@@ -73,7 +73,7 @@ impl Bar {
 
     fn check(&self, r: Reg, width: usize) -> Result<usize> {
         let off = r.0 as usize;
-        if off % width != 0 || off.checked_add(width).is_none_or(|e| e > self.map.len()) {
+        if !off.is_multiple_of(width) || off.checked_add(width).is_none_or(|e| e > self.map.len()) {
             return Err(Error::BadRegister {
                 offset: r.0,
                 bar_len: self.map.len(),

@@ -18,7 +18,7 @@ pub(super) struct Ring {
 impl Ring {
     /// Points at a ring of `len` descriptors (a multiple of 8) at `ring`.
     pub(super) fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
-        if len == 0 || len % 8 != 0 {
+        if len == 0 || !len.is_multiple_of(8) {
             return Err(Error::BadConfig {
                 what: "ring length (multiple of 8)",
                 value: u64::from(len),

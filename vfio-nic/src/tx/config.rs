@@ -172,7 +172,7 @@ impl Backoff {
 /// Refuses settings the queue cannot use.
 pub(super) fn check_config(cfg: &Config) -> Result<()> {
     let bad = |what, value| Err(Error::BadConfig { what, value });
-    if cfg.ring < 8 || cfg.ring > 4096 || cfg.ring % 8 != 0 {
+    if cfg.ring < 8 || cfg.ring > 4096 || !cfg.ring.is_multiple_of(8) {
         return bad("ring (multiple of 8, 8..=4096)", u64::from(cfg.ring));
     }
     if cfg.max_bufs < 2 {

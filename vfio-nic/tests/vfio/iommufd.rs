@@ -5,16 +5,23 @@
 //! (`VM_KERNEL=iommufd vm/run.sh test`; the other kernels skip the
 //! `iommufd_` tests by name).
 
+use super::crash::kill_sender_mid_run;
 use super::protect::{check_blocked, check_lands, device_writes_into_tx_payload_over};
+use super::virtio::{expect_virtio, vbdf};
 use super::*;
 use pfrag::frag::FragCache;
 use vfio_nic::hw::iommufd::{self, IommufdMapper};
 use vfio_nic::hw::vfio::MapAccess;
+use vfio_nic::hw::virtio::{VirtioConfig, VirtioNetPci};
 
 type FdQueue = tx::Queue<IommufdMapper, Igb>;
 
 fn open_iommufd(access: MapAccess) -> (VfioPci, IommufdMapper) {
-    let pci = VfioPci::open_iommufd(&bdf()).expect("open the device through iommufd");
+    open_iommufd_at(&bdf(), access)
+}
+
+fn open_iommufd_at(bdf: &str, access: MapAccess) -> (VfioPci, IommufdMapper) {
+    let pci = VfioPci::open_iommufd(bdf).expect("open the device through iommufd");
     assert_eq!(pci.backend_name(), "iommufd");
     let mapper = IommufdMapper::with_access(&pci, access).expect("read the IOAS's IOVA ranges");
     (pci, mapper)
@@ -207,4 +214,116 @@ pub(super) fn mapping_cost<M: DmaMapper>(mapper: &M, label: &str) {
 fn iommufd_mapping_cost() {
     let (_pci, mapper) = open_iommufd(MapAccess::Narrow);
     mapping_cost(&mapper, "iommufd");
+}
+
+/// Sends `n` packets of the sizes a crash test's fresh start uses on flow
+/// `flow` of queue `q`; returns the on-wire segments they make.
+fn fresh_start<D: TxDevice>(q: &mut tx::Queue<IommufdMapper, D>, flow: usize, n: usize) -> u64 {
+    let mut g = traffic(flow + 1);
+    let sizes = [65_160usize, 300, 9_000, 60];
+    for &len in sizes.iter().cycle().take(n) {
+        g.send_waiting(q, flow, len, WAIT, &mut Vec::new()).unwrap();
+    }
+    q.kick().unwrap();
+    q.wait(WAIT).unwrap();
+    assert_eq!(q.stats().completed, n as u64);
+    sizes.iter().cycle().take(n).map(|&l| segments(l)).sum()
+}
+
+/// A queue on `nic` over a persistent order-4 pool in `domain`.
+fn fd_queue<D: TxDevice>(
+    domain: &Arc<Domain<IommufdMapper>>,
+    nic: D,
+) -> tx::Queue<IommufdMapper, D> {
+    let cfg = pool::Config::new(Order::new(4).unwrap(), Policy::Persistent);
+    let pool = Pool::new(domain.clone(), cfg).unwrap();
+    let txc = txcfg(HeaderMode::Bounce(SlotSize::B128));
+    // SAFETY: the NIC is the VFIO device attached to the IOAS `domain`
+    // maps into.
+    unsafe { tx::Queue::new(domain.clone(), pool, nic, txc) }.unwrap()
+}
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci and a kernel with iommufd: VM_KERNEL=iommufd vm/run.sh test"]
+fn iommufd_driver_killed_mid_tx_then_a_fresh_start_sends_clean() {
+    const KILLED_FLOW: usize = 76;
+    const FRESH_FLOW: usize = 77;
+    let args = ["--backend", "iommufd", "--device", &bdf()];
+    let st = kill_sender_mid_run(&args, KILLED_FLOW);
+    println!("iommufd crash: sender killed ({st})");
+    println!("pcap-crash-flows: {KILLED_FLOW} {FRESH_FLOW}");
+    // A fresh start through iommufd: a new IOAS, the NIC reset.
+    let (pci, mapper) = open_iommufd(MapAccess::Narrow);
+    let domain = Arc::new(Domain::new(mapper));
+    let nic = Igb::new(pci, IgbConfig::default()).expect("reset and link up");
+    let mut q = fd_queue(&domain, nic);
+    let frames = fresh_start(&mut q, FRESH_FLOW, 16);
+    println!("iommufd crash: the fresh start sent 16 packets ({frames} frames)");
+    expect_on_wire(frames);
+}
+
+#[test]
+#[ignore = "needs a virtio-net device bound to vfio-pci and a kernel with iommufd: VM_KERNEL=iommufd vm/run.sh test"]
+fn iommufd_virtio_flows_at_every_order_and_memory_returned() {
+    let (pci, mapper) = open_iommufd_at(&vbdf(), MapAccess::Narrow);
+    let domain = Arc::new(Domain::new(mapper));
+    let mut nic = VirtioNetPci::new(pci, VirtioConfig::default()).expect("virtio bring-up");
+    let mut wire = 0;
+    for order in 0..=4 {
+        for policy in [Policy::Persistent, Policy::PerFrag] {
+            let cfg = pool::Config::new(Order::new(order).unwrap(), policy);
+            let pool = Pool::new(domain.clone(), cfg).unwrap();
+            // SAFETY: the NIC is the VFIO device attached to the IOAS
+            // `domain` maps into.
+            let mut q =
+                unsafe { tx::Queue::new(domain.clone(), pool, nic, txcfg(header_for(policy))) }
+                    .unwrap();
+            let mut g = traffic(13);
+            for (i, &len) in [65_160usize, 200, 3_000, 64_000]
+                .iter()
+                .cycle()
+                .take(16)
+                .enumerate()
+            {
+                g.send_waiting(&mut q, 10 + i % 3, len, WAIT, &mut Vec::new())
+                    .unwrap_or_else(|e| panic!("order {order} {policy:?}: {e}"));
+                wire += segments(len);
+            }
+            q.kick().unwrap();
+            q.wait(WAIT).unwrap();
+            assert_eq!(q.stats().completed, 16, "order {order} {policy:?}");
+            nic = q.into_device().unwrap();
+        }
+    }
+    expect_virtio(wire);
+    drop(nic);
+    // SAFETY: nothing else maps into this IOAS, and every pool is gone.
+    let left = unsafe { iommufd::unmap_all(domain.mapper()) }.unwrap();
+    assert_eq!(left, 0, "{left} bytes still mapped");
+    println!("iommufd virtio: 160 packets ({wire} segments) at orders 0..4, the IOAS empty after");
+}
+
+#[test]
+#[ignore = "needs a virtio-net device bound to vfio-pci and a kernel with iommufd: VM_KERNEL=iommufd vm/run.sh test"]
+fn iommufd_virtio_driver_killed_mid_tx_then_a_fresh_start_sends_clean() {
+    const KILLED_FLOW: usize = 78;
+    const FRESH_FLOW: usize = 79;
+    let args = [
+        "--nic",
+        "virtio",
+        "--backend",
+        "iommufd",
+        "--device",
+        &vbdf(),
+    ];
+    let st = kill_sender_mid_run(&args, KILLED_FLOW);
+    println!("iommufd virtio crash: sender killed ({st})");
+    println!("pcap-virtio-crash-flows: {KILLED_FLOW} {FRESH_FLOW}");
+    let (pci, mapper) = open_iommufd_at(&vbdf(), MapAccess::Narrow);
+    let domain = Arc::new(Domain::new(mapper));
+    let nic = VirtioNetPci::new(pci, VirtioConfig::default()).expect("virtio bring-up");
+    let mut q = fd_queue(&domain, nic);
+    let frames = fresh_start(&mut q, FRESH_FLOW, 16);
+    println!("iommufd virtio crash: the fresh start sent 16 packets ({frames} segments)");
+    expect_virtio(frames);
 }

@@ -15,7 +15,7 @@ use vfio_nic::format::virtio::{features, Layout, HDR_LEN as VNET_HDR};
 use vfio_nic::hw::vfio::MapAccess;
 use vfio_nic::hw::virtio::{VirtioConfig, VirtioNetPci};
 
-fn vbdf() -> String {
+pub(super) fn vbdf() -> String {
     std::env::var("PFRAG_VIRTIO_DEVICE").unwrap_or_else(|_| "0000:00:03.0".into())
 }
 
@@ -30,7 +30,7 @@ fn open_virtio(access: MapAccess) -> (Dom, VirtioNetPci) {
 
 /// Tells the host how many on-wire segments this test's virtio packets
 /// stand for.
-fn expect_virtio(segments: u64) {
+pub(super) fn expect_virtio(segments: u64) {
     println!("pcap-virtio-expect: {segments}");
 }
 

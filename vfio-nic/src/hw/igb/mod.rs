@@ -378,13 +378,13 @@ impl<R: Regs> TxDevice for Igb<R> {
 
     unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         let bytes = u32::from(len) * crate::desc::SIZE as u32;
-        if len < 8 || len % 8 != 0 {
+        if len < 8 || !len.is_multiple_of(8) {
             return Err(Error::BadConfig {
                 what: "igb TX ring length (descriptors, multiple of 8)",
                 value: u64::from(len),
             });
         }
-        if ring.raw() % 128 != 0 {
+        if !ring.raw().is_multiple_of(128) {
             return Err(Error::BadConfig {
                 what: "igb TX ring address (128-byte aligned)",
                 value: ring.raw(),

@@ -11,7 +11,7 @@ use super::*;
 
 /// Accepts an RX ring length the 82576 takes: a multiple of 8, 8..=4096.
 fn check_rx_len(len: u16) -> Result<()> {
-    if !(8..=4096).contains(&len) || len % 8 != 0 {
+    if !(8..=4096).contains(&len) || !len.is_multiple_of(8) {
         return Err(Error::BadConfig {
             what: "RX ring length (multiple of 8, 8..=4096)",
             value: u64::from(len),
