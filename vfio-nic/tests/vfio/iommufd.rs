@@ -327,3 +327,33 @@ fn iommufd_virtio_driver_killed_mid_tx_then_a_fresh_start_sends_clean() {
     println!("iommufd virtio crash: the fresh start sent 16 packets ({frames} segments)");
     expect_virtio(frames);
 }
+
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci and a kernel with iommufd: VM_KERNEL=iommufd vm/run.sh test"]
+fn iommufd_has_no_type1_mapping_budget() {
+    // type1 refuses the 65th mapping of a container under this limit
+    // (the `mapping_limit` tests); an IOAS does not count mappings.
+    const LIMIT: u32 = 64;
+    let _limit = super::transmit::Limit::set(LIMIT);
+    let (_pci, mapper) = open_iommufd(MapAccess::Narrow);
+    let domain = Arc::new(Domain::new(mapper));
+    let cfg = pool::Config::new(Order::new(0).unwrap(), Policy::PerFrag);
+    let mut cache = FragCache::new(Pool::new(domain.clone(), cfg).unwrap());
+    // One mapping per frag: 4 * LIMIT mappings held at once.
+    let frags: Vec<_> = (0..4 * LIMIT)
+        .map(|i| {
+            cache
+                .refill(1000, true)
+                .unwrap_or_else(|e| panic!("mapping {i} through iommufd: {e}"))
+        })
+        .collect();
+    let maps = domain.mapper().stats().map_calls;
+    assert!(maps >= u64::from(4 * LIMIT), "{maps} map ioctls");
+    println!(
+        "iommufd: {} mappings held at once, {maps} map ioctls, with type1's dma_entry_limit at {LIMIT}",
+        frags.len()
+    );
+    for f in frags {
+        cache.complete(f).unwrap();
+    }
+}
