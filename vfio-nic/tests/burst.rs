@@ -1,39 +1,21 @@
 //! `Queue::send_burst`: each packet all or nothing, the posted ones a
 //! prefix of the burst, and the first that does not fit ends it.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
-use pfrag::pool::{self, Policy, Pool};
-use pfrag::Order;
-use vfio_nic::model::softnic::{self, SoftNic};
 use vfio_nic::offload::Offload;
-use vfio_nic::tx::{self, Queue, TxPacket};
+use vfio_nic::tx::{self, TxPacket};
 use vfio_nic::Error;
 
-type Q = Queue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>;
+mod common;
+use common::CaptureQueue as Q;
 
 fn queue(ring: u16) -> Q {
-    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
-    let domain = Arc::new(Domain::new(iommu.clone()));
-    let pcfg = pool::Config::new(Order::new(1).unwrap(), Policy::Persistent);
-    let pool = Pool::new(domain.clone(), pcfg).unwrap();
-    let nic = SoftNic::new(
-        iommu,
-        softnic::Config {
-            verify: false,
-            capture: true,
-            ..Default::default()
-        },
-    );
     let cfg = tx::Config {
         ring,
         ..tx::Config::default()
     };
-    // SAFETY: the model translates through `iommu`, which `domain` maps
-    // through.
-    unsafe { Queue::new(domain, pool, nic, cfg) }.unwrap()
+    common::capture_queue(1, cfg).unwrap()
 }
 
 /// A 14-byte Ethernet header with a local EtherType.

@@ -4,38 +4,22 @@
 
 use std::sync::Arc;
 
-use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
-use pfrag::pool::{self, Policy, Pool};
-use pfrag::Order;
-use vfio_nic::model::softnic::{self, SoftNic};
+use pfrag::dma::SoftIommu;
+use vfio_nic::model::softnic::SoftNic;
 use vfio_nic::offload::Offload;
 use vfio_nic::tx::{self, Queue};
 use vfio_nic::Error;
 
-type Q = Queue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>;
+mod common;
+use common::CaptureQueue as Q;
 
-fn queue(report_every: u16) -> Result<(Q, Pool<Arc<SoftIommu>>), Error> {
-    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
-    let domain = Arc::new(Domain::new(iommu.clone()));
-    let pcfg = pool::Config::new(Order::new(2).unwrap(), Policy::Persistent);
-    let pool = Pool::new(domain.clone(), pcfg).unwrap();
-    let nic = SoftNic::new(
-        iommu,
-        softnic::Config {
-            verify: false,
-            capture: true,
-            ..Default::default()
-        },
-    );
+fn queue(report_every: u16) -> Result<Q, Error> {
     let cfg = tx::Config {
         report_every,
         ring: 64,
         ..tx::Config::default()
     };
-    // SAFETY: the model translates through `iommu`, which `domain` maps
-    // through.
-    let q = unsafe { Queue::new(domain, pool.clone(), nic, cfg) }?;
-    Ok((q, pool))
+    common::capture_queue(2, cfg)
 }
 
 /// Ethernet + IPv4 + UDP headers for `len` payload bytes.
@@ -69,7 +53,7 @@ fn reap_all(q: &mut Q) -> Vec<u64> {
 
 #[test]
 fn every_nth_packet_and_the_last_before_each_doorbell_ask_for_a_report() {
-    let (mut q, _pool) = queue(4).unwrap();
+    let mut q = queue(4).unwrap();
     send(&mut q, 0, 10);
     q.kick().unwrap();
     assert_eq!(reap_all(&mut q), (0..10).collect::<Vec<_>>());
@@ -87,7 +71,7 @@ fn every_nth_packet_and_the_last_before_each_doorbell_ask_for_a_report() {
 
 #[test]
 fn report_every_one_reports_every_packet() {
-    let (mut q, _pool) = queue(1).unwrap();
+    let mut q = queue(1).unwrap();
     send(&mut q, 0, 9);
     q.kick().unwrap();
     assert_eq!(reap_all(&mut q), (0..9).collect::<Vec<_>>());
@@ -96,7 +80,7 @@ fn report_every_one_reports_every_packet() {
 
 #[test]
 fn unreported_packets_stay_in_flight_until_a_report() {
-    let (mut q, _pool) = queue(32).unwrap();
+    let mut q = queue(32).unwrap();
     send(&mut q, 0, 6);
     // Nothing handed over, nothing asked: nothing completes.
     assert_eq!(q.reap().unwrap(), 0);
@@ -149,11 +133,7 @@ impl vfio_nic::device::TxDevice for Flaky {
 
 #[test]
 fn a_failed_doorbell_leaves_the_reports_as_they_were() {
-    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
-    let domain = Arc::new(Domain::new(iommu.clone()));
-    let pcfg = pool::Config::new(Order::new(2).unwrap(), Policy::Persistent);
-    let pool = Pool::new(domain.clone(), pcfg).unwrap();
-    let nic = SoftNic::new(iommu, softnic::Config::default());
+    let (domain, pool, nic) = common::capture_parts(2);
     let dev = Flaky {
         nic,
         fail_next: false,

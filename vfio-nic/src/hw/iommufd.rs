@@ -26,7 +26,6 @@
 //! (`IOMMU_IOAS_IOVA_RANGES`), narrowed by every device attached.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use iommufd_ioctls::IommuFd;
@@ -35,8 +34,9 @@ use pfrag::{Iova, OsAdvice};
 use vfio_ioctls::VfioIommufd;
 
 use crate::error::{Error, Result};
+use crate::hw::access::{Counters, MapAccess};
 use crate::hw::ioctl;
-use crate::hw::vfio::{MapAccess, VfioPci};
+use crate::hw::vfio::VfioPci;
 
 /// A [`DmaMapper`] over an iommufd IOAS: every `map` is one
 /// `IOMMU_IOAS_MAP` at a fixed IOVA, every `unmap` one `IOMMU_IOAS_UNMAP`.
@@ -54,9 +54,7 @@ pub struct IommufdMapper {
     ranges: Vec<Range<u64>>,
     alignment: u64,
     access: MapAccess,
-    map_calls: AtomicU64,
-    unmap_calls: AtomicU64,
-    pages: AtomicU64,
+    c: Counters,
 }
 
 impl std::fmt::Debug for IommufdMapper {
@@ -103,9 +101,7 @@ impl IommufdMapper {
             ranges,
             alignment,
             access,
-            map_calls: AtomicU64::new(0),
-            unmap_calls: AtomicU64::new(0),
-            pages: AtomicU64::new(0),
+            c: Counters::default(),
         })
     }
 
@@ -180,13 +176,9 @@ impl DmaMapper for IommufdMapper {
                 self.access.access(m.dir),
             )
         };
-        self.map_calls.fetch_add(1, Ordering::Relaxed);
+        self.c.map_call(r.is_ok().then_some(m.len));
         match r {
-            Ok(()) => {
-                self.pages
-                    .fetch_add(m.len.div_ceil(pfrag::PAGE_SIZE), Ordering::Relaxed);
-                Ok(())
-            }
+            Ok(()) => Ok(()),
             Err(n) => Err(pfrag::Error::Map {
                 iova: m.iova,
                 len: m.len,
@@ -197,7 +189,7 @@ impl DmaMapper for IommufdMapper {
 
     fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
         IommufdMapper::check_len(len)?;
-        self.unmap_calls.fetch_add(1, Ordering::Relaxed);
+        self.c.unmap_call();
         let refused = |n: i32, why: &str| pfrag::Error::Unmap {
             iova,
             len,
@@ -235,14 +227,7 @@ impl DmaMapper for IommufdMapper {
     }
 
     fn stats(&self) -> MapStats {
-        let unmaps = self.unmap_calls.load(Ordering::Relaxed);
-        MapStats {
-            map_calls: self.map_calls.load(Ordering::Relaxed),
-            unmap_calls: unmaps,
-            ptes_written: self.pages.load(Ordering::Relaxed),
-            invalidations: unmaps,
-            ..MapStats::default()
-        }
+        self.c.stats()
     }
 }
 

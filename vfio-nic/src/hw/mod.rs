@@ -1,12 +1,14 @@
 //! Real hardware: the only modules that map a BAR and touch registers
 //! ([`mmio`]), issue ioctls of their own ([`ioctl`]), talk to VFIO
-//! ([`vfio`], [`info`]) and iommufd ([`iommufd`]), and drive an Intel 82576 ([`igb`]) and a
+//! ([`vfio`], [`info`]) and iommufd ([`iommufd`]), with what both mappers
+//! share (`access`), and drive an Intel 82576 ([`igb`]) and a
 //! virtio-net device over the modern PCI transport ([`virtio`]).
 
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 
+mod access;
 pub mod igb;
 pub mod info;
 pub mod ioctl;

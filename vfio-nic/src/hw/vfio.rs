@@ -20,10 +20,9 @@
 use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use pfrag::dma::{Dir, DmaMapper, IovaSpace, MapStats, Mapping, PageSizes, Unmapped};
+use pfrag::dma::{DmaMapper, IovaSpace, MapStats, Mapping, PageSizes, Unmapped};
 use pfrag::{Iova, OsAdvice};
 use vfio_bindings::bindings::vfio::{
     VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_BAR5_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX,
@@ -32,7 +31,9 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError, VfioIommufd};
 
 use crate::error::{Error, Result};
-use crate::hw::ioctl::{self, Access};
+use crate::hw::access::Counters;
+pub use crate::hw::access::MapAccess;
+use crate::hw::ioctl;
 use crate::hw::mmio::{Bar, Reg, Regs};
 
 pub use crate::hw::info::{iommu_info, parse_iommu_info, IommuInfo};
@@ -339,42 +340,6 @@ pub fn set_dma_entry_limit(n: u32) -> std::io::Result<()> {
     std::fs::write(DMA_ENTRY_LIMIT, n.to_string())
 }
 
-#[derive(Default)]
-struct Counters {
-    map_calls: AtomicU64,
-    unmap_calls: AtomicU64,
-    pages: AtomicU64,
-}
-
-/// How a [`VfioMapper`] sets a mapping's access. Default
-/// [`MapAccess::Narrow`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum MapAccess {
-    /// As the mapping's direction asks, and no more: `TO_DEVICE` read-only,
-    /// `FROM_DEVICE` write-only, both only for `BIDIRECTIONAL` (descriptor
-    /// rings). A device write into TX memory is then an IOMMU fault.
-    #[default]
-    Narrow,
-    /// Every range readable and writable, whatever its direction, as
-    /// `vfio-ioctls`' own map does. Only for showing what [`Narrow`]
-    /// protects (the guest suite's control run).
-    ///
-    /// [`Narrow`]: MapAccess::Narrow
-    ReadWrite,
-}
-
-impl MapAccess {
-    /// The access a mapping of direction `dir` gets.
-    pub fn access(self, dir: Dir) -> Access {
-        match self {
-            MapAccess::ReadWrite => Access::ReadWrite,
-            MapAccess::Narrow if dir == Dir::TO_DEVICE => Access::Read,
-            MapAccess::Narrow if dir == Dir::FROM_DEVICE => Access::Write,
-            MapAccess::Narrow => Access::ReadWrite,
-        }
-    }
-}
-
 /// A [`DmaMapper`] over a VFIO type1 container: every `map` is one
 /// `VFIO_IOMMU_MAP_DMA` ioctl, every `unmap` one `VFIO_IOMMU_UNMAP_DMA`,
 /// and a batch is one ioctl per contiguous run.
@@ -505,14 +470,9 @@ impl DmaMapper for VfioMapper {
                 self.access.access(m.dir),
             )
         };
-        self.c.map_calls.fetch_add(1, Ordering::Relaxed);
+        self.c.map_call(r.is_ok().then_some(m.len));
         match r {
-            Ok(()) => {
-                self.c
-                    .pages
-                    .fetch_add(m.len.div_ceil(pfrag::PAGE_SIZE), Ordering::Relaxed);
-                Ok(())
-            }
+            Ok(()) => Ok(()),
             Err(n) => Err(pfrag::Error::Map {
                 iova: m.iova,
                 len: m.len,
@@ -528,7 +488,7 @@ impl DmaMapper for VfioMapper {
             min: 1,
             max: usize::MAX as u64,
         })?;
-        self.c.unmap_calls.fetch_add(1, Ordering::Relaxed);
+        self.c.unmap_call();
         match self.container.vfio_dma_unmap(iova.raw(), n) {
             Ok(()) => Ok(Unmapped::Flushed),
             Err(e) => {
@@ -580,14 +540,7 @@ impl DmaMapper for VfioMapper {
     }
 
     fn stats(&self) -> MapStats {
-        let unmaps = self.c.unmap_calls.load(Ordering::Relaxed);
-        MapStats {
-            map_calls: self.c.map_calls.load(Ordering::Relaxed),
-            unmap_calls: unmaps,
-            ptes_written: self.c.pages.load(Ordering::Relaxed),
-            invalidations: unmaps,
-            ..MapStats::default()
-        }
+        self.c.stats()
     }
 }
 

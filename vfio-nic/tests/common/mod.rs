@@ -68,3 +68,40 @@ impl<M: pfrag::dma::DmaMapper, D: TxDevice> Gen<tx::Queue<M, D>, M> {
         self.q.reap().unwrap();
     }
 }
+
+/// The software IOMMU, shared by a domain and a device model.
+pub type Soft = std::sync::Arc<pfrag::dma::SoftIommu>;
+/// A queue on the software NIC, capturing what it sends.
+pub type CaptureQueue = tx::Queue<Soft, vfio_nic::model::softnic::SoftNic<Soft>>;
+
+/// A domain over a fresh software IOMMU, a persistent pool of
+/// order-`order` chunks on it, and a software NIC on the same IOMMU that
+/// captures its frames (without verifying payloads).
+pub fn capture_parts(
+    order: u32,
+) -> (
+    std::sync::Arc<pfrag::dma::Domain<Soft>>,
+    pfrag::pool::Pool<Soft>,
+    vfio_nic::model::softnic::SoftNic<Soft>,
+) {
+    use pfrag::pool::{self, Policy, Pool};
+    use vfio_nic::model::softnic::{self, SoftNic};
+    let iommu = Soft::new(pfrag::dma::SoftIommu::new(Default::default()).unwrap());
+    let domain = std::sync::Arc::new(pfrag::dma::Domain::new(iommu.clone()));
+    let pcfg = pool::Config::new(pfrag::Order::new(order).unwrap(), Policy::Persistent);
+    let pool = Pool::new(domain.clone(), pcfg).unwrap();
+    let cfg = softnic::Config {
+        verify: false,
+        capture: true,
+        ..Default::default()
+    };
+    (domain, pool, SoftNic::new(iommu, cfg))
+}
+
+/// A queue with `cfg` over [`capture_parts`]`(order)`.
+pub fn capture_queue(order: u32, cfg: tx::Config) -> Result<CaptureQueue, Error> {
+    let (domain, pool, nic) = capture_parts(order);
+    // SAFETY: the model translates through the IOMMU the domain maps
+    // through.
+    unsafe { tx::Queue::new(domain, pool, nic, cfg) }
+}

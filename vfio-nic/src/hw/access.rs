@@ -1,0 +1,80 @@
+//! What the two VFIO mappers, type1's
+//! ([`VfioMapper`](super::vfio::VfioMapper)) and iommufd's
+//! ([`IommufdMapper`](super::iommufd::IommufdMapper)), share: the access a
+//! mapping gets, and the counters they keep.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pfrag::dma::{Dir, MapStats};
+
+use crate::hw::ioctl::Access;
+
+/// How a VFIO mapper ([`VfioMapper`](super::vfio::VfioMapper),
+/// [`IommufdMapper`](super::iommufd::IommufdMapper)) sets a mapping's
+/// access. Default
+/// [`MapAccess::Narrow`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MapAccess {
+    /// As the mapping's direction asks, and no more: `TO_DEVICE` read-only,
+    /// `FROM_DEVICE` write-only, both only for `BIDIRECTIONAL` (descriptor
+    /// rings). A device write into TX memory is then an IOMMU fault.
+    #[default]
+    Narrow,
+    /// Every range readable and writable, whatever its direction, as
+    /// `vfio-ioctls`' own map does. Only for showing what [`Narrow`]
+    /// protects (the guest suite's control run).
+    ///
+    /// [`Narrow`]: MapAccess::Narrow
+    ReadWrite,
+}
+
+impl MapAccess {
+    /// The access a mapping of direction `dir` gets.
+    pub fn access(self, dir: Dir) -> Access {
+        match self {
+            MapAccess::ReadWrite => Access::ReadWrite,
+            MapAccess::Narrow if dir == Dir::TO_DEVICE => Access::Read,
+            MapAccess::Narrow if dir == Dir::FROM_DEVICE => Access::Write,
+            MapAccess::Narrow => Access::ReadWrite,
+        }
+    }
+}
+
+/// A VFIO mapper's counts: map and unmap ioctls, and 4 KiB pages mapped.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    map_calls: AtomicU64,
+    unmap_calls: AtomicU64,
+    pages: AtomicU64,
+}
+
+impl Counters {
+    /// One map ioctl, which mapped `len` bytes if it succeeded.
+    pub(crate) fn map_call(&self, mapped: Option<u64>) {
+        self.map_calls.fetch_add(1, Ordering::Relaxed);
+        if let Some(len) = mapped {
+            self.pages
+                .fetch_add(len.div_ceil(pfrag::PAGE_SIZE), Ordering::Relaxed);
+        }
+    }
+
+    /// One unmap ioctl.
+    pub(crate) fn unmap_call(&self) {
+        self.unmap_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts as pfrag's: `ptes_written` is 4 KiB pages mapped, and
+    /// each unmap ioctl counts one invalidation, since the kernel's IOMMU
+    /// driver syncs the IOTLB for the range before the unmap returns. The
+    /// IOTLB is out of sight: hits and misses stay 0.
+    pub(crate) fn stats(&self) -> MapStats {
+        let unmaps = self.unmap_calls.load(Ordering::Relaxed);
+        MapStats {
+            map_calls: self.map_calls.load(Ordering::Relaxed),
+            unmap_calls: unmaps,
+            ptes_written: self.pages.load(Ordering::Relaxed),
+            invalidations: unmaps,
+            ..MapStats::default()
+        }
+    }
+}
