@@ -193,20 +193,10 @@ impl Table {
     /// The driver's time per 64 B frame in the virtio-net format over the
     /// same in the 82576's, with its spread (as [`ratio`](Self::ratio)).
     fn format_ratio(&self) -> (String, String, String) {
-        match (
+        ns_ratio(
             self.row(Group::Txonly, "pfrag", TX_VIRTIO),
             self.row(Group::Txonly, "pfrag", TX_DRIVER),
-        ) {
-            (Some(v), Some(i)) => {
-                let (m, lo, hi) = v.ratio(i);
-                (
-                    format!("{m:.2}"),
-                    format!("{lo:.2}-{hi:.2}"),
-                    format!("{:.2}", v.min / i.min),
-                )
-            }
-            _ => ("n/a".into(), "n/a".into(), "n/a".into()),
-        }
+        )
     }
 
     /// The last line: `peers: single pfrag/dpdk=A bulk pfrag/mbuf=B
@@ -236,20 +226,10 @@ impl Table {
     /// pfrag's burst against `rte_pktmbuf_alloc_bulk`+`free_bulk`, per
     /// object, with its spread (as [`ratio`](Self::ratio)).
     fn mbuf_ratio(&self) -> (String, String, String) {
-        match (
+        ns_ratio(
             self.reference(Group::Bulk),
             self.row(Group::Bulk, "dpdk", MBUF_BULK),
-        ) {
-            (Some(p), Some(d)) => {
-                let (m, lo, hi) = p.ratio(d);
-                (
-                    format!("{m:.2}"),
-                    format!("{lo:.2}-{hi:.2}"),
-                    format!("{:.2}", p.min / d.min),
-                )
-            }
-            _ => ("n/a".into(), "n/a".into(), "n/a".into()),
-        }
+        )
     }
 
     /// The first row of `who` in group `g` whose description starts with
@@ -259,6 +239,22 @@ impl Table {
             .iter()
             .find(|r| r.group == g && r.who == who && r.what.starts_with(what))
             .and_then(|r| r.result.as_ref().ok())
+    }
+}
+
+/// `a` over `b` in ns: the median ratio, its range, and the ratio of the
+/// fastest repetitions, or `n/a` when either did not run.
+fn ns_ratio(a: Option<&Timing>, b: Option<&Timing>) -> (String, String, String) {
+    match (a, b) {
+        (Some(a), Some(b)) => {
+            let (m, lo, hi) = a.ratio(b);
+            (
+                format!("{m:.2}"),
+                format!("{lo:.2}-{hi:.2}"),
+                format!("{:.2}", a.min / b.min),
+            )
+        }
+        _ => ("n/a".into(), "n/a".into(), "n/a".into()),
     }
 }
 
