@@ -15,18 +15,22 @@ pub struct Iova(pub u64);
 
 impl Iova {
     /// The raw value.
+    #[inline]
     pub const fn raw(self) -> u64 {
         self.0
     }
     /// `self + off`, or `None` on overflow.
+    #[inline]
     pub fn checked_add(self, off: u64) -> Option<Iova> {
         self.0.checked_add(off).map(Iova)
     }
     /// `self + off`, wrapping (callers have checked the range).
+    #[inline]
     pub const fn offset(self, off: u64) -> Iova {
         Iova(self.0.wrapping_add(off))
     }
     /// The 4 KiB page number.
+    #[inline]
     pub const fn page(self) -> u64 {
         self.0 >> PAGE_SHIFT
     }
@@ -50,10 +54,12 @@ pub struct VirtAddr(pub usize);
 
 impl VirtAddr {
     /// The raw value.
+    #[inline]
     pub const fn raw(self) -> usize {
         self.0
     }
     /// `self + off`, wrapping (callers have checked the range).
+    #[inline]
     pub const fn offset(self, off: usize) -> VirtAddr {
         VirtAddr(self.0.wrapping_add(off))
     }

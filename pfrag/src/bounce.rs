@@ -112,7 +112,7 @@ impl<M: DmaMapper> Ring<M> {
         // read-modify-write) and is written only once the whole packet is
         // known to fit.
         let mut n = 0usize;
-        for p in parts {
+        for p in parts.filter(|p| !p.is_empty()) {
             let len = n.saturating_add(p.len());
             let dst = self.gather.get_mut(n..len).ok_or(Error::HeaderTooLarge {
                 len,

@@ -100,6 +100,7 @@ fn bad(offload: Offload, why: HeaderFault) -> Error {
 /// `max_payload` is the format's limit
 /// ([`Format::MAX_PAYLOAD`](crate::format::Format::MAX_PAYLOAD)): the
 /// payload of a TSO packet, the whole frame of any other.
+#[inline]
 pub fn check(
     headers: &[u8],
     payload: usize,
@@ -123,6 +124,13 @@ pub fn check(
     if offload == Offload::None {
         return Ok(None);
     }
+    parse_layout(headers, payload, offload)
+}
+
+/// [`check`] of an offload's headers, after the size checks: the parse
+/// (out of line, so that a packet without an offload skips it cheaply).
+#[inline(never)]
+fn parse_layout(headers: &[u8], payload: usize, offload: Offload) -> Result<Option<Layout>> {
     if offload == (Offload::Tso { mss: 0 }) {
         return Err(bad(offload, HeaderFault::ZeroMss));
     }
@@ -171,7 +179,7 @@ pub fn check(
         l4len: l4len as u8,
         l4,
     };
-    let ip_packet = total - Ethernet2Header::LEN;
+    let ip_packet = headers.len() + payload - Ethernet2Header::LEN;
     if offload == Offload::Checksum && stated != ip_packet {
         return Err(bad(
             offload,

@@ -398,6 +398,7 @@ impl<M: DmaMapper> Coherent<M> {
         &self.domain
     }
 
+    #[inline]
     fn at(&self, off: usize, len: usize, align: usize) -> Result<VirtAddr> {
         let size = self.region.len();
         match off.checked_add(len) {
@@ -413,6 +414,7 @@ impl<M: DmaMapper> Coherent<M> {
 
     /// Copies `src` in at `off`, word by word with relaxed atomic stores
     /// (see the type docs).
+    #[inline]
     pub fn write(&self, off: usize, src: &[u8]) -> Result<()> {
         let at = self.at(off, src.len(), 1)?;
         // SAFETY: in bounds of the live region, whose base is page aligned
@@ -480,12 +482,23 @@ impl<M: DmaMapper> Coherent<M> {
     /// 64-bit store at `off` (8-byte aligned), as two relaxed 32-bit atomic
     /// stores, low address first: not single-copy atomic (a descriptor is
     /// read by the device only after the doorbell).
+    #[inline]
     pub fn write_u64(&self, off: usize, v: u64) -> Result<()> {
         let at = self.at(off, 8, 8)?;
+        let b = v.to_ne_bytes();
+        let (lo, hi) = (
+            u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+            u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+        );
         // SAFETY: in bounds and aligned, as in `read_u32`, so the range is
-        // two whole words, stored with relaxed atomics, low address first;
-        // every other access to them is a 32-bit atomic too.
-        unsafe { mem::write_words(at, &v.to_ne_bytes()) };
+        // two whole words, stored with relaxed atomics, low address first
+        // (two plain stores: `write_words`' general loop costs a
+        // descriptor write dozens of instructions); every other access to
+        // them is a 32-bit atomic too.
+        unsafe {
+            mem::store_u32(at, lo, Ordering::Relaxed);
+            mem::store_u32(at.offset(4), hi, Ordering::Relaxed);
+        }
         Ok(())
     }
     /// 64-bit load at `off` (8-byte aligned), as two 32-bit atomic loads
