@@ -59,6 +59,56 @@ impl Ring {
     }
 }
 
+/// Descriptors a model reads with one DMA read, as a NIC fetches
+/// descriptors in bursts rather than one by one.
+pub(super) const FETCH: usize = 32;
+
+impl Ring {
+    /// The run of descriptors from the head towards `tail` (checked with
+    /// [`check`](Self::check)): the first one's IOVA and how many, at most
+    /// [`FETCH`] and none past the ring's end, moving the head past them;
+    /// `None` once the head reached `tail`.
+    pub(super) fn next_run(&mut self, tail: u16) -> Option<(Iova, usize)> {
+        let (base, n) = self.ring?;
+        if self.head == tail {
+            return None;
+        }
+        let end = if tail > self.head { tail } else { n };
+        let len = usize::from(end - self.head).min(FETCH);
+        let at = base.offset(u64::from(self.head) * desc::SIZE as u64);
+        self.head = ((usize::from(self.head) + len) % usize::from(n)) as u16;
+        Some((at, len))
+    }
+}
+
+/// Reads the `out.len()` (at most [`FETCH`]) descriptors from `at` with
+/// one read through the IOMMU (page by page).
+///
+/// # Safety
+/// Each of them is a descriptor a doorbell handed to the device, as for
+/// [`read_desc`].
+pub(super) unsafe fn read_descs<T: Translate>(
+    iommu: &T,
+    at: Iova,
+    out: &mut [[u64; 2]],
+) -> Result<(), Fault> {
+    let mut b = [0u8; desc::SIZE * FETCH];
+    let len = out.len().min(FETCH) * desc::SIZE;
+    let mut n = 0;
+    // SAFETY: the caller's promise covers every byte of the run.
+    unsafe {
+        iommu.read(at, len, &mut |s| {
+            b[n..n + s.len()].copy_from_slice(s);
+            n += s.len();
+        })
+    }?;
+    for (w, d) in out.iter_mut().zip(b[..len].chunks_exact(desc::SIZE)) {
+        let q = |i: usize| u64::from_le_bytes(d[i..i + 8].try_into().expect("8 bytes"));
+        *w = [q(0), q(8)];
+    }
+    Ok(())
+}
+
 /// Reads the descriptor at `at` through the IOMMU.
 ///
 /// # Safety

@@ -87,6 +87,9 @@ struct Engine {
     bufs: Vec<(Iova, usize)>,
     frames: Vec<Vec<u8>>,
     stats: NicStats,
+    /// What reads copy guest memory through, a page at a time: allocated
+    /// once (a page-sized array zeroed per read cost more than the copy).
+    copy: Box<[u8]>,
 }
 
 impl<T: Translate> std::fmt::Debug for VirtioNet<T> {
@@ -119,6 +122,7 @@ impl<T: Translate> VirtioNet<T> {
                 bufs: Vec::with_capacity(MAX_BUFS),
                 frames: Vec::new(),
                 stats: NicStats::default(),
+                copy: vec![0; COPY].into_boxed_slice(),
             },
         })
     }
@@ -147,7 +151,11 @@ impl Engine {
         }
         let mut head = [0u8; HDR_LEN + MAX_HDR];
         let n = total.min(head.len());
-        if total <= HDR_LEN || read(mem, &self.bufs, 0, n, &mut copy_into(&mut head)).is_err() {
+        let read_head = total > HDR_LEN && {
+            let mut into = copy_into(&mut head);
+            read(mem, &self.bufs, 0, n, &mut self.copy, &mut into).is_ok()
+        };
+        if !read_head {
             self.stats.bad_desc += u64::from(total <= HDR_LEN);
             self.stats.faults += u64::from(total > HDR_LEN);
             return;
@@ -167,7 +175,8 @@ impl Engine {
         let mut seg = Segmenter::new(&pkt, &frame[..hlen], self.cfg.capture);
         for (at, n) in segments(pkt.paylen, pkt.mss) {
             let start = HDR_LEN + hlen + at;
-            if read(mem, &self.bufs, start, n, &mut |s| seg.feed(s)).is_err() {
+            let mut feed = |s: &[u8]| seg.feed(s);
+            if read(mem, &self.bufs, start, n, &mut self.copy, &mut feed).is_err() {
                 self.stats.faults += 1;
                 return;
             }
@@ -183,7 +192,7 @@ impl Engine {
     fn raw<M: GuestMemory>(&mut self, mem: &M, len: usize) {
         let capture = self.cfg.capture;
         let mut frame = Vec::with_capacity(if capture { len } else { 0 });
-        let read = read(mem, &self.bufs, HDR_LEN, len, &mut |s| {
+        let read = read(mem, &self.bufs, HDR_LEN, len, &mut self.copy, &mut |s| {
             if capture {
                 frame.extend_from_slice(s);
             }
@@ -336,16 +345,20 @@ fn copy_into(out: &mut [u8]) -> impl FnMut(&[u8]) + '_ {
     }
 }
 
+/// Bytes a read copies at a time.
+const COPY: usize = 4096;
+
 /// Reads chain bytes `start..start + len` (offsets over `bufs`) through
-/// `mem`, handing `f` at most 4 KiB at a time.
+/// `mem`, copying through `buf` and handing `f` at most `buf.len()` bytes
+/// at a time.
 fn read<M: GuestMemory>(
     mem: &M,
     bufs: &[(Iova, usize)],
     start: usize,
     len: usize,
+    buf: &mut [u8],
     f: &mut dyn FnMut(&[u8]),
 ) -> std::result::Result<(), vm_memory::guest_memory::Error> {
-    let mut buf = [0u8; 4096];
     for (at, n) in pieces(bufs, start, len) {
         for s in mem.get_slices(GuestAddress(at.raw()), n, Permissions::Read)? {
             let s = s?;
