@@ -491,10 +491,10 @@ impl<M: DmaMapper> Coherent<M> {
             u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
         );
         // SAFETY: in bounds and aligned, as in `read_u32`, so the range is
-        // two whole words, stored with relaxed atomics, low address first
-        // (two plain stores: `write_words`' general loop costs a
-        // descriptor write dozens of instructions); every other access to
-        // them is a 32-bit atomic too.
+        // two whole words, stored with two relaxed 32-bit atomic stores,
+        // low address first (`write_words`' general loop cost a descriptor
+        // write dozens of instructions more); every other access to them
+        // is a 32-bit atomic too.
         unsafe {
             mem::store_u32(at, lo, Ordering::Relaxed);
             mem::store_u32(at.offset(4), hi, Ordering::Relaxed);

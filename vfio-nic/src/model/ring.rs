@@ -3,7 +3,7 @@
 //! all through the IOMMU.
 
 use pfrag::dma::{Fault, Translate};
-use pfrag::Iova;
+use pfrag::{Iova, PAGE_SIZE};
 
 use crate::desc::{self, Sta};
 use crate::error::{Error, Result};
@@ -66,23 +66,32 @@ pub(super) const FETCH: usize = 32;
 impl Ring {
     /// The run of descriptors from the head towards `tail` (checked with
     /// [`check`](Self::check)): the first one's IOVA and how many, at most
-    /// [`FETCH`] and none past the ring's end, moving the head past them;
-    /// `None` once the head reached `tail`.
+    /// [`FETCH`], none past the ring's end and none past the end of the
+    /// first one's page (so that a run's one read translates one page: it
+    /// faults whole, and the IOMMU counts one fault for it, as for a NIC's
+    /// burst fetch), moving the head past them; `None` once the head
+    /// reached `tail`.
     pub(super) fn next_run(&mut self, tail: u16) -> Option<(Iova, usize)> {
         let (base, n) = self.ring?;
         if self.head == tail {
             return None;
         }
         let end = if tail > self.head { tail } else { n };
-        let len = usize::from(end - self.head).min(FETCH);
         let at = base.offset(u64::from(self.head) * desc::SIZE as u64);
+        // Whole descriptors left in the page; a descriptor that straddles
+        // two pages goes alone.
+        let in_page = (PAGE_SIZE - at.raw() % PAGE_SIZE) as usize / desc::SIZE;
+        let len = usize::from(end - self.head).min(FETCH).min(in_page.max(1));
         self.head = ((usize::from(self.head) + len) % usize::from(n)) as u16;
         Some((at, len))
     }
 }
 
-/// Reads the `out.len()` (at most [`FETCH`]) descriptors from `at` with
-/// one read through the IOMMU (page by page).
+/// Reads the `out.len()` descriptors from `at` with one read through the
+/// IOMMU (page by page).
+///
+/// # Panics
+/// If `out` holds more than [`FETCH`] descriptors.
 ///
 /// # Safety
 /// Each of them is a descriptor a doorbell handed to the device, as for
@@ -92,8 +101,12 @@ pub(super) unsafe fn read_descs<T: Translate>(
     at: Iova,
     out: &mut [[u64; 2]],
 ) -> Result<(), Fault> {
+    assert!(
+        out.len() <= FETCH,
+        "a run holds at most {FETCH} descriptors"
+    );
     let mut b = [0u8; desc::SIZE * FETCH];
-    let len = out.len().min(FETCH) * desc::SIZE;
+    let len = out.len() * desc::SIZE;
     let mut n = 0;
     // SAFETY: the caller's promise covers every byte of the run.
     unsafe {
