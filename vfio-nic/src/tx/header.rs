@@ -28,11 +28,13 @@ const MAX_PATCHED: usize = 256;
 /// Scratch for a packet's front: the format's prefix and patched headers.
 pub(super) type Scratch = [u8; MAX_PREFIX + MAX_PATCHED];
 
-/// A zeroed [`Scratch`] for a format that writes a prefix or patches
-/// headers; `None` (nothing to clear per packet) for one that does
-/// neither, as the 82576's.
-pub(super) fn scratch<F: Format>() -> Option<Scratch> {
-    (F::PREFIX > 0 || patches::<F>()).then_some([0; MAX_PREFIX + MAX_PATCHED])
+/// A [`Scratch`] for a format that writes a prefix or patches headers,
+/// allocated once per queue and reused by every packet (`front` clears
+/// the prefix before the format writes it, and copies headers whole
+/// before patching them); `None` for a format that does neither, as the
+/// 82576's.
+pub(super) fn scratch<F: Format>() -> Option<Box<Scratch>> {
+    (F::PREFIX > 0 || patches::<F>()).then(|| Box::new([0; MAX_PREFIX + MAX_PATCHED]))
 }
 
 /// Whether the format has the engine patch some offloaded packets'
@@ -78,7 +80,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         &self,
         headers: &'a [u8],
         pkt: &Packet,
-        scratch: &'a mut Option<Scratch>,
+        scratch: &'a mut Option<Box<Scratch>>,
     ) -> [&'a [u8]; 2] {
         // A format with neither prefix nor patch has no scratch: the
         // headers go as they are.
@@ -88,6 +90,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let (pre, rest) = scratch.split_at_mut(MAX_PREFIX);
         let pre = &mut pre[..Fmt::<D>::PREFIX];
         if !pre.is_empty() {
+            // The format writes into zeros, whatever the last packet left.
+            pre.fill(0);
             self.fmt.write_prefix(pre, pkt);
         }
         let patch = patch::<Fmt<D>>(pkt);
@@ -139,8 +143,22 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         hdr: &[u8],
         pkt: &Packet,
     ) -> Result<(Iova, Hdr<M>)> {
-        let mut scratch = scratch::<Fmt<D>>();
+        let mut scratch = self.take_scratch();
         let front = self.front(hdr, pkt, &mut scratch);
+        let placed = self.place_front(idx, front);
+        self.scratch = scratch;
+        placed
+    }
+
+    /// The queue's scratch, taken for one packet (and put back after it):
+    /// a new one if a failed send did not put it back.
+    pub(super) fn take_scratch(&mut self) -> Option<Box<Scratch>> {
+        self.scratch.take().or_else(scratch::<Fmt<D>>)
+    }
+
+    /// [`place_header`](Self::place_header) of the packet's front (the
+    /// format's prefix and its headers).
+    fn place_front(&mut self, idx: u16, front: [&[u8]; 2]) -> Result<(Iova, Hdr<M>)> {
         let mut fallback = false;
         if let Some(b) = self.bounce.as_mut() {
             // Without a prefix (the 82576), one copy of the headers.

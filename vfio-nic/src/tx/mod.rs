@@ -230,6 +230,9 @@ pub struct Queue<M: DmaMapper, D: TxDevice> {
     small: Option<FragCache<M>>,
     hdr_cache: FragCache<M>,
     bounce: Option<bounce::Ring<M>>,
+    /// Where a packet's front (prefix, patched headers) is put together,
+    /// for a format that needs it ([`header::scratch`]).
+    scratch: Option<Box<header::Scratch>>,
     /// Posted packets, oldest first.
     pending: VecDeque<Pending<M>>,
     /// Emptied frag vectors, reused to avoid allocating per packet.
@@ -342,6 +345,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             fmt,
             ctx: None,
             reports: reap::Reports::default(),
+            scratch: header::scratch::<Fmt<D>>(),
             stats: Stats::default(),
         })
     }

@@ -127,11 +127,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let nctx = ctx.descs();
         self.check_room(nctx + 1, nctx, Need::Exact)?;
         let idx = self.next_by(self.tail, nctx);
-        let mut scratch = header::scratch::<Fmt<D>>();
+        let mut scratch = self.take_scratch();
         let front = self.front(headers, &pkt, &mut scratch);
         let bytes = front.into_iter().chain(parts.iter().map(|p| &**p));
         let b = self.bounce.as_mut().expect("inline_fits saw a bounce ring");
-        let iova = b.fill_parts(usize::from(idx), bytes)?;
+        let filled = b.fill_parts(usize::from(idx), bytes);
+        self.scratch = scratch;
+        let iova = filled?;
         let buf = Buf {
             iova,
             len: Fmt::<D>::PREFIX + headers.len() + pkt.len,
