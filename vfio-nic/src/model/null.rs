@@ -1,12 +1,11 @@
-//! The null device model: it walks the ring like the software NIC (reading
-//! up to 32 descriptors of one page with one DMA read, as a NIC fetches
-//! them in bursts: the IOMMU counts one fault for a run that faults),
-//! checks
-//! that every buffer of every packet translates through the IOMMU (page by
-//! page, so IOTLB hits, misses and faults are counted as for a real
-//! device), writes back descriptor-done, and reads no payload at all. Runs
-//! on it measure the driver's own cost: pool, mapping, descriptors,
-//! completions.
+//! The null device model: it walks the ring like the software NIC (but
+//! reads up to 32 descriptors of one page with one DMA read, as a NIC
+//! fetches them in bursts: the IOMMU counts one fault for a run that
+//! faults), checks that every buffer of every packet translates through
+//! the IOMMU (page by page, so IOTLB hits, misses and faults are counted
+//! as for a real device), writes back descriptor-done, and reads no
+//! payload at all. Runs on it measure the driver's own cost: pool,
+//! mapping, descriptors, completions.
 
 use pfrag::dma::{Dir, Fault, Translate};
 use pfrag::{Iova, PAGE_SIZE};

@@ -116,10 +116,15 @@ pub(super) unsafe fn read_descs<T: Translate>(
         })
     }?;
     for (w, d) in out.iter_mut().zip(b[..len].chunks_exact(desc::SIZE)) {
-        let q = |i: usize| u64::from_le_bytes(d[i..i + 8].try_into().expect("8 bytes"));
-        *w = [q(0), q(8)];
+        *w = words(d);
     }
     Ok(())
+}
+
+/// The two little-endian 64-bit words of the descriptor bytes `d`.
+fn words(d: &[u8]) -> [u64; 2] {
+    let q = |i: usize| u64::from_le_bytes(d[i..i + 8].try_into().expect("8 bytes"));
+    [q(0), q(8)]
 }
 
 /// Reads the descriptor at `at` through the IOMMU.
@@ -137,8 +142,7 @@ pub(super) unsafe fn read_desc<T: Translate>(iommu: &T, at: Iova) -> Result<[u64
             n += s.len();
         })
     }?;
-    let w = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    Ok([w(0), w(8)])
+    Ok(words(&b))
 }
 
 /// Writes back descriptor-done into the descriptor at `at`.

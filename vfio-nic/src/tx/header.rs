@@ -31,8 +31,8 @@ pub(super) type Scratch = [u8; MAX_PREFIX + MAX_PATCHED];
 /// A [`Scratch`] for a format that writes a prefix or patches headers,
 /// allocated once per queue and reused by every packet (`front` clears
 /// the prefix before the format writes it, and copies headers whole
-/// before patching them); `None` for a format that does neither, as the
-/// 82576's.
+/// before patching them; `with_front` always puts it back); `None` for a
+/// format that does neither, as the 82576's.
 pub(super) fn scratch<F: Format>() -> Option<Box<Scratch>> {
     (F::PREFIX > 0 || patches::<F>()).then(|| Box::new([0; MAX_PREFIX + MAX_PATCHED]))
 }
@@ -143,17 +143,24 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         hdr: &[u8],
         pkt: &Packet,
     ) -> Result<(Iova, Hdr<M>)> {
-        let mut scratch = self.take_scratch();
-        let front = self.front(hdr, pkt, &mut scratch);
-        let placed = self.place_front(idx, front);
-        self.scratch = scratch;
-        placed
+        self.with_front(hdr, pkt, |q, front| q.place_front(idx, front))
     }
 
-    /// The queue's scratch, taken for one packet (and put back after it):
-    /// a new one if a failed send did not put it back.
-    pub(super) fn take_scratch(&mut self) -> Option<Box<Scratch>> {
-        self.scratch.take().or_else(scratch::<Fmt<D>>)
+    /// Runs `f` on `pkt`'s front (the format's prefix, then the headers,
+    /// patched if the format needs it), put together in the queue's
+    /// scratch, which is taken for the call and put back after it.
+    pub(super) fn with_front<R>(
+        &mut self,
+        headers: &[u8],
+        pkt: &Packet,
+        f: impl FnOnce(&mut Self, [&[u8]; 2]) -> R,
+    ) -> R {
+        // A new one only if an unwinding `f` lost it.
+        let mut scratch = self.scratch.take().or_else(scratch::<Fmt<D>>);
+        let front = self.front(headers, pkt, &mut scratch);
+        let r = f(self, front);
+        self.scratch = scratch;
+        r
     }
 
     /// [`place_header`](Self::place_header) of the packet's front (the

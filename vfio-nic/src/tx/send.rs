@@ -127,13 +127,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let nctx = ctx.descs();
         self.check_room(nctx + 1, nctx, Need::Exact)?;
         let idx = self.next_by(self.tail, nctx);
-        let mut scratch = self.take_scratch();
-        let front = self.front(headers, &pkt, &mut scratch);
-        let bytes = front.into_iter().chain(parts.iter().map(|p| &**p));
-        let b = self.bounce.as_mut().expect("inline_fits saw a bounce ring");
-        let filled = b.fill_parts(usize::from(idx), bytes);
-        self.scratch = scratch;
-        let iova = filled?;
+        let iova = self.with_front(headers, &pkt, |q, front| {
+            let bytes = front.into_iter().chain(parts.iter().map(|p| &**p));
+            let b = q.bounce.as_mut().expect("inline_fits saw a bounce ring");
+            b.fill_parts(usize::from(idx), bytes)
+        })?;
         let buf = Buf {
             iova,
             len: Fmt::<D>::PREFIX + headers.len() + pkt.len,
