@@ -359,6 +359,24 @@ unsafe fn words<'a>(addr: usize, len: usize) -> &'a [AtomicU32] {
 /// [`Region`], and every concurrent access to them is a 32-bit atomic.
 #[inline]
 pub(crate) unsafe fn write_words(addr: VirtAddr, src: &[u8]) {
+    if addr.0 % 4 == 0 && src.len() % 4 == 0 {
+        // Whole words only (a descriptor, most frames): no edge to merge,
+        // and a loop small enough to inline into the caller.
+        // SAFETY: per the contract above; the words are exactly the range.
+        let ws = unsafe { words(addr.0, src.len()) };
+        store_whole(ws, src);
+    } else {
+        // SAFETY: per the contract above.
+        unsafe { write_edges(addr, src) };
+    }
+}
+
+/// [`write_words`] of a range with a partial first or last word.
+///
+/// # Safety
+/// As [`write_words`].
+#[inline(never)]
+unsafe fn write_edges(addr: VirtAddr, src: &[u8]) {
     if src.is_empty() {
         return;
     }
@@ -374,8 +392,20 @@ pub(crate) unsafe fn write_words(addr: VirtAddr, src: &[u8]) {
             (&ws[1..], &src[n..])
         }
     };
-    // Four words at a time while 16 bytes remain (fewer loop steps; the
-    // stores stay relaxed 32-bit atomics), then word by word.
+    let n = src.len() / 4;
+    store_whole(&ws[..n], &src[..4 * n]);
+    let tail = &src[4 * n..];
+    if !tail.is_empty() {
+        merge(&ws[n], 0, tail);
+    }
+}
+
+/// Stores the words of `src` (4 bytes for each word of `ws`) with relaxed
+/// 32-bit atomic stores: four at a time while 16 bytes remain (fewer loop
+/// steps), then one by one.
+#[inline(always)]
+fn store_whole(ws: &[AtomicU32], src: &[u8]) {
+    debug_assert_eq!(src.len(), 4 * ws.len());
     let quads = ws.chunks_exact(4).zip(src.chunks_exact(16));
     let n = quads.len();
     for (q, c) in quads {
@@ -383,16 +413,8 @@ pub(crate) unsafe fn write_words(addr: VirtAddr, src: &[u8]) {
             w.store(ne_word(b), Ordering::Relaxed);
         }
     }
-    let (ws, src) = (&ws[4 * n..], &src[16 * n..]);
-    let body = src.chunks_exact(4);
-    let tail = body.remainder();
-    let mut ws = ws.iter();
-    // `body` first: the zip stops on it without taking a word from `ws`.
-    for (c, w) in body.zip(ws.by_ref()) {
-        w.store(ne_word(c), Ordering::Relaxed);
-    }
-    if let Some(w) = ws.next().filter(|_| !tail.is_empty()) {
-        merge(w, 0, tail);
+    for (w, b) in ws[4 * n..].iter().zip(src[16 * n..].chunks_exact(4)) {
+        w.store(ne_word(b), Ordering::Relaxed);
     }
 }
 

@@ -29,6 +29,7 @@ unsafe impl<const SIZE: usize, const AT: usize> Format for Odd<SIZE, AT> {
     fn context(&self, _: &Layout, _: Offload) {}
     fn write_context(&self, _: &mut [u64], _: &()) {}
     fn write_data(&self, _: &mut [u64], _: Buf, _: &Packet) {}
+    fn ask_report(&self, _: &mut [u64]) {}
     fn status(&self, _: u32) -> Option<Status> {
         None
     }

@@ -244,6 +244,17 @@ pub unsafe trait Format {
     /// doorbell that hands it to the device.
     fn write_data(&self, desc: &mut [u64], buf: Buf, pkt: &Packet);
 
+    /// Makes the last data descriptor of a packet, written with
+    /// `buf.report` false, ask for the status write-back, changing nothing
+    /// else (the 82576 sets RS in its command byte). `desc` holds the
+    /// words as [`write_data`](Self::write_data) wrote them. The engine
+    /// calls it only where the format defers reports
+    /// ([`DEFERRED_REPORT`](Self::DEFERRED_REPORT)), on the last packet
+    /// before a doorbell, which the device has not read yet; a format
+    /// that defers reports must implement it, the others may leave it
+    /// empty.
+    fn ask_report(&self, desc: &mut [u64]);
+
     /// The packet's completion, from the status word of its last
     /// descriptor: `None` while the device has not written it back.
     fn status(&self, word: u32) -> Option<Status>;

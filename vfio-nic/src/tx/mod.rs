@@ -76,6 +76,9 @@ use config::check_config;
 pub use config::{Backoff, Config, HeaderMode};
 pub use detach::IntoDeviceError;
 
+/// Room for one descriptor's words: formats of up to 64 bytes.
+const MAX_DESC_WORDS: usize = 8;
+
 /// The format of the descriptors a queue over device `D` writes.
 type Fmt<D> = <D as TxDevice>::Format;
 /// The offload state that format's device keeps.
@@ -170,7 +173,8 @@ struct Pending<M: DmaMapper> {
     /// Descriptors it uses.
     ndesc: u16,
     hdr: Hdr<M>,
-    frags: Vec<Frag<M>>,
+    /// Its payload's frags; none for an inline packet.
+    frags: Option<Vec<Frag<M>>>,
     /// The caller's token, handed back at completion.
     token: u64,
     /// Whether its last descriptor asks the device for a report: every
@@ -419,6 +423,16 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let off = usize::from(idx) * Fmt::<D>::DESC_SIZE;
         for (i, w) in words.iter().enumerate() {
             self.ring.write_u64(off + 8 * i, *w)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the words of the descriptor in slot `idx` back into `words`
+    /// ([`Format::DESC_SIZE`]` / 8` of them).
+    fn read_desc(&self, idx: u16, words: &mut [u64]) -> Result<()> {
+        let off = usize::from(idx) * Fmt::<D>::DESC_SIZE;
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = self.ring.read_u64(off + 8 * i)?;
         }
         Ok(())
     }

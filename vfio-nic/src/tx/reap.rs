@@ -10,29 +10,19 @@ use std::time::{Duration, Instant};
 
 use pfrag::dma::DmaMapper;
 
-use super::{Backoff, Completion, Fmt, Queue};
+use super::{Backoff, Completion, Fmt, Queue, MAX_DESC_WORDS};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
-use crate::format::{Buf, Format, Packet, RingMem, Status};
-
-/// The last packet posted without asking for a report: the doorbell
-/// rewrites its last descriptor to ask.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Unreported {
-    /// Its last descriptor's slot.
-    idx: u16,
-    /// Its last buffer, as written.
-    buf: Buf,
-    pkt: Packet,
-}
+use crate::format::{Format, RingMem, Status};
 
 /// Where the queue is in its reports.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Reports {
     /// Packets posted since the last one that asked for a report.
     since: u16,
-    /// The last of them, if any.
-    last: Option<Unreported>,
+    /// The slot of the last descriptor of the last of them, if any: the
+    /// doorbell makes it ask ([`Format::ask_report`]).
+    last: Option<u16>,
 }
 
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
@@ -43,15 +33,16 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         !Fmt::<D>::DEFERRED_REPORT || self.reports.since + 1 >= self.cfg.report_every
     }
 
-    /// Records the packet just posted, whose last buffer `buf` (of `pkt`)
-    /// sits in slot `idx`.
-    pub(super) fn note_report(&mut self, idx: u16, buf: Buf, pkt: Packet) {
-        self.reports = if buf.report {
+    /// Records the packet just posted, whose last descriptor sits in slot
+    /// `idx` and asked for a report if `report`.
+    #[inline(always)]
+    pub(super) fn note_report(&mut self, idx: u16, report: bool) {
+        self.reports = if report {
             Reports::default()
         } else {
             Reports {
                 since: self.reports.since + 1,
-                last: Some(Unreported { idx, buf, pkt }),
+                last: Some(idx),
             }
         };
     }
@@ -62,14 +53,14 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// Returns where the reports were, for [`unreport`](Self::unreport).
     pub(super) fn report_last(&mut self) -> Result<Reports> {
         let before = self.reports;
-        let Some(u) = before.last else {
+        let Some(idx) = before.last else {
             return Ok(before);
         };
-        let buf = Buf {
-            report: true,
-            ..u.buf
-        };
-        self.write_data(u.idx, buf, &u.pkt)?;
+        let mut w = [0u64; MAX_DESC_WORDS];
+        let w = &mut w[..Fmt::<D>::DESC_SIZE / 8];
+        self.read_desc(idx, w)?;
+        self.fmt.ask_report(w);
+        self.write_desc(idx, w)?;
         if let Some(p) = self.pending.back_mut() {
             p.report = true;
         }
@@ -186,14 +177,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     fn free_first(&mut self, k: usize, status: Status, done: &mut impl FnMut(Completion)) {
         let mut burst = self.spare.pop().unwrap_or_default();
         for i in 0..k {
-            let Some(mut p) = self.pending.pop_front() else {
+            let Some(p) = self.pending.pop_front() else {
                 break;
             };
             self.used -= usize::from(p.ndesc);
-            // An inline packet has no frags and no vector to keep.
-            if p.frags.capacity() > 0 {
-                burst.append(&mut p.frags);
-                self.spare.push(p.frags);
+            if let Some(mut frags) = p.frags {
+                burst.append(&mut frags);
+                self.spare.push(frags);
             }
             self.drop_header(p.hdr);
             done(Completion {

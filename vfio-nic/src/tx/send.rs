@@ -11,7 +11,7 @@ use pfrag::dma::DmaMapper;
 use pfrag::frag::Frag;
 use pfrag::Iova;
 
-use super::{header, pieces, Fmt, FmtContext, Hdr, Pending, Queue};
+use super::{header, pieces, Fmt, FmtContext, Hdr, Pending, Queue, MAX_DESC_WORDS};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
 use crate::format::{Buf, Format, Packet, RingMem};
@@ -20,9 +20,6 @@ use crate::offload::{self, Layout, Offload};
 /// Bytes of an Ethernet header (no VLAN tag): what a frame has beyond
 /// the MTU.
 const ETH_HLEN: usize = 14;
-
-/// Room for one descriptor's words: formats of up to 64 bytes.
-const MAX_DESC_WORDS: usize = 8;
 
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// The most payload one packet may carry: the pool's limit, and the
@@ -156,7 +153,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             nctx + 1,
             ctx,
             Hdr::Slot(usize::from(idx)),
-            Vec::new(),
+            None,
             &pkt,
             token,
         );
@@ -191,11 +188,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         ndesc: usize,
         ctx: Ctx<FmtContext<D>>,
         hdr: Hdr<M>,
-        frags: Vec<Frag<M>>,
+        frags: Option<Vec<Frag<M>>>,
         pkt: &Packet,
         token: u64,
     ) {
-        self.note_report(last, buf, *pkt);
+        self.note_report(last, buf.report);
         match ctx {
             Ctx::Write(c) => self.ctx = Some(c),
             Ctx::Held => self.stats.contexts_skipped += 1,
@@ -445,7 +442,16 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             }
         };
         let frags = std::mem::replace(frags, self.spare.pop().unwrap_or_default());
-        self.advance(head, (last, last_buf), ndesc, ctx, hold, frags, &pkt, token);
+        self.advance(
+            head,
+            (last, last_buf),
+            ndesc,
+            ctx,
+            hold,
+            Some(frags),
+            &pkt,
+            token,
+        );
         Ok(())
     }
 

@@ -83,7 +83,69 @@ unsafe impl Format for Advanced {
         d.copy_from_slice(&Desc::Data(data).encode());
     }
 
+    /// A packet's last descriptor is a data descriptor (the engine writes
+    /// a context descriptor only before a packet's data).
+    fn ask_report(&self, d: &mut [u64]) {
+        let desc = Desc::decode([d[0], d[1]]);
+        debug_assert!(matches!(desc, Desc::Data(_)), "{desc:?}");
+        if let Desc::Data(mut data) = desc {
+            data.cmd_type_len |= Dcmd::RS.bits();
+            d.copy_from_slice(&Desc::Data(data).encode());
+        }
+    }
+
     fn status(&self, word: u32) -> Option<Status> {
         (word & Sta::DD.bits() != 0).then_some(Status::Ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pfrag::Iova;
+
+    /// Asking a descriptor written without a report for one gives the
+    /// descriptor written with it: RS set, every other field as it was.
+    #[test]
+    fn asking_for_a_report_sets_rs_and_nothing_else() {
+        let layout = Layout {
+            maclen: 14,
+            ip: Ip::V4,
+            iplen: 20,
+            l4len: 20,
+            l4: L4::Tcp,
+        };
+        let offloads = [
+            (Offload::None, None),
+            (Offload::Checksum, Some(layout)),
+            (Offload::Tso { mss: 1448 }, Some(layout)),
+        ];
+        for (offload, layout) in offloads {
+            for first in [false, true] {
+                let pkt = Packet {
+                    offload,
+                    hlen: 54,
+                    len: 9000,
+                    layout,
+                };
+                let buf = |report| Buf {
+                    iova: Iova(0x1234_5000),
+                    len: 1500,
+                    first,
+                    last: true,
+                    next: 0,
+                    report,
+                };
+                let (mut asked, mut want) = ([0u64; 2], [0u64; 2]);
+                Advanced.write_data(&mut asked, buf(false), &pkt);
+                let Desc::Data(d) = Desc::decode(asked) else {
+                    panic!("a data descriptor");
+                };
+                assert!(!d.cmd().contains(Dcmd::RS));
+                Advanced.ask_report(&mut asked);
+                Advanced.write_data(&mut want, buf(true), &pkt);
+                assert_eq!(asked, want, "{offload:?}, first {first}");
+            }
+        }
     }
 }
