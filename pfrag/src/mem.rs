@@ -359,6 +359,9 @@ unsafe fn words<'a>(addr: usize, len: usize) -> &'a [AtomicU32] {
 /// [`Region`], and every concurrent access to them is a 32-bit atomic.
 #[inline]
 pub(crate) unsafe fn write_words(addr: VirtAddr, src: &[u8]) {
+    if src.is_empty() {
+        return;
+    }
     if addr.0 % 4 == 0 && src.len() % 4 == 0 {
         // Whole words only (a descriptor, most frames): no edge to merge,
         // and a loop small enough to inline into the caller.
@@ -374,12 +377,11 @@ pub(crate) unsafe fn write_words(addr: VirtAddr, src: &[u8]) {
 /// [`write_words`] of a range with a partial first or last word.
 ///
 /// # Safety
-/// As [`write_words`].
+/// As [`write_words`], and `src` is not empty (an empty range at an
+/// unaligned address would still name the word around it).
 #[inline(never)]
 unsafe fn write_edges(addr: VirtAddr, src: &[u8]) {
-    if src.is_empty() {
-        return;
-    }
+    debug_assert!(!src.is_empty());
     // SAFETY: per the contract above.
     let ws = unsafe { words(addr.0, src.len()) };
     // A partial first word, then whole words, then a partial last word.
@@ -499,19 +501,22 @@ mod tests {
     #[test]
     fn word_copies_write_exactly_their_bytes_at_any_alignment() {
         let r = Region::new(4096, 4096, false).unwrap();
-        let src: Vec<u8> = (1..=40).collect();
-        for at in 0..8 {
-            for len in 0..=src.len() {
+        let src: Vec<u8> = (1..=140).collect();
+        // Every length to 40, and lengths around the four-word steps of
+        // the whole-word path.
+        let lens = (0..=40).chain([63, 64, 65, 127, 128, 129]);
+        for len in lens {
+            for at in 0..8 {
                 let base = r.addr().offset(64);
-                // SAFETY: 64..128 lies in the live region, which only this
+                // SAFETY: 64..224 lies in the live region, which only this
                 // test touches, through these word copies.
-                unsafe { write_words(base, &[0xee; 64]) };
-                // SAFETY: as above: at most 8 + 40 bytes past `base`.
+                unsafe { write_words(base, &[0xee; 160]) };
+                // SAFETY: as above: at most 8 + 140 bytes past `base`.
                 unsafe { write_words(base.offset(at), &src[..len]) };
-                let mut back = [0u8; 64];
+                let mut back = [0u8; 160];
                 // SAFETY: as above.
                 unsafe { read_words(base, &mut back) };
-                let mut want = [0xeeu8; 64];
+                let mut want = [0xeeu8; 160];
                 want[at..at + len].copy_from_slice(&src[..len]);
                 assert_eq!(back, want, "at {at}, len {len}");
                 let mut part = vec![0u8; len];

@@ -55,7 +55,11 @@ pub trait TxDevice {
     /// for descriptors it never wrote).
     unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()>;
     /// Doorbell: descriptors before `tail` are ready (for a format with an
-    /// available ring, those it published there).
+    /// available ring, those it published there). An error means the
+    /// device took none of them: the queue may still rewrite the
+    /// descriptors it posted since the last doorbell that succeeded (it
+    /// asks the last of them for a report, [`Format::ask_report`](crate::format::Format::ask_report)),
+    /// and rings again with them later.
     ///
     /// # Safety
     /// The doorbell hands memory to the device. Every descriptor from the

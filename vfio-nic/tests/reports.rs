@@ -5,13 +5,12 @@
 use std::sync::Arc;
 
 use pfrag::dma::SoftIommu;
-use vfio_nic::model::softnic::SoftNic;
 use vfio_nic::offload::Offload;
 use vfio_nic::tx::{self, Queue};
 use vfio_nic::Error;
 
 mod common;
-use common::CaptureQueue as Q;
+use common::{CaptureQueue as Q, Flaky};
 
 fn queue(report_every: u16) -> Result<Q, Error> {
     let cfg = tx::Config {
@@ -105,30 +104,6 @@ fn report_every_zero_is_refused() {
         matches!(e, Error::BadConfig { what, value: 0 } if what.contains("report_every")),
         "{e:?}"
     );
-}
-
-/// The software NIC behind a doorbell that can be made to fail.
-struct Flaky {
-    nic: SoftNic<Arc<SoftIommu>>,
-    fail_next: bool,
-}
-
-impl vfio_nic::device::TxDevice for Flaky {
-    type Format = <SoftNic<Arc<SoftIommu>> as vfio_nic::device::TxDevice>::Format;
-    fn format(&self) -> Self::Format {
-        self.nic.format()
-    }
-    unsafe fn attach(&mut self, ring: pfrag::Iova, len: u16) -> vfio_nic::Result<()> {
-        // SAFETY: the caller's promise is passed on unchanged.
-        unsafe { self.nic.attach(ring, len) }
-    }
-    unsafe fn kick(&mut self, tail: u16) -> vfio_nic::Result<()> {
-        if std::mem::take(&mut self.fail_next) {
-            return Err(Error::Busy { in_flight: 0 });
-        }
-        // SAFETY: the caller's promise is passed on unchanged.
-        unsafe { self.nic.kick(tail) }
-    }
 }
 
 #[test]

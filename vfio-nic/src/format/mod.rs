@@ -143,7 +143,12 @@ pub enum Status {
 /// [`status`](Self::status) says it is done, so `status` returns `Some`
 /// only for a word the device wrote back after it finished reading every
 /// buffer of the packet, never for what `write_data` itself left there;
-/// the same holds for [`done`](Self::done), if overridden. Where the
+/// the same holds for [`done`](Self::done), if overridden.
+/// [`ask_report`](Self::ask_report) leaves a descriptor naming exactly
+/// the memory it named before, and only adds the request for the status
+/// write-back; where the format defers reports
+/// ([`DEFERRED_REPORT`](Self::DEFERRED_REPORT)), a descriptor with that
+/// request is one the device writes back. Where the
 /// device and the engine may touch the same ring bytes at once (indices,
 /// flags, event words), the device's accesses are atomic and of the size
 /// the format's own [`RingMem`] accesses use for them; every other ring
@@ -239,20 +244,21 @@ pub unsafe trait Format {
 
     /// Writes the data descriptor for `buf` of `pkt` into `desc`. The last
     /// buffer's descriptor must ask for the status write-back when
-    /// `buf.report` (always, unless the format defers reports). The engine
-    /// may write the same slot again with `report` set, before the
-    /// doorbell that hands it to the device.
+    /// `buf.report` (always, unless the format defers reports; the engine
+    /// may then ask later, with [`ask_report`](Self::ask_report)).
     fn write_data(&self, desc: &mut [u64], buf: Buf, pkt: &Packet);
 
-    /// Makes the last data descriptor of a packet, written with
-    /// `buf.report` false, ask for the status write-back, changing nothing
-    /// else (the 82576 sets RS in its command byte). `desc` holds the
-    /// words as [`write_data`](Self::write_data) wrote them. The engine
-    /// calls it only where the format defers reports
+    /// Makes a packet's last data descriptor ask for the status
+    /// write-back, changing nothing else (the 82576 sets RS in its command
+    /// byte; see the trait's Safety section). `desc` holds the words as
+    /// [`write_data`](Self::write_data) wrote them, with or without the
+    /// request: asking twice is asking once. The engine calls it only
+    /// where the format defers reports
     /// ([`DEFERRED_REPORT`](Self::DEFERRED_REPORT)), on the last packet
-    /// before a doorbell, which the device has not read yet; a format
-    /// that defers reports must implement it, the others may leave it
-    /// empty.
+    /// posted before a doorbell, which the device has not read yet. A
+    /// format that defers reports must implement it; the others never see
+    /// it called and may leave it empty. A required method: an empty
+    /// default would leave a deferring format's last packets unreported.
     fn ask_report(&self, desc: &mut [u64]);
 
     /// The packet's completion, from the status word of its last

@@ -51,6 +51,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// that everything handed to the device is reported. It was posted
     /// since the last doorbell, so the device has not read it yet.
     /// Returns where the reports were, for [`unreport`](Self::unreport).
+    /// The descriptor is read back and written in place: a slot below the
+    /// ring's size lies inside the ring, so neither access fails, and the
+    /// request is all that changes.
     pub(super) fn report_last(&mut self) -> Result<Reports> {
         let before = self.reports;
         let Some(idx) = before.last else {

@@ -105,3 +105,41 @@ pub fn capture_queue(order: u32, cfg: tx::Config) -> Result<CaptureQueue, Error>
     // through.
     unsafe { tx::Queue::new(domain, pool, nic, cfg) }
 }
+
+/// A model device behind a doorbell that can be made to fail (handing the
+/// device nothing, as `TxDevice::kick`'s contract says).
+pub struct Flaky<D> {
+    pub nic: D,
+    /// Whether the next doorbell fails.
+    pub fail_next: bool,
+}
+
+impl<D: TxDevice> TxDevice for Flaky<D> {
+    type Format = D::Format;
+    fn format(&self) -> Self::Format {
+        self.nic.format()
+    }
+    unsafe fn attach(&mut self, ring: pfrag::Iova, len: u16) -> vfio_nic::Result<()> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.nic.attach(ring, len) }
+    }
+    unsafe fn kick(&mut self, tail: u16) -> vfio_nic::Result<()> {
+        if std::mem::take(&mut self.fail_next) {
+            return Err(Error::Busy { in_flight: 0 });
+        }
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.nic.kick(tail) }
+    }
+    fn head(&mut self) -> Option<u16> {
+        self.nic.head()
+    }
+}
+
+impl<D: vfio_nic::model::Model> vfio_nic::model::Model for Flaky<D> {
+    fn counters(&self) -> vfio_nic::model::softnic::NicStats {
+        self.nic.counters()
+    }
+    fn take_frames(&mut self) -> Vec<Vec<u8>> {
+        self.nic.take_frames()
+    }
+}

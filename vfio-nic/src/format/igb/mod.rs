@@ -84,14 +84,16 @@ unsafe impl Format for Advanced {
     }
 
     /// A packet's last descriptor is a data descriptor (the engine writes
-    /// a context descriptor only before a packet's data).
+    /// a context descriptor only before a packet's data); anything else is
+    /// a broken invariant, which panics rather than leave the packet
+    /// unreported.
     fn ask_report(&self, d: &mut [u64]) {
         let desc = Desc::decode([d[0], d[1]]);
-        debug_assert!(matches!(desc, Desc::Data(_)), "{desc:?}");
-        if let Desc::Data(mut data) = desc {
-            data.cmd_type_len |= Dcmd::RS.bits();
-            d.copy_from_slice(&Desc::Data(data).encode());
-        }
+        let Desc::Data(mut data) = desc else {
+            panic!("asked to report a packet whose last descriptor is not data: {desc:?}");
+        };
+        data.cmd_type_len |= Dcmd::RS.bits();
+        d.copy_from_slice(&Desc::Data(data).encode());
     }
 
     fn status(&self, word: u32) -> Option<Status> {
@@ -105,7 +107,8 @@ mod tests {
     use pfrag::Iova;
 
     /// Asking a descriptor written without a report for one gives the
-    /// descriptor written with it: RS set, every other field as it was.
+    /// descriptor written with it: RS set, every other field as it was;
+    /// asking twice is asking once.
     #[test]
     fn asking_for_a_report_sets_rs_and_nothing_else() {
         let layout = Layout {
@@ -145,6 +148,9 @@ mod tests {
                 Advanced.ask_report(&mut asked);
                 Advanced.write_data(&mut want, buf(true), &pkt);
                 assert_eq!(asked, want, "{offload:?}, first {first}");
+                // Asking again (after a failed doorbell) changes nothing.
+                Advanced.ask_report(&mut asked);
+                assert_eq!(asked, want, "twice: {offload:?}, first {first}");
             }
         }
     }
