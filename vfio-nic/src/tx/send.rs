@@ -149,7 +149,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.stats.inline_packets += 1;
         self.advance(
             head,
-            (idx, buf),
+            (idx, buf.report),
             nctx + 1,
             ctx,
             Hdr::Slot(usize::from(idx)),
@@ -176,15 +176,16 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         }
     }
 
-    /// Records a written packet: the tail moves past `last` (whose buffer
-    /// is `buf`), the counters, the device's context and the reports
-    /// follow, and the packet waits for its completion.
+    /// Records a written packet: the tail moves past `last` (which asked
+    /// the device for a report if `report`), the counters, the device's
+    /// context and the reports follow, and the packet waits for its
+    /// completion.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn advance(
         &mut self,
         head: u16,
-        (last, buf): (u16, Buf),
+        (last, report): (u16, bool),
         ndesc: usize,
         ctx: Ctx<FmtContext<D>>,
         hdr: Hdr<M>,
@@ -192,7 +193,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         pkt: &Packet,
         token: u64,
     ) {
-        self.note_report(last, buf.report);
+        self.note_report(last, report);
         match ctx {
             Ctx::Write(c) => self.ctx = Some(c),
             Ctx::Held => self.stats.contexts_skipped += 1,
@@ -210,7 +211,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             hdr,
             frags,
             token,
-            report: buf.report,
+            report,
         });
     }
 
@@ -434,7 +435,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let written = self
             .write_packet(ctx, &pkt, hdr_iova, frags)
             .and_then(|last| self.publish(head).map(|()| last));
-        let (last, last_buf) = match written {
+        let (last, report) = match written {
             Ok(last) => last,
             Err(e) => {
                 self.drop_header(hold);
@@ -444,7 +445,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let frags = std::mem::replace(frags, self.spare.pop().unwrap_or_default());
         self.advance(
             head,
-            (last, last_buf),
+            (last, report),
             ndesc,
             ctx,
             hold,
@@ -457,15 +458,15 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
 
     /// Writes the context (`ctx`, if the device needs a new one), header
     /// and data descriptors from the tail on. Returns the index of the last
-    /// one and its buffer (which asks for a report if
-    /// [`report_next`](Self::report_next) says so).
+    /// one and whether it asks for a report (as
+    /// [`report_next`](Self::report_next) says).
     fn write_packet(
         &self,
         ctx: Ctx<FmtContext<D>>,
         pkt: &Packet,
         hdr_iova: Iova,
         frags: &[Frag<M>],
-    ) -> Result<(u16, Buf)> {
+    ) -> Result<(u16, bool)> {
         let report = self.report_next();
         let mut idx = self.tail;
         self.write_context(idx, ctx)?;
@@ -479,7 +480,6 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             report,
         };
         self.write_data(idx, hdr, pkt)?;
-        let mut last_buf = hdr;
         let nfr = frags.len();
         for (i, f) in frags.iter().enumerate() {
             let max = Fmt::<D>::MAX_BUF;
@@ -496,10 +496,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                     report,
                 };
                 self.write_data(idx, buf, pkt)?;
-                last_buf = buf;
             }
         }
-        Ok((idx, last_buf))
+        Ok((idx, report))
     }
 
     /// Writes the context descriptor at `idx` if `ctx` asks for one.
