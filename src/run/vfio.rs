@@ -164,7 +164,7 @@ fn run_on<N: VfioNic, M: DmaMapper>(
     // SAFETY: the device is only asked for its counters, never replaced
     // or re-pointed.
     let g0 = unsafe { q.device_mut() }.sent()?;
-    let done0 = q.stats().completed;
+    let (done0, errors0) = (q.stats().completed, q.stats().device_errors);
     q.device().mark(magic)?;
     let (t0, cpu0) = (Instant::now(), thread_cpu_ns());
     let bytes = pump(&mut q, &mut gen, cfg, cfg.packets, &mut rng, tick)?;
@@ -176,10 +176,13 @@ fn run_on<N: VfioNic, M: DmaMapper>(
     // SAFETY: as above.
     let counted = unsafe { q.device_mut() }.sent()?;
     // The device's own count where it keeps one; else the packets it
-    // returned as used (each one it sent).
+    // returned as used without an error (each one it sent).
     let sent = match (g0, counted) {
-        (Some(a), Some(b)) => b - a,
-        _ => q.stats().completed - done0,
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => {
+            let errors = qs.device_errors - errors0;
+            (qs.completed - done0).saturating_sub(errors)
+        }
     };
     let pool1 = pool.stats();
     // The device counts packets it sent whole; the frames themselves are
