@@ -138,6 +138,9 @@ pub struct AccountStats {
     pub refused: u64,
     /// Charged bytes pinned for good after failed unmaps (part of `bytes`).
     pub pinned: u64,
+    /// Bytes uncharged past what was charged (a caller's bookkeeping
+    /// error; the usage stops at zero instead of wrapping).
+    pub over_uncharged: u64,
 }
 
 /// Memory shared by pools, with limits and pressure hooks `H`.
@@ -152,6 +155,7 @@ pub struct MemAccount<H: PressureHooks = NoHooks> {
     entered: AtomicU64,
     left: AtomicU64,
     refused: AtomicU64,
+    over_uncharged: AtomicU64,
     hooks: H,
 }
 
@@ -173,6 +177,7 @@ impl<H: PressureHooks> MemAccount<H> {
             entered: AtomicU64::new(0),
             left: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            over_uncharged: AtomicU64::new(0),
             hooks,
         }))
     }
@@ -208,6 +213,7 @@ impl<H: PressureHooks> MemAccount<H> {
             left: l(&self.left),
             refused: l(&self.refused),
             pinned: l(&self.pinned),
+            over_uncharged: l(&self.over_uncharged),
         }
     }
 
@@ -271,9 +277,24 @@ impl<H: PressureHooks> MemAccount<H> {
     }
 
     /// Removes `bytes`, leaving pressure if usage falls below `min`.
+    ///
+    /// Usage saturates at zero: uncharging more than is charged (a
+    /// caller's bookkeeping error) leaves 0, never a wrapped count that
+    /// would refuse every later charge, and the excess is counted in
+    /// [`AccountStats::over_uncharged`].
     pub fn uncharge(&self, bytes: u64) {
-        let old = self.bytes.fetch_sub(bytes, Ordering::AcqRel);
-        debug_assert!(old >= bytes, "uncharge of {bytes} with {old} charged");
+        let sub = |cur: u64| Some(cur.saturating_sub(bytes));
+        // `sub` never refuses: the update always succeeds.
+        let old = match self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, sub)
+        {
+            Ok(old) | Err(old) => old,
+        };
+        if old < bytes {
+            self.over_uncharged
+                .fetch_add(bytes - old, Ordering::Relaxed);
+        }
         self.settle();
     }
 }
@@ -341,5 +362,22 @@ mod tests {
         // Ends at 0 < min: every enter was followed by its leave.
         assert_eq!(st.entered, st.left);
         assert!(!a.under_pressure());
+    }
+
+    /// Uncharging more than is charged leaves the usage at zero (it used
+    /// to panic in debug builds and wrap to about 2^64 in release, after
+    /// which every charge was refused) and counts the excess.
+    #[test]
+    fn uncharge_past_zero_saturates_and_is_counted() {
+        let a = MemAccount::new(Limits::UNLIMITED, NoHooks).unwrap();
+        a.uncharge(1);
+        assert_eq!(a.bytes(), 0);
+        a.charge(10).unwrap();
+        a.uncharge(25);
+        assert_eq!(a.bytes(), 0);
+        assert_eq!(a.stats().over_uncharged, 16);
+        // Still usable: the next charge goes through.
+        a.charge(4096).unwrap();
+        assert_eq!(a.bytes(), 4096);
     }
 }

@@ -71,9 +71,20 @@ impl fmt::Debug for VirtAddr {
     }
 }
 
-/// Rounds `v` up to a multiple of the power of two `align`.
+/// Rounds `v` up to a multiple of the power of two `align`. The caller has
+/// checked that the result fits (else [`checked_align_up`]).
 pub(crate) const fn align_up(v: u64, align: u64) -> u64 {
     (v + align - 1) & !(align - 1)
+}
+
+/// Rounds `v` up to a multiple of the power of two `align`, or `None` if
+/// the result does not fit a `u64`.
+#[inline]
+pub(crate) const fn checked_align_up(v: u64, align: u64) -> Option<u64> {
+    match v.checked_add(align - 1) {
+        Some(x) => Some(x & !(align - 1)),
+        None => None,
+    }
 }
 
 /// Rounds `v` down to a multiple of the power of two `align`.
@@ -90,5 +101,11 @@ mod tests {
         assert_eq!(align_up(1, 4096), 4096);
         assert_eq!(align_up(4096, 4096), 4096);
         assert_eq!(align_down(8191, 4096), 4096);
+        assert_eq!(checked_align_up(4097, 4096), Some(8192));
+        assert_eq!(checked_align_up(u64::MAX - 4094, 4096), None);
+        assert_eq!(
+            checked_align_up(u64::MAX - 4095, 4096),
+            Some(u64::MAX - 4095)
+        );
     }
 }

@@ -142,6 +142,17 @@ pub enum Error {
         /// Alignment requested.
         align: u64,
     },
+    /// An IOVA range given back that is not in use: never allocated, freed
+    /// already, or past the allocator's space.
+    #[error("IOVA range {iova} + {size:#x} is not in use ({in_use:#x} bytes are)")]
+    IovaNotInUse {
+        /// Start of the range.
+        iova: Iova,
+        /// Its length.
+        size: u64,
+        /// Bytes the allocator had handed out.
+        in_use: u64,
+    },
     /// Anonymous memory could not be mapped.
     #[error("mmap of {len} bytes failed (errno {errno:?})", errno = .source.raw_os_error())]
     Mmap {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 
-use crate::addr::{align_up, Iova, PAGE_SIZE};
+use crate::addr::{checked_align_up, Iova, PAGE_SIZE};
 use crate::error::{Error, Result};
 
 /// Hands out size- and alignment-constrained IOVA ranges.
@@ -13,8 +13,18 @@ use crate::error::{Error, Result};
 /// inside the configured space; `deferred` holds ranges freed while a lazy
 /// invalidation may still cover them, in flush order; a range is in at most
 /// one of `free`, `deferred`, or in use.
+///
+/// A free of a range that is not in use is refused with
+/// [`Error::IovaNotInUse`] and changes nothing: one larger than the bytes
+/// in use, not page aligned, past the end of the address space or of the
+/// configured ranges, or overlapping a free range (each an O(log n)
+/// check). A range waiting for its flush is not searched (that would
+/// scan the whole queue), so freeing one of those twice is caught only by
+/// the byte count.
 #[derive(Debug)]
 pub struct IovaAllocator {
+    /// The configured space, merged: start -> end (exclusive).
+    space: BTreeMap<u64, u64>,
     /// Free ranges, keyed by start, value = end (exclusive).
     free: BTreeMap<u64, u64>,
     /// Freed ranges waiting for flush generation `.0`.
@@ -32,21 +42,28 @@ impl IovaAllocator {
     /// zero IOVA cannot be told from an unset field.
     pub fn new(ranges: &[Range<u64>]) -> IovaAllocator {
         let mut a = IovaAllocator {
+            space: BTreeMap::new(),
             free: BTreeMap::new(),
             deferred: VecDeque::new(),
             in_use: 0,
         };
         for r in ranges {
-            let start = align_up(r.start, PAGE_SIZE).max(PAGE_SIZE);
+            let Some(start) = checked_align_up(r.start, PAGE_SIZE) else {
+                continue; // no whole page left in the range
+            };
+            let start = start.max(PAGE_SIZE);
             let end = r.end & !(PAGE_SIZE - 1);
             if start < end {
                 a.insert_free(start, end);
             }
         }
+        a.space = a.free.clone();
         a
     }
 
     /// Allocates `size` bytes aligned to `align` (a power of two >= 4 KiB).
+    /// A size that no range can hold (even one whose rounding to 4 KiB
+    /// would overflow) is [`Error::IovaExhausted`].
     pub fn alloc(&mut self, size: u64, align: u64) -> Result<Iova> {
         if size == 0 {
             return Err(Error::ZeroLength);
@@ -58,9 +75,9 @@ impl IovaAllocator {
                 value: align,
             });
         }
-        let size = align_up(size, PAGE_SIZE);
+        let size = checked_align_up(size, PAGE_SIZE).ok_or(Error::IovaExhausted { size, align })?;
         let found = self.free.iter().find_map(|(&s, &e)| {
-            let a = align_up(s, align);
+            let a = checked_align_up(s, align)?;
             (a.checked_add(size)? <= e).then_some((s, e, a))
         });
         let (s, e, a) = found.ok_or(Error::IovaExhausted { size, align })?;
@@ -75,19 +92,54 @@ impl IovaAllocator {
         Ok(Iova(a))
     }
 
-    /// Returns a range for immediate reuse.
-    pub fn free(&mut self, iova: Iova, size: u64) {
-        let size = align_up(size, PAGE_SIZE);
+    /// Returns a range for immediate reuse. A range that is not in use is
+    /// refused (see the type docs) and nothing changes.
+    pub fn free(&mut self, iova: Iova, size: u64) -> Result<()> {
+        let size = self.in_use_range(iova, size)?;
         self.in_use -= size;
         self.insert_free(iova.raw(), iova.raw() + size);
+        Ok(())
     }
 
     /// Returns a range that may be reused only once flush generation `seq`
-    /// has completed.
-    pub fn free_deferred(&mut self, iova: Iova, size: u64, seq: u64) {
-        let size = align_up(size, PAGE_SIZE);
+    /// has completed. Refused as [`free`](Self::free) refuses.
+    pub fn free_deferred(&mut self, iova: Iova, size: u64, seq: u64) -> Result<()> {
+        let size = self.in_use_range(iova, size)?;
         self.in_use -= size;
         self.deferred.push_back((seq, iova, size));
+        Ok(())
+    }
+
+    /// `size` rounded up to 4 KiB, if `iova..iova + size` can be in use:
+    /// page aligned, not empty, no more than the bytes in use, inside the
+    /// configured space and overlapping no free range.
+    fn in_use_range(&self, iova: Iova, size: u64) -> Result<u64> {
+        let refuse = Error::IovaNotInUse {
+            iova,
+            size,
+            in_use: self.in_use,
+        };
+        let start = iova.raw();
+        let Some(len) = checked_align_up(size, PAGE_SIZE) else {
+            return Err(refuse);
+        };
+        let Some(end) = start.checked_add(len) else {
+            return Err(refuse);
+        };
+        let inside = self
+            .space
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(_, &e)| end <= e);
+        let overlaps_free = self
+            .free
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, &e)| e > start);
+        if len == 0 || len > self.in_use || start % PAGE_SIZE != 0 || !inside || overlaps_free {
+            return Err(refuse);
+        }
+        Ok(len)
     }
 
     /// Moves deferred ranges whose flush has completed to the free set.
@@ -167,8 +219,8 @@ mod tests {
             a.alloc(0x1000, 0x1000),
             Err(Error::IovaExhausted { .. })
         ));
-        a.free(x, 0x2000);
-        a.free(y, 0x2000);
+        a.free(x, 0x2000).unwrap();
+        a.free(y, 0x2000).unwrap();
         // Merged back into one range: a 0x4000 request fits again.
         assert_eq!(a.alloc(0x4000, 0x1000).unwrap(), Iova(0x1000));
     }
@@ -180,7 +232,7 @@ mod tests {
             end: 0x3000,
         }]);
         let x = a.alloc(0x2000, 0x1000).unwrap();
-        a.free_deferred(x, 0x2000, 5);
+        a.free_deferred(x, 0x2000, 5).unwrap();
         assert!(a.is_deferred(x, 0x2000));
         assert!(matches!(
             a.alloc(0x1000, 0x1000),
@@ -218,5 +270,62 @@ mod tests {
             end: 0x3000,
         }]);
         assert!(matches!(a.alloc(0, 4096), Err(Error::ZeroLength)));
+    }
+
+    const SPACE: Range<u64> = 0x1000..0x10_0000;
+    const TOP: Range<u64> = u64::MAX - 10..u64::MAX;
+
+    /// A size whose rounding to 4 KiB overflows is exhaustion, not a panic.
+    #[test]
+    fn huge_size_is_exhaustion() {
+        let mut a = IovaAllocator::new(&[SPACE]);
+        for size in [u64::MAX, u64::MAX - 1, 1 << 63] {
+            assert!(matches!(
+                a.alloc(size, 0x1000),
+                Err(Error::IovaExhausted { size: s, .. }) if s >= size
+            ));
+        }
+        assert!(matches!(
+            a.alloc(0x1000, 1 << 63),
+            Err(Error::IovaExhausted { .. })
+        ));
+        // A range whose start cannot be rounded up holds nothing.
+        let mut b = IovaAllocator::new(&[TOP]);
+        assert!(b.alloc(0x1000, 0x1000).is_err());
+    }
+
+    /// Giving back a range that is not in use is refused with the numbers
+    /// and changes nothing (it used to underflow `in_use`).
+    #[test]
+    fn free_of_a_range_not_in_use_is_refused() {
+        let mut a = IovaAllocator::new(&[SPACE]);
+        let not_in_use = |r: Result<()>| matches!(r, Err(Error::IovaNotInUse { .. }));
+        // Nothing allocated yet.
+        assert!(matches!(
+            a.free(Iova(0x2000), 0x1000),
+            Err(Error::IovaNotInUse {
+                iova: Iova(0x2000),
+                size: 0x1000,
+                in_use: 0
+            })
+        ));
+        assert!(not_in_use(a.free_deferred(Iova(0x2000), 0x1000, 1)));
+        let x = a.alloc(0x2000, 0x1000).unwrap();
+        // Free range, overlapping a free range, past the end, past the
+        // space, unaligned, empty, more than in use.
+        assert!(not_in_use(a.free(Iova(x.raw() + 0x2000), 0x1000)));
+        assert!(not_in_use(a.free(Iova(x.raw() + 0x1000), 0x2000)));
+        assert!(not_in_use(a.free(Iova(!0xfff), 0x2000)));
+        assert!(not_in_use(a.free(Iova(0x10_0000), 0x1000)));
+        assert!(not_in_use(a.free(Iova(x.raw() + 1), 0x1000)));
+        assert!(not_in_use(a.free(x, 0)));
+        assert!(not_in_use(a.free(x, u64::MAX)));
+        assert_eq!(a.in_use(), 0x2000);
+        a.free(x, 0x2000).unwrap();
+        // Twice: refused.
+        assert!(not_in_use(a.free(x, 0x2000)));
+        assert_eq!(a.in_use(), 0);
+        // Everything is one free range again.
+        assert_eq!(a.alloc(0xff000, 0x1000).unwrap(), Iova(0x1000));
     }
 }

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 
 use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
 
-use crate::addr::{align_up, VirtAddr, HUGE_PAGE_SIZE, PAGE_SIZE};
+use crate::addr::{checked_align_up, VirtAddr, HUGE_PAGE_SIZE, PAGE_SIZE};
 use crate::error::{Error, Result};
 
 /// Backing of a region: what the kernel actually gave.
@@ -46,10 +46,18 @@ pub struct Region {
     backing: Backing,
 }
 
+/// The longest region [`Region::new`] maps: the largest multiple of 2 MiB
+/// that fits an `isize` (an allocation's size never exceeds `isize::MAX`),
+/// so that rounding a length up to 4 KiB or 2 MiB cannot overflow.
+pub const MAX_REGION_LEN: usize = isize::MAX as usize & !(HUGE_PAGE_SIZE as usize - 1);
+
 impl Region {
     /// Maps `len` bytes (rounded up to 4 KiB) aligned to `align` (a power of
     /// two). With `huge`, tries 2 MiB pages first and falls back to normal
     /// pages, recording the fallback in [`Region::backing`].
+    ///
+    /// A `len` past [`MAX_REGION_LEN`] is [`Error::OutOfRange`], refused
+    /// before anything is mapped.
     pub fn new(len: usize, align: usize, huge: bool) -> Result<Region> {
         if len == 0 {
             return Err(Error::ZeroLength);
@@ -60,13 +68,13 @@ impl Region {
                 value: align as u64,
             });
         }
-        let len = align_up(len as u64, PAGE_SIZE) as usize;
+        let len = round_len(len, PAGE_SIZE)?;
         // Miri models only plain anonymous mappings: no huge pages there.
         if huge && cfg!(miri) {
             return Self::small(len, align, Backing::HugeFallback);
         }
         if huge && align as u64 <= HUGE_PAGE_SIZE {
-            let hlen = align_up(len as u64, HUGE_PAGE_SIZE) as usize;
+            let hlen = round_len(len, HUGE_PAGE_SIZE)?;
             match MmapOptions::new().len(hlen).huge(Some(21)).map_anon() {
                 Ok(map) => {
                     let base = map.as_ptr() as usize;
@@ -94,7 +102,8 @@ impl Region {
             .map_anon()
             .map_err(|source| Error::Mmap { len: total, source })?;
         let start = map.as_ptr() as usize;
-        let base = align_up(start as u64, align as u64) as usize;
+        // `start + slack` lies inside the mapping, so this cannot overflow.
+        let base = start.next_multiple_of(align);
         Ok(Region {
             map,
             base,
@@ -216,6 +225,20 @@ impl Region {
             .advise_range(memmap2::Advice::PopulateWrite, 0, len)
             .map_err(|source| Error::Mmap { len, source })
     }
+}
+
+/// `len` rounded up to a multiple of `align` (4 KiB or 2 MiB), or
+/// [`Error::OutOfRange`] past [`MAX_REGION_LEN`].
+fn round_len(len: usize, align: u64) -> Result<usize> {
+    checked_align_up(len as u64, align)
+        .filter(|&l| l <= MAX_REGION_LEN as u64)
+        .map(|l| l as usize)
+        .ok_or(Error::OutOfRange {
+            what: "region length",
+            value: len as u64,
+            min: 1,
+            max: MAX_REGION_LEN as u64,
+        })
 }
 
 /// Copies `src` to `addr`.
@@ -462,23 +485,39 @@ pub(crate) unsafe fn read_words(addr: VirtAddr, dst: &mut [u8]) {
 }
 
 /// Whether every page of `addr..addr + len` is resident in RAM (`mincore`).
-/// False for a range that is not mapped into the process, or that the
-/// kernel reclaimed or never faulted in. Always true under Miri, which has
-/// no page tables to ask.
+/// False for a range that is not mapped into the process, that the kernel
+/// reclaimed or never faulted in, or whose end does not fit a `usize`.
+/// Under Miri, which has no page tables to ask, true for any range that
+/// fits. The kernel is asked 256 pages at a time, into a fixed buffer: no
+/// allocation, whatever `len` is.
 pub fn resident(addr: VirtAddr, len: usize) -> bool {
+    let Some(end) = addr.0.checked_add(len) else {
+        return false;
+    };
     if cfg!(miri) || len == 0 {
         return true;
     }
     let page = PAGE_SIZE as usize;
-    let start = addr.0 & !(page - 1);
-    let len = addr.0 + len - start;
-    let mut vec = vec![0u8; len.div_ceil(page)];
-    // SAFETY: mincore reads only the process's page tables for the range
-    // (failing with ENOMEM where nothing is mapped) and writes one byte per
-    // page into `vec`, which has exactly that many.
-    let r = unsafe { libc::mincore(start as *mut libc::c_void, len, vec.as_mut_ptr()) };
-    r == 0 && vec.iter().all(|b| b & 1 == 1)
+    let mut start = addr.0 & !(page - 1);
+    let mut vec = [0u8; RESIDENT_BLOCK];
+    while start < end {
+        let n = (end - start).min(RESIDENT_BLOCK * page);
+        let pages = n.div_ceil(page);
+        // SAFETY: mincore reads only the process's page tables for the
+        // range (failing with ENOMEM where nothing is mapped) and writes
+        // one byte per page of it into `vec`: `pages <= RESIDENT_BLOCK`.
+        let r = unsafe { libc::mincore(start as *mut libc::c_void, n, vec.as_mut_ptr()) };
+        if r != 0 || !vec[..pages].iter().all(|b| b & 1 == 1) {
+            return false;
+        }
+        // `start + n <= end`: no overflow.
+        start += n;
+    }
+    true
 }
+
+/// Pages [`resident`] asks the kernel about per `mincore` call.
+const RESIDENT_BLOCK: usize = 256;
 
 #[cfg(test)]
 mod tests {

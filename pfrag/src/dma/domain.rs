@@ -122,13 +122,16 @@ impl<M: DmaMapper> Domain<M> {
         }
     }
 
+    /// Gives the IOVA of a removed mapping back to the allocator (after
+    /// the flush, if deferred).
     fn release(&self, iova: Iova, len: u64, how: Unmapped) {
         if let Some(a) = &self.iova {
             let mut al = lock(a);
-            match how {
+            let r = match how {
                 Unmapped::Flushed => al.free(iova, len),
                 Unmapped::Deferred { seq } => al.free_deferred(iova, len, seq),
-            }
+            };
+            refused_free(r);
         }
     }
 
@@ -202,7 +205,7 @@ impl<M: DmaMapper> Domain<M> {
                 // memory, see `map_batch`).
                 self.pinned_iova.fetch_add(total, Relaxed);
             } else if let Some(a) = &self.iova {
-                lock(a).free(iovas[0], total);
+                refused_free(lock(a).free(iovas[0], total));
             }
             return Err(e);
         }
@@ -306,6 +309,15 @@ impl<M: DmaMapper> Domain<M> {
     }
 }
 
+/// What a refused IOVA free leaves: the domain frees only ranges it
+/// allocated and whose mapping it removed, so a refusal
+/// ([`Error::IovaNotInUse`]) means its own bookkeeping broke. The range then
+/// simply stays out of use, which is safe (an IOVA leak, never an IOVA
+/// handed out twice); debug builds stop here.
+fn refused_free(r: Result<()>) {
+    debug_assert!(r.is_ok(), "IOVA free refused: {r:?}");
+}
+
 fn lock(a: &Mutex<IovaAllocator>) -> MutexGuard<'_, IovaAllocator> {
     // Allocator updates complete before unlocking; a poisoned lock still
     // guards consistent state.
@@ -334,8 +346,13 @@ fn lock(a: &Mutex<IovaAllocator>) -> MutexGuard<'_, IovaAllocator> {
 ///   and takes it back by reading the device's status write-back with
 ///   [`read_u32`](Self::read_u32) (acquire), as with real hardware. The
 ///   CPU's own stores are relaxed: that handshake orders them. A model's
-///   accesses through `Translate` are 32-bit atomics as well, so even a
-///   device access that races the CPU on these bytes is no data race.
+///   *writes* through `Translate` ([`write`](super::Translate::write),
+///   [`write_u32`](super::Translate::write_u32)) are 32-bit atomics as
+///   well, so a device write that races the CPU on these bytes is no data
+///   race. A model's *read* ([`read`](super::Translate::read)) is not: it
+///   lends the model the bytes in place as a plain `&[u8]`, and it is
+///   `Translate::read`'s safety contract (nothing writes the bytes during
+///   the call) that rules out a CPU write racing it.
 ///
 /// ```
 /// # use std::sync::Arc;

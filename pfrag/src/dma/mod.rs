@@ -119,17 +119,19 @@ pub struct MapStats {
 }
 
 impl MapStats {
-    /// `self - earlier`, field by field.
+    /// `self - earlier`, field by field: the work done in between. Each
+    /// difference saturates at zero (the counters only grow, so only
+    /// swapped arguments could make one negative).
     pub fn since(&self, earlier: &MapStats) -> MapStats {
         MapStats {
-            map_calls: self.map_calls - earlier.map_calls,
-            unmap_calls: self.unmap_calls - earlier.unmap_calls,
-            ptes_written: self.ptes_written - earlier.ptes_written,
-            invalidations: self.invalidations - earlier.invalidations,
-            iotlb_hits: self.iotlb_hits - earlier.iotlb_hits,
-            iotlb_misses: self.iotlb_misses - earlier.iotlb_misses,
-            faults: self.faults - earlier.faults,
-            model_ns: self.model_ns - earlier.model_ns,
+            map_calls: self.map_calls.saturating_sub(earlier.map_calls),
+            unmap_calls: self.unmap_calls.saturating_sub(earlier.unmap_calls),
+            ptes_written: self.ptes_written.saturating_sub(earlier.ptes_written),
+            invalidations: self.invalidations.saturating_sub(earlier.invalidations),
+            iotlb_hits: self.iotlb_hits.saturating_sub(earlier.iotlb_hits),
+            iotlb_misses: self.iotlb_misses.saturating_sub(earlier.iotlb_misses),
+            faults: self.faults.saturating_sub(earlier.faults),
+            model_ns: (self.model_ns - earlier.model_ns).max(0.0),
         }
     }
 }

@@ -7,6 +7,14 @@
 //! atomic operation, and [`FragCache::refill_bulk`] hands out many at the
 //! cost of one.
 //!
+//! Under `PerFrag` a frag's own mapping covers the whole pages it touches,
+//! which it may share with the next frag. So the cache carves a chunk no
+//! further once an unmap of one of its frags failed (the chunk is poisoned,
+//! to be pinned) or waits for a lazy flush: the next frag comes from
+//! another chunk, never from a page that a stale or stuck translation still
+//! reaches. (A frag completed on another thread is seen by the next carve
+//! that its completion happens before.)
+//!
 //! Completion has two paths:
 //! - **On the owning thread** ([`FragCache::complete`],
 //!   [`FragCache::complete_burst`]): a frag of the chunk the cache is carving
@@ -53,19 +61,23 @@ pub struct CacheStats {
     pub chunks_taken: u64,
     /// Chunks reused in place (all their frags had completed).
     pub reused_in_place: u64,
-    /// Bytes skipped: abandoned chunk tails plus alignment padding.
+    /// Bytes skipped: abandoned chunk tails (too short for the next frag,
+    /// or left because a `PerFrag` unmap in the chunk failed or waits for
+    /// its flush) plus alignment padding.
     pub waste_bytes: u64,
 }
 
 impl CacheStats {
-    /// `self - earlier`, field by field: the work done in between.
+    /// `self - earlier`, field by field: the work done in between. Each
+    /// difference saturates at zero (the counters only grow, so only
+    /// swapped arguments could make one negative).
     pub fn since(&self, earlier: &CacheStats) -> CacheStats {
         CacheStats {
-            frags: self.frags - earlier.frags,
-            bytes: self.bytes - earlier.bytes,
-            chunks_taken: self.chunks_taken - earlier.chunks_taken,
-            reused_in_place: self.reused_in_place - earlier.reused_in_place,
-            waste_bytes: self.waste_bytes - earlier.waste_bytes,
+            frags: self.frags.saturating_sub(earlier.frags),
+            bytes: self.bytes.saturating_sub(earlier.bytes),
+            chunks_taken: self.chunks_taken.saturating_sub(earlier.chunks_taken),
+            reused_in_place: self.reused_in_place.saturating_sub(earlier.reused_in_place),
+            waste_bytes: self.waste_bytes.saturating_sub(earlier.waste_bytes),
         }
     }
 }
@@ -302,7 +314,13 @@ impl<M: DmaMapper> FragCache<M> {
                     own,
                 }),
                 Err(e) => {
-                    // The frags made so far never took a reference.
+                    // The frags made so far never took a reference. An
+                    // undo whose unmap fails (counted in the pool's
+                    // `unmap_errors`) poisons the chunk, or one deferred
+                    // marks it waiting for its flush: either way the
+                    // cache carves it no further (`may_carve`), so the
+                    // bytes it still maps are never handed out. The map
+                    // failure is the error reported.
                     for f in out.drain(mark..) {
                         let f = ManuallyDrop::new(f);
                         let _ = f.unmap_own();
@@ -404,12 +422,13 @@ impl<M: DmaMapper> FragCache<M> {
         Ok(())
     }
 
-    /// The chunk being carved, if at least `need` bytes are left in it;
-    /// otherwise the next one ([`next_chunk`](Self::next_chunk)).
+    /// The chunk being carved, if at least `need` bytes are left in it and
+    /// it may still be carved ([`may_carve`](Self::may_carve)); otherwise
+    /// the next one ([`next_chunk`](Self::next_chunk)).
     #[inline(always)]
     fn chunk_with_room(&mut self, need: usize) -> Result<ChunkPtr<M>> {
         match self.cur {
-            Some(c) if self.chunk_size - self.offset >= need => Ok(c),
+            Some(c) if self.chunk_size - self.offset >= need && self.may_carve(c) => Ok(c),
             _ => {
                 self.next_chunk()?;
                 Ok(self.cur.expect("next_chunk set a chunk"))
@@ -417,9 +436,25 @@ impl<M: DmaMapper> FragCache<M> {
         }
     }
 
+    /// Whether the cache may hand out more of `c`, the chunk being carved.
+    /// Always when its frags share the chunk's mapping (`Persistent`,
+    /// `PerChunk`: one predictable branch). Under `PerFrag`, each frag's
+    /// own mapping covers whole pages, so a frag's unmap that failed (the
+    /// chunk is poisoned) or that waits for a lazy flush leaves a
+    /// translation to a page that the next frag may share: the chunk is
+    /// then carved no further, and [`next_chunk`](Self::next_chunk) hands
+    /// it back to the pool, which pins or parks it once its last reference
+    /// goes.
+    #[inline(always)]
+    fn may_carve(&self, c: ChunkPtr<M>) -> bool {
+        self.base_iova.is_some() || self.pool.shared.reusable(c)
+    }
+
     /// Moves to a fresh chunk: reuses the current one in place if all its
-    /// frags completed, else leaves it to its frags and takes one from the
-    /// pool.
+    /// frags completed and it is reusable (no failed unmap, no unmap
+    /// waiting for its flush), else leaves it to its frags (or, if none is
+    /// left, to the pool, to pin or park) and takes one from the pool. The
+    /// bytes of the current chunk not carved count as waste.
     #[cold]
     fn next_chunk(&mut self) -> Result<()> {
         if let Some(c) = self.cur {

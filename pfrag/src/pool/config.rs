@@ -4,6 +4,7 @@
 use crate::addr::HUGE_PAGE_SIZE;
 use crate::dma::Dir;
 use crate::error::{Error, Result};
+use crate::mem::MAX_REGION_LEN;
 use crate::order::Order;
 
 /// When chunk memory is mapped for DMA.
@@ -111,7 +112,9 @@ pub struct Config {
     /// Direction chunks are mapped for. Default [`Dir::TO_DEVICE`] (TX).
     pub dir: Dir,
     /// Chunks per grow (one arena, one map call). 0 (the default) = 1 MiB
-    /// worth (2 MiB with huge pages, 64 KiB under Miri), at least 1.
+    /// worth (2 MiB with huge pages, 64 KiB under Miri), at least 1. At
+    /// most [`MAX_REGION_LEN`](crate::mem::MAX_REGION_LEN) bytes of chunks
+    /// (else [`Error::OutOfRange`](crate::Error::OutOfRange)).
     pub grow_batch: usize,
     /// Free chunks above which the pool shrinks. 0 (the default) = the
     /// larger of 4 grow batches and 32 MiB of chunks: a TX ring reaped in
@@ -119,7 +122,9 @@ pub struct Config {
     /// that would shrink and regrow the pool on every burst (map and unmap
     /// calls in steady state).
     pub high_watermark: usize,
-    /// Chunks per shrink. 0 (the default) = the grow batch.
+    /// Chunks per shrink. 0 (the default) = the grow batch. At most
+    /// [`MAX_REGION_LEN`](crate::mem::MAX_REGION_LEN) bytes of chunks, as
+    /// `grow_batch`.
     pub shrink_batch: usize,
     /// Most bytes of chunk memory the pool may hold, chunks pinned after a
     /// failed unmap included (they stay held for good); past it, growth is
@@ -179,11 +184,13 @@ impl Config {
             self.grow_batch = (target / chunk).max(1);
         }
         if self.high_watermark == 0 {
-            self.high_watermark = (4 * self.grow_batch).max((32 << 20) / chunk);
+            self.high_watermark = self.grow_batch.saturating_mul(4).max((32 << 20) / chunk);
         }
         if self.shrink_batch == 0 {
             self.shrink_batch = self.grow_batch;
         }
+        batch_bytes("grow_batch", self.grow_batch, chunk)?;
+        batch_bytes("shrink_batch", self.shrink_batch, chunk)?;
         if self.max_payload == 0 {
             return Err(Error::BadConfig {
                 what: "max_payload",
@@ -212,4 +219,20 @@ impl Config {
         }
         Ok(self)
     }
+}
+
+/// Refuses a batch of `n` chunks of `chunk` bytes past
+/// [`MAX_REGION_LEN`](crate::mem::MAX_REGION_LEN) bytes (one arena is one
+/// region), so that `n * chunk` never overflows where the pool computes it.
+fn batch_bytes(what: &'static str, n: usize, chunk: usize) -> Result<()> {
+    let max = MAX_REGION_LEN / chunk;
+    if n > max {
+        return Err(Error::OutOfRange {
+            what,
+            value: n as u64,
+            min: 1,
+            max: max as u64,
+        });
+    }
+    Ok(())
 }

@@ -43,13 +43,17 @@ pub struct Stats {
 impl Stats {
     /// This snapshot with the queue-traffic counters (`shared_ops`,
     /// `reclaim_calls`, `borrows`, `skipped_pressured`) taken relative to
-    /// `earlier`; levels (chunks, bytes) stay as they are now.
+    /// `earlier`; levels (chunks, bytes) stay as they are now. Each
+    /// difference saturates at zero (the counters only grow, so only
+    /// swapped arguments could make one negative).
     pub fn since(&self, earlier: &Stats) -> Stats {
         Stats {
-            shared_ops: self.shared_ops - earlier.shared_ops,
-            reclaim_calls: self.reclaim_calls - earlier.reclaim_calls,
-            borrows: self.borrows - earlier.borrows,
-            skipped_pressured: self.skipped_pressured - earlier.skipped_pressured,
+            shared_ops: self.shared_ops.saturating_sub(earlier.shared_ops),
+            reclaim_calls: self.reclaim_calls.saturating_sub(earlier.reclaim_calls),
+            borrows: self.borrows.saturating_sub(earlier.borrows),
+            skipped_pressured: self
+                .skipped_pressured
+                .saturating_sub(earlier.skipped_pressured),
             ..*self
         }
     }
@@ -83,15 +87,18 @@ pub struct QueueStats {
 impl QueueStats {
     /// This snapshot with the event counters taken relative to `earlier`;
     /// levels (`held`, `peak_held`, `pressured`) stay as they are now.
+    /// Each difference saturates at zero, as in [`Stats::since`].
     pub fn since(&self, earlier: &QueueStats) -> QueueStats {
         QueueStats {
-            reclaim_calls: self.reclaim_calls - earlier.reclaim_calls,
-            reclaimed_bytes: self.reclaimed_bytes - earlier.reclaimed_bytes,
-            shared_ops: self.shared_ops - earlier.shared_ops,
-            borrows: self.borrows - earlier.borrows,
-            lent: self.lent - earlier.lent,
-            skipped_pressured: self.skipped_pressured - earlier.skipped_pressured,
-            pressure_flags: self.pressure_flags - earlier.pressure_flags,
+            reclaim_calls: self.reclaim_calls.saturating_sub(earlier.reclaim_calls),
+            reclaimed_bytes: self.reclaimed_bytes.saturating_sub(earlier.reclaimed_bytes),
+            shared_ops: self.shared_ops.saturating_sub(earlier.shared_ops),
+            borrows: self.borrows.saturating_sub(earlier.borrows),
+            lent: self.lent.saturating_sub(earlier.lent),
+            skipped_pressured: self
+                .skipped_pressured
+                .saturating_sub(earlier.skipped_pressured),
+            pressure_flags: self.pressure_flags.saturating_sub(earlier.pressure_flags),
             ..*self
         }
     }

@@ -1,0 +1,187 @@
+//! Regressions for the rule that safe public API answers bad input with a
+//! typed error carrying the numbers (or a documented, saturated value),
+//! never a panic or a wrapped count.
+
+use std::sync::Arc;
+
+use pfrag::bounce::{self, SlotSize};
+use pfrag::dma::{Coherent, Dir, Domain, Identity, MapStats};
+use pfrag::frag::CacheStats;
+use pfrag::iova::IovaAllocator;
+use pfrag::mem::{self, Region, MAX_REGION_LEN};
+use pfrag::pool::{self, Policy, Pool, QueueStats, Stats};
+use pfrag::{Error, Iova, Order, VirtAddr};
+
+const SPACE: std::ops::Range<u64> = 0x1000..0x10_0000;
+
+fn identity() -> Arc<Domain<Identity>> {
+    Arc::new(Domain::new(Identity::new()))
+}
+
+fn is_region_length(r: pfrag::Result<impl Sized>, len: usize) -> bool {
+    matches!(
+        r,
+        Err(Error::OutOfRange { what: "region length", value, min: 1, max })
+            if value == len as u64 && max == MAX_REGION_LEN as u64
+    )
+}
+
+/// A region length whose rounding to 4 KiB (or 2 MiB) would overflow is
+/// refused before anything is mapped.
+#[test]
+fn region_past_max_len_is_out_of_range() {
+    for len in [usize::MAX, usize::MAX - 4094, MAX_REGION_LEN + 1] {
+        for huge in [false, true] {
+            assert!(is_region_length(Region::new(len, 4096, huge), len));
+        }
+    }
+}
+
+/// `Coherent::new` of a huge length: the region's typed error.
+#[test]
+fn coherent_past_max_len_is_out_of_range() {
+    let len = usize::MAX - 10;
+    assert!(is_region_length(
+        Coherent::new(identity(), len, Dir::TO_DEVICE),
+        len
+    ));
+}
+
+/// A bounce ring whose bytes fit a `usize` but no region is refused too.
+#[test]
+fn bounce_ring_past_max_len_is_out_of_range() {
+    let slots = usize::MAX / 128;
+    assert!(is_region_length(
+        bounce::Ring::new(identity(), slots, SlotSize::B128),
+        slots * 128
+    ));
+}
+
+/// An IOVA allocation whose size cannot be rounded is exhaustion.
+#[test]
+fn iova_alloc_of_u64_max_is_exhausted() {
+    let mut a = IovaAllocator::new(&[SPACE]);
+    assert!(matches!(
+        a.alloc(u64::MAX, 4096),
+        Err(Error::IovaExhausted { .. })
+    ));
+    assert_eq!(a.in_use(), 0);
+}
+
+/// Giving back an IOVA range never allocated is refused and changes
+/// nothing (it used to underflow `in_use`).
+#[test]
+fn iova_free_of_a_range_never_allocated_is_refused() {
+    let mut a = IovaAllocator::new(&[SPACE]);
+    assert!(matches!(
+        a.free(Iova(0x2000), 0x1000),
+        Err(Error::IovaNotInUse {
+            iova: Iova(0x2000),
+            size: 0x1000,
+            in_use: 0
+        })
+    ));
+    assert!(matches!(
+        a.free_deferred(Iova(0x2000), 0x1000, 1),
+        Err(Error::IovaNotInUse { .. })
+    ));
+    assert_eq!((a.in_use(), a.deferred()), (0, 0));
+    // The space is whole.
+    assert_eq!(a.alloc(0xff000, 4096).unwrap(), Iova(0x1000));
+}
+
+/// A range whose end does not fit a `usize` is not resident, and asking
+/// does not panic.
+#[test]
+fn resident_of_a_wrapping_range_is_false() {
+    assert!(!mem::resident(VirtAddr(usize::MAX - 10), 100));
+    assert!(!mem::resident(VirtAddr(4096), usize::MAX));
+}
+
+/// A huge length is answered block by block, without a buffer as large as
+/// the range: a live region followed by unmapped address space is not
+/// resident.
+#[test]
+#[cfg_attr(miri, ignore = "mincore: Miri has no page tables to ask")]
+fn resident_of_a_huge_range_is_false_without_a_huge_buffer() {
+    let mut r = Region::new(8192, 4096, false).unwrap();
+    r.write(0, &[1; 8192]).unwrap();
+    assert!(mem::resident(r.addr(), 8192));
+    assert!(!mem::resident(r.addr(), usize::MAX / 2));
+}
+
+/// A grow or shrink batch whose bytes would overflow (or exceed what one
+/// region can hold) is refused with the largest batch accepted.
+#[test]
+fn pool_batch_past_max_region_len_is_out_of_range() {
+    let order = Order::new(0).unwrap();
+    let max = (MAX_REGION_LEN / order.size()) as u64;
+    for (grow, shrink, what) in [
+        (usize::MAX / 2, 0, "grow_batch"),
+        (usize::MAX, 0, "grow_batch"),
+        (max as usize + 1, 0, "grow_batch"),
+        (1, usize::MAX, "shrink_batch"),
+    ] {
+        let mut cfg = pool::Config::new(order, Policy::Persistent);
+        cfg.grow_batch = grow;
+        cfg.shrink_batch = shrink;
+        match Pool::new(identity(), cfg) {
+            Err(Error::OutOfRange {
+                what: w,
+                value,
+                max: m,
+                ..
+            }) => assert_eq!((w, m), (what, max), "value {value}"),
+            other => panic!("grow {grow}, shrink {shrink}: {other:?}"),
+        }
+    }
+    // The largest accepted batch resolves (its watermark saturates).
+    let mut cfg = pool::Config::new(order, Policy::Persistent);
+    cfg.grow_batch = max as usize;
+    let p = Pool::new(identity(), cfg).unwrap();
+    assert!(p.config().high_watermark >= max as usize);
+}
+
+/// `since` with its arguments swapped saturates at zero instead of
+/// panicking on underflow.
+#[test]
+fn since_of_a_later_snapshot_saturates_at_zero() {
+    let later = CacheStats {
+        frags: 5,
+        bytes: 5,
+        chunks_taken: 5,
+        reused_in_place: 5,
+        waste_bytes: 5,
+    };
+    assert_eq!(CacheStats::default().since(&later), CacheStats::default());
+    let later = Stats {
+        shared_ops: 3,
+        reclaim_calls: 3,
+        borrows: 3,
+        skipped_pressured: 3,
+        ..Stats::default()
+    };
+    assert_eq!(Stats::default().since(&later), Stats::default());
+    let later = QueueStats {
+        reclaim_calls: 2,
+        reclaimed_bytes: 2,
+        shared_ops: 2,
+        borrows: 2,
+        lent: 2,
+        skipped_pressured: 2,
+        pressure_flags: 2,
+        ..QueueStats::default()
+    };
+    assert_eq!(QueueStats::default().since(&later), QueueStats::default());
+    let later = MapStats {
+        map_calls: 1,
+        unmap_calls: 1,
+        ptes_written: 1,
+        invalidations: 1,
+        iotlb_hits: 1,
+        iotlb_misses: 1,
+        faults: 1,
+        model_ns: 1.5,
+    };
+    assert_eq!(MapStats::default().since(&later), MapStats::default());
+}
