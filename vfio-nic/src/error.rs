@@ -341,12 +341,14 @@ pub enum HeaderFault {
         /// What the packet is.
         packet: usize,
     },
-    /// More header bytes than one buffer of the device's format carries
-    /// (headers are never split).
+    /// More header bytes than the queue places in one buffer (headers are
+    /// never split): the format's largest buffer, or one page (a header
+    /// that fits no bounce slot goes in a frag of its own, of at most a
+    /// page), less the format's prefix.
     TooLong {
         /// Header bytes given.
         len: usize,
-        /// The format's largest buffer.
+        /// The most header bytes the queue places.
         max: usize,
     },
     /// More header bytes than the engine copies to fill in what the
@@ -382,7 +384,7 @@ impl std::fmt::Display for HeaderFault {
             ),
             HeaderFault::TooLong { len, max } => write!(
                 f,
-                "{len} header bytes, more than one buffer of the format carries ({max})"
+                "{len} header bytes, more than one header buffer holds ({max})"
             ),
             HeaderFault::TooLongToPatch { len, max } => write!(
                 f,

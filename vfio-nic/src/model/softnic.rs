@@ -162,9 +162,11 @@ impl NicStats {
         self.frames += 1;
     }
 
-    /// `self - earlier`, field by field: the work done in between.
+    /// `self - earlier`, field by field: the work done in between. A
+    /// field that is smaller in `self` (the arguments swapped) gives 0:
+    /// the subtraction saturates.
     pub fn since(&self, earlier: &NicStats) -> NicStats {
-        self.zip(earlier, u64::wrapping_sub)
+        self.zip(earlier, u64::saturating_sub)
     }
 
     /// `self + other`, field by field (totals over queues).

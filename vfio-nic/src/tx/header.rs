@@ -21,6 +21,33 @@ pub(crate) fn l4_csum_offset(l4: L4) -> usize {
     }
 }
 
+/// The order of the chunks a header frag comes from (one page): where a
+/// packet's front goes when it does not fit a bounce slot, whole in one
+/// chunk.
+pub(super) const FRAG_ORDER: u32 = 0;
+
+/// The most header bytes a queue over format `F` places: the format's
+/// prefix and the headers go in one buffer, never split, which is a bounce
+/// slot or else a header frag of at most one chunk of [`FRAG_ORDER`], and
+/// no longer than the format's largest buffer.
+pub(super) fn max_headers<F: Format>() -> usize {
+    let frag = (pfrag::PAGE_SIZE as usize) << FRAG_ORDER;
+    frag.min(F::MAX_BUF).saturating_sub(F::PREFIX)
+}
+
+/// Refuses, before anything is posted, headers of `hlen` bytes longer than
+/// a queue over `F` places ([`max_headers`]).
+pub(super) fn check_placeable<F: Format>(hlen: usize, offload: Offload) -> Result<()> {
+    let max = max_headers::<F>();
+    if hlen > max {
+        return Err(Error::BadHeaders {
+            offload: offload.name(),
+            why: HeaderFault::TooLong { len: hlen, max },
+        });
+    }
+    Ok(())
+}
+
 /// The longest headers of an offloaded packet (Ethernet, IPv4 or IPv6 with
 /// options, TCP with options) that the engine patches in a copy.
 const MAX_PATCHED: usize = 256;
@@ -164,7 +191,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
 
     /// [`place_header`](Self::place_header) of the packet's front (the
-    /// format's prefix and its headers).
+    /// format's prefix and its headers), at most [`max_headers`] bytes of
+    /// headers ([`check_placeable`] refused longer ones): the header frag
+    /// of a front that fits no bounce slot fits one chunk.
     fn place_front(&mut self, idx: u16, front: [&[u8]; 2]) -> Result<(Iova, Hdr<M>)> {
         let mut fallback = false;
         if let Some(b) = self.bounce.as_mut() {

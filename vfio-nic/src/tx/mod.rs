@@ -54,6 +54,7 @@ mod config;
 mod detach;
 mod header;
 mod reap;
+mod room;
 mod send;
 mod split;
 
@@ -140,21 +141,27 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// `self - earlier`, field by field: the work done in between.
+    /// `self - earlier`, field by field: the work done in between. A
+    /// field that is smaller in `self` (the arguments swapped, or counters
+    /// of another queue) gives 0: the subtraction saturates.
     pub fn since(&self, earlier: &Stats) -> Stats {
         Stats {
-            packets: self.packets - earlier.packets,
-            bytes: self.bytes - earlier.bytes,
-            descs: self.descs - earlier.descs,
-            completed: self.completed - earlier.completed,
-            header_fallbacks: self.header_fallbacks - earlier.header_fallbacks,
-            mapped_headers: self.mapped_headers - earlier.mapped_headers,
-            ring_full: self.ring_full - earlier.ring_full,
-            unmap_errors: self.unmap_errors - earlier.unmap_errors,
-            mem_backoffs: self.mem_backoffs - earlier.mem_backoffs,
-            device_errors: self.device_errors - earlier.device_errors,
-            inline_packets: self.inline_packets - earlier.inline_packets,
-            contexts_skipped: self.contexts_skipped - earlier.contexts_skipped,
+            packets: self.packets.saturating_sub(earlier.packets),
+            bytes: self.bytes.saturating_sub(earlier.bytes),
+            descs: self.descs.saturating_sub(earlier.descs),
+            completed: self.completed.saturating_sub(earlier.completed),
+            header_fallbacks: self
+                .header_fallbacks
+                .saturating_sub(earlier.header_fallbacks),
+            mapped_headers: self.mapped_headers.saturating_sub(earlier.mapped_headers),
+            ring_full: self.ring_full.saturating_sub(earlier.ring_full),
+            unmap_errors: self.unmap_errors.saturating_sub(earlier.unmap_errors),
+            mem_backoffs: self.mem_backoffs.saturating_sub(earlier.mem_backoffs),
+            device_errors: self.device_errors.saturating_sub(earlier.device_errors),
+            inline_packets: self.inline_packets.saturating_sub(earlier.inline_packets),
+            contexts_skipped: self
+                .contexts_skipped
+                .saturating_sub(earlier.contexts_skipped),
         }
     }
 }
@@ -305,7 +312,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         )?;
         let hdr_pool = Pool::new(
             domain.clone(),
-            pool::Config::new(Order::new(0)?, Policy::PerFrag),
+            pool::Config::new(Order::new(header::FRAG_ORDER)?, Policy::PerFrag),
         )?;
         let bounce = match cfg.header {
             HeaderMode::Bounce(size) => Some(bounce::Ring::new(
@@ -400,22 +407,6 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// The settings.
     pub fn config(&self) -> &Config {
         &self.cfg
-    }
-
-    /// Descriptors a payload of `len` bytes is expected to need (context +
-    /// header + data), before its frags are known: the quick check that
-    /// refuses a full ring before allocating. [`send`](Self::send) counts
-    /// the exact number once the frags are known and refuses the packet if
-    /// that does not fit.
-    pub fn descs_needed(&self, len: usize) -> usize {
-        let chunk = self.cache.pool().chunk_size();
-        let per = chunk.min(Fmt::<D>::MAX_BUF);
-        let ctx = usize::from(Fmt::<D>::HAS_CONTEXT);
-        match self.cfg.boundary {
-            None => ctx + 1 + len.div_ceil(per) + 1,
-            // Each frag may start mid-boundary and cost one more split.
-            Some(b) => ctx + 1 + len.div_ceil(per.min(b)) + len.div_ceil(chunk) + 1,
-        }
     }
 
     /// Writes the descriptor the format encoded into `words` at `idx`.

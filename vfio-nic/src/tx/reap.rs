@@ -134,6 +134,16 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// reported one.
     /// Returns how many completed (their tokens are dropped; see
     /// [`reap_tokens`](Self::reap_tokens)).
+    ///
+    /// An error reading a report ([`Format::done`]) before any packet
+    /// completed in the call is returned, and nothing changed. One after
+    /// some completed ends the call with their count, each of them freed,
+    /// counted ([`Stats::completed`](super::Stats::completed)) and handed
+    /// over; the next reap reads that report again (and returns the error
+    /// if it persists). [`reap_tokens`](Self::reap_tokens) and
+    /// [`reap_completions`](Self::reap_completions) do the same;
+    /// [`wait`](Self::wait) reaps on, and returns the error once it comes
+    /// before any packet completed.
     pub fn reap(&mut self) -> Result<usize> {
         self.reap_with(|_| {})
     }
@@ -161,8 +171,14 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         while let Some(k) = self.pending.iter().position(|p| p.report) {
             let p = &self.pending[k];
             let ring = RingMem::new(&self.ring, self.cfg.ring);
-            let Some(status) = self.fmt.done(&ring, p.head, p.last)? else {
-                break;
+            let status = match self.fmt.done(&ring, p.head, p.last) {
+                Ok(Some(status)) => status,
+                Ok(None) => break,
+                // Packets already freed (their tokens handed over) are
+                // counted and their number returned; the packet whose
+                // status could not be read is asked about again next call.
+                Err(_) if n > 0 => break,
+                Err(e) => return Err(e),
             };
             if status != Status::Ok {
                 self.stats.device_errors += 1;

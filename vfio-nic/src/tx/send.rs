@@ -11,6 +11,7 @@ use pfrag::dma::DmaMapper;
 use pfrag::frag::Frag;
 use pfrag::Iova;
 
+use super::room::Need;
 use super::{header, pieces, Fmt, FmtContext, Hdr, Pending, Queue, MAX_DESC_WORDS};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
@@ -77,7 +78,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         // descriptor is needed.
         let nctx = ctx.descs();
         self.check_capacity(nctx + self.descs_at_least(len))?;
-        self.check_room(self.descs_needed(len) - 1 + nctx, nctx, Need::AtMost)?;
+        self.check_room(self.descs_at_most(len, nctx), nctx, Need::AtMost)?;
         // The cache may have been swapped for one over another domain
         // (`cache_mut`): its frags would name other memory here.
         if !Arc::ptr_eq(self.cache.pool().domain(), &self.domain) {
@@ -92,8 +93,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         }
         copy_into(&mut frags, parts);
         let r = self.post_frags(headers, ctx, pkt, &mut frags, token);
-        if r.is_err() {
-            self.cache.complete_burst(frags.drain(..)).ok();
+        // A refused packet's frags go back; an unmap that fails is counted
+        // (the pool keeps the memory out of use).
+        if r.is_err() && self.cache.complete_burst(frags.drain(..)).is_err() {
+            self.stats.unmap_errors += 1;
         }
         self.spare.push(frags);
         r
@@ -249,47 +252,6 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         r
     }
 
-    /// Whether a packet of `len` payload bytes with `offload` is expected to
-    /// fit the ring and the device's buffer limit: the check to make before
-    /// carving frags for a [`post`](Self::post), so that a full ring costs
-    /// no allocation ([`Error::RingFull`]: reap and retry). It counts a
-    /// context descriptor for any offload (the headers are not known
-    /// here); `post` counts the exact descriptors and checks again. A
-    /// packet whose estimate exceeds the whole ring passes once the ring is
-    /// empty, and `post` then tells whether it fits
-    /// ([`Error::PacketTooLarge`] if it never can).
-    pub fn room_for(&mut self, len: usize, offload: Offload) -> Result<()> {
-        let ctx = usize::from(Fmt::<D>::HAS_CONTEXT && offload != Offload::None);
-        // The device may hold the context already: at least no context.
-        self.check_capacity(self.descs_at_least(len))?;
-        self.check_room(self.descs_needed(len) - 1 + ctx, ctx, Need::AtMost)
-    }
-
-    /// Descriptors a payload of `len` bytes needs at least (header + data,
-    /// no context): no data descriptor carries more than a chunk,
-    /// the format's largest buffer or the boundary.
-    fn descs_at_least(&self, len: usize) -> usize {
-        let chunk = self.cache.pool().chunk_size();
-        let per = chunk
-            .min(Fmt::<D>::MAX_BUF)
-            .min(self.cfg.boundary.unwrap_or(usize::MAX));
-        1 + len.div_ceil(per)
-    }
-
-    /// Refuses a packet that needs at least `descs` descriptors if the
-    /// whole ring holds fewer: [`Error::PacketTooLarge`], before anything
-    /// is allocated.
-    fn check_capacity(&self, descs: usize) -> Result<()> {
-        let capacity = self.capacity();
-        if descs > capacity {
-            return Err(Error::PacketTooLarge {
-                needed: descs,
-                capacity,
-            });
-        }
-        Ok(())
-    }
-
     /// Frags for a payload of `len` bytes, appended to `out`: from the
     /// small payloads' cache up to the split ([`Config::split`](super::Config::split)), else from
     /// the queue's cache (fit-whole as the queue is configured). A memory
@@ -346,17 +308,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             return Err(unsupported());
         }
         // Headers go in one buffer (after the format's prefix), never
-        // split: the format must carry them whole.
-        let max = Fmt::<D>::MAX_BUF - Fmt::<D>::PREFIX.min(Fmt::<D>::MAX_BUF);
-        if headers.len() > max {
-            return Err(Error::BadHeaders {
-                offload: offload.name(),
-                why: crate::error::HeaderFault::TooLong {
-                    len: headers.len(),
-                    max,
-                },
-            });
-        }
+        // split: refused here if longer than the queue can place.
+        header::check_placeable::<Fmt<D>>(headers.len(), offload)?;
         header::check_patchable::<Fmt<D>>(headers.len(), offload)?;
         self.check_mtu(headers.len(), len, offload)?;
         Ok(layout)
@@ -372,38 +325,6 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         };
         if frame > max {
             return Err(Error::FrameTooLong { len: frame, max });
-        }
-        Ok(())
-    }
-
-    /// Whether `descs` descriptors, `ctx` of them context descriptors, fit
-    /// the device's buffer limit and the free part of the ring. `need` says
-    /// whether `descs` is the packet's exact count or an estimate made
-    /// before its frags are known.
-    ///
-    /// A packet that needs more than the whole ring is
-    /// [`Error::PacketTooLarge`], which a retry never mends: the exact
-    /// count says so here, a lower bound before allocating
-    /// ([`check_capacity`](Self::check_capacity)). An estimate past the
-    /// ring whose lower bound fits asks for an empty ring instead
-    /// ([`Error::RingFull`] until then), where the exact count decides.
-    fn check_room(&mut self, descs: usize, ctx: usize, need: Need) -> Result<()> {
-        let bufs = descs - ctx;
-        if bufs > self.cfg.max_bufs {
-            return Err(Error::TooManyBuffers {
-                needed: bufs,
-                max: self.cfg.max_bufs,
-            });
-        }
-        if need == Need::Exact {
-            self.check_capacity(descs)?;
-        }
-        if descs.min(self.capacity()) > self.free_descs() {
-            self.stats.ring_full += 1;
-            return Err(Error::RingFull {
-                needed: descs,
-                free: self.free_descs(),
-            });
         }
         Ok(())
     }
@@ -544,15 +465,6 @@ impl<C> Ctx<C> {
     fn descs(self) -> usize {
         usize::from(matches!(self, Ctx::Write(_)))
     }
-}
-
-/// How well a packet's descriptor count is known.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Need {
-    /// Counted from its frags.
-    Exact,
-    /// Estimated before its frags exist: the packet needs at most this.
-    AtMost,
 }
 
 /// Copies the gathered `parts` into `frags`, in order.

@@ -1,0 +1,170 @@
+//! A queue's counters stay true: packets freed by a reap that then fails
+//! are counted and returned (posted = completed + in flight), and
+//! `since` with its arguments swapped saturates at zero instead of
+//! panicking.
+
+mod common;
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use pfrag::dma::{DmaMapper, SoftIommu};
+use pfrag::Iova;
+use vfio_nic::device::TxDevice;
+use vfio_nic::format::igb::Advanced;
+use vfio_nic::format::{Buf, Format, Packet, RingMem, Status};
+use vfio_nic::model::softnic::{NicStats, SoftNic};
+use vfio_nic::offload::{Layout, Offload};
+use vfio_nic::{tx, Error};
+
+thread_local! {
+    /// How many more `done` calls succeed before one fails (`None`:
+    /// never). Per thread: each test drives its own queue.
+    static DONE_OK_LEFT: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+/// The 82576's format, whose `done` fails once as [`DONE_OK_LEFT`] says.
+#[derive(Clone, Copy, Debug, Default)]
+struct FailingDone;
+
+// SAFETY: every descriptor and status is Advanced's; `done` either fails
+// (having read nothing) or answers as Advanced does.
+unsafe impl Format for FailingDone {
+    const NAME: &'static str = "failing done";
+    const DESC_SIZE: usize = Advanced::DESC_SIZE;
+    const MAX_BUF: usize = Advanced::MAX_BUF;
+    const MAX_PAYLOAD: usize = Advanced::MAX_PAYLOAD;
+    const STATUS_OFFSET: usize = Advanced::STATUS_OFFSET;
+    const HAS_CONTEXT: bool = true;
+    const DEFERRED_REPORT: bool = true;
+    type Context = <Advanced as Format>::Context;
+    fn context(&self, l: &Layout, o: Offload) -> Self::Context {
+        Advanced.context(l, o)
+    }
+    fn write_context(&self, d: &mut [u64], c: &Self::Context) {
+        Advanced.write_context(d, c)
+    }
+    fn write_data(&self, d: &mut [u64], b: Buf, p: &Packet) {
+        Advanced.write_data(d, b, p)
+    }
+    fn ask_report(&self, d: &mut [u64]) {
+        Advanced.ask_report(d)
+    }
+    fn status(&self, w: u32) -> Option<Status> {
+        Advanced.status(w)
+    }
+    fn done<M: DmaMapper>(
+        &mut self,
+        ring: &RingMem<'_, M>,
+        head: u16,
+        last: u16,
+    ) -> vfio_nic::Result<Option<Status>> {
+        match DONE_OK_LEFT.get() {
+            Some(0) => {
+                DONE_OK_LEFT.set(None);
+                return Err(Error::NotAttached);
+            }
+            left => DONE_OK_LEFT.set(left.map(|n| n - 1)),
+        }
+        Advanced.done(ring, head, last)
+    }
+}
+
+type Soft = Arc<SoftIommu>;
+
+/// The software NIC (which reads the 82576's descriptors), declaring
+/// [`FailingDone`].
+struct Dev(SoftNic<Soft>);
+
+impl TxDevice for Dev {
+    type Format = FailingDone;
+    fn format(&self) -> FailingDone {
+        FailingDone
+    }
+    unsafe fn attach(&mut self, ring: Iova, len: u16) -> vfio_nic::Result<()> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.0.attach(ring, len) }
+    }
+    unsafe fn kick(&mut self, tail: u16) -> vfio_nic::Result<()> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.0.kick(tail) }
+    }
+}
+
+/// A queue reporting every packet, with three packets of one frag each
+/// posted (tokens 1, 2, 3) and handed to the device.
+fn three_sent() -> tx::Queue<Soft, Dev> {
+    let (domain, pool, nic) = common::capture_parts(0);
+    let cfg = tx::Config {
+        ring: 16,
+        report_every: 1,
+        ..tx::Config::default()
+    };
+    // SAFETY: the model translates through the IOMMU the domain maps
+    // through.
+    let mut q = unsafe { tx::Queue::new(domain, pool, Dev(nic), cfg) }.unwrap();
+    for t in 1..=3 {
+        q.send(&[0u8; 14], &[1u8; 300], Offload::None, t).unwrap();
+    }
+    q.kick().unwrap();
+    q
+}
+
+/// A reap whose report reading fails after some packets were freed
+/// returns their count, counts them as completed, and has handed over
+/// their tokens: posted = completed + in flight. The next reap reads the
+/// report again and frees the rest.
+#[test]
+fn a_reap_that_fails_after_freeing_packets_counts_and_returns_them() {
+    let mut q = three_sent();
+    // The first report is read, the second fails.
+    DONE_OK_LEFT.set(Some(1));
+    let mut out = Vec::new();
+    assert_eq!(q.reap_tokens(&mut out).unwrap(), 1);
+    assert_eq!(out, [1]);
+    let s = q.stats();
+    assert_eq!((s.completed, q.in_flight(), s.packets), (1, 2, 3));
+    assert_eq!(q.reap_tokens(&mut out).unwrap(), 2);
+    assert_eq!(out, [1, 2, 3]);
+    assert_eq!(q.stats().completed, 3);
+}
+
+/// A reap whose first report reading fails returns the error and changes
+/// nothing: no token, no count, every packet still in flight.
+#[test]
+fn a_reap_that_fails_before_freeing_anything_changes_nothing() {
+    let mut q = three_sent();
+    DONE_OK_LEFT.set(Some(0));
+    let mut out = Vec::new();
+    let r = q.reap_tokens(&mut out);
+    assert!(matches!(r, Err(Error::NotAttached)), "{r:?}");
+    assert!(out.is_empty());
+    assert_eq!((q.stats().completed, q.in_flight()), (0, 3));
+    assert_eq!(q.reap_tokens(&mut out).unwrap(), 3);
+    assert_eq!(out, [1, 2, 3]);
+}
+
+/// `tx::Stats::since` with the later counters as `earlier` gives zeros,
+/// not a panic (or, in a release build, wrapped numbers).
+#[test]
+fn queue_stats_since_with_the_arguments_swapped_is_zero() {
+    let mut q = common::capture_queue(0, tx::Config::default()).unwrap();
+    let before = q.stats();
+    q.send(&[0u8; 14], &[1u8; 300], Offload::None, 1).unwrap();
+    let after = q.stats();
+    assert_eq!(before.since(&after), tx::Stats::default());
+    assert_eq!(after.since(&before).packets, 1);
+}
+
+/// The software NIC's `NicStats::since` saturates the same way.
+#[test]
+fn nic_stats_since_with_the_arguments_swapped_is_zero() {
+    let mut q = common::capture_queue(0, tx::Config::default()).unwrap();
+    let before = q.device().stats();
+    q.send(&[0u8; 14], &[1u8; 300], Offload::None, 1).unwrap();
+    q.kick().unwrap();
+    q.wait(common::WAIT).unwrap();
+    let after = q.device().stats();
+    assert_eq!(before.since(&after), NicStats::default());
+    assert_eq!(after.since(&before).frames, 1);
+}
