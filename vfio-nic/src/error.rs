@@ -202,6 +202,17 @@ pub enum Error {
         /// The errno.
         errno: Option<i32>,
     },
+    /// `VFIO_IOMMU_GET_INFO` asked for a buffer larger than the driver
+    /// gives it, or kept asking for a larger one.
+    #[error("VFIO_IOMMU_GET_INFO asked for {need} bytes (at most {max} are given, in at most {tries} calls)")]
+    IommuInfoSize {
+        /// Bytes the kernel last asked for.
+        need: usize,
+        /// The most the driver gives.
+        max: usize,
+        /// Calls made.
+        tries: u32,
+    },
     /// A BAR that VFIO does not allow to mmap.
     #[error("BAR region {index} cannot be mmapped (region flags {flags:#x})")]
     BarNotMappable {

@@ -469,3 +469,40 @@ fn frames_longer_than_the_mtu_are_refused() {
     let r = unsafe { tx::Queue::new(domain, pool, nic, tiny) };
     assert!(matches!(r, Err(Error::BadConfig { value: 67, .. })));
 }
+
+/// `max_bufs` is bounded by the most buffers any device of the crate takes
+/// (`format::MAX_BUFS`, 64): above it a model would drop as malformed a
+/// packet the queue posted and then completed as sent. A queue refuses
+/// such a setting, with the value, and takes the bound itself.
+#[test]
+fn max_bufs_above_what_devices_take_is_refused() {
+    assert_eq!(vfio_nic::format::MAX_BUFS, 64);
+    for (max_bufs, ok) in [
+        (1, false),
+        (2, true),
+        (64, true),
+        (65, false),
+        (1000, false),
+    ] {
+        let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+        let domain = Arc::new(Domain::new(iommu.clone()));
+        let cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+        let pool = Pool::new(domain.clone(), cfg).unwrap();
+        let nic = SoftNic::new(iommu, softnic::Config::default());
+        let txc = tx::Config {
+            max_bufs,
+            ..tx::Config::default()
+        };
+        // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
+        let r = unsafe { tx::Queue::new(domain, pool, nic, txc) };
+        match r {
+            Ok(_) if ok => {}
+            Err(Error::BadConfig { what, value }) if !ok => {
+                assert_eq!(value, max_bufs as u64);
+                assert!(what.contains("max_bufs"), "{what}");
+            }
+            Err(e) => panic!("max_bufs {max_bufs}: {e}"),
+            Ok(_) => panic!("max_bufs {max_bufs} was taken"),
+        }
+    }
+}

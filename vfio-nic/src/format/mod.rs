@@ -23,6 +23,12 @@ use pfrag::Iova;
 use crate::error::Result;
 use crate::offload::{Layout, Offload};
 
+/// Most data buffers (descriptors, the header's included) one packet may
+/// chain, for every format and device of this crate: a device model counts
+/// a longer chain as malformed, so a queue refuses a
+/// [`max_bufs`](crate::tx::Config::max_bufs) above it.
+pub const MAX_BUFS: usize = 64;
+
 /// The queue's ring memory, as a format sees it beyond the descriptors it
 /// writes: the indices and rings of a format whose device reads more than
 /// a descriptor table (virtio's available and used rings), by byte offset

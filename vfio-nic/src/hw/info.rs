@@ -28,25 +28,47 @@ pub struct IommuInfo {
     pub dma_avail: Option<u32>,
 }
 
+/// Most bytes a `VFIO_IOMMU_GET_INFO` answer may take: room for 4096 IOVA
+/// ranges (as many as `IOMMU_IOAS_IOVA_RANGES` is given) and the rest.
+pub const MAX_INFO_BYTES: usize = 68 * 1024;
+
+/// Most calls [`iommu_info`] makes, the kernel asking for a larger buffer
+/// after each but the last.
+pub const MAX_INFO_TRIES: u32 = 4;
+
 /// Reads `VFIO_IOMMU_GET_INFO` of `container`, with its capability chain.
+/// [`Error::IommuInfoSize`] if the kernel asks for more than
+/// [`MAX_INFO_BYTES`], or still for more after [`MAX_INFO_TRIES`] calls.
 pub fn iommu_info(container: &VfioContainer) -> Result<IommuInfo> {
+    get_info(|buf| ioctl::iommu_get_info(container.as_raw_fd(), buf))
+}
+
+/// [`iommu_info`] over `ioctl`, which fills in the buffer it is given
+/// (whose first word holds its length, `argsz`) or returns the errno.
+fn get_info(mut ioctl: impl FnMut(&mut [u64]) -> Result<(), i32>) -> Result<IommuInfo> {
     let hdr = std::mem::size_of::<vfio_iommu_type1_info>();
     // u64 words keep the buffer 8-byte aligned, as the kernel's structs are.
-    let mut buf: Vec<u64> = vec![0; 512];
-    loop {
-        let argsz = (buf.len() * 8) as u32;
-        buf.iter_mut().for_each(|w| *w = 0);
-        buf[0] = u64::from(argsz);
-        ioctl::iommu_get_info(container.as_raw_fd(), &mut buf)
-            .map_err(|errno| Error::IommuInfo { errno: Some(errno) })?;
+    let mut words = 512;
+    let mut need = 0;
+    for _ in 0..MAX_INFO_TRIES {
+        let mut buf: Vec<u64> = vec![0; words];
+        buf[0] = (words * 8) as u64;
+        ioctl(&mut buf).map_err(|errno| Error::IommuInfo { errno: Some(errno) })?;
         let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let need = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
-        if need as usize > bytes.len() {
-            buf = vec![0; (need as usize).div_ceil(8)];
-            continue;
+        need = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
+        if need <= bytes.len() {
+            return Ok(parse_iommu_info(&bytes[..need.max(hdr)]));
         }
-        return Ok(parse_iommu_info(&bytes[..need.max(hdr as u32) as usize]));
+        if need > MAX_INFO_BYTES {
+            break;
+        }
+        words = need.div_ceil(8);
     }
+    Err(Error::IommuInfoSize {
+        need,
+        max: MAX_INFO_BYTES,
+        tries: MAX_INFO_TRIES,
+    })
 }
 
 fn le32(b: &[u8], off: usize) -> Option<u32> {
@@ -106,6 +128,62 @@ pub fn parse_iommu_info(b: &[u8]) -> IommuInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A kernel that asks for `argsz + 8` whatever it is given: the driver
+    /// gives up after [`MAX_INFO_TRIES`] calls with a typed error, never
+    /// looping or growing the buffer without bound.
+    #[test]
+    fn a_kernel_that_keeps_asking_for_more_is_an_error_after_a_few_calls() {
+        let mut calls = 0;
+        let r = get_info(|buf| {
+            calls += 1;
+            buf[0] += 8;
+            Ok(())
+        });
+        assert_eq!(calls, MAX_INFO_TRIES);
+        match r {
+            Err(Error::IommuInfoSize { need, max, tries }) => {
+                assert_eq!(
+                    (need, max, tries),
+                    (4096 + 3 * 8 + 8, MAX_INFO_BYTES, MAX_INFO_TRIES)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A kernel that asks for 4 GiB: refused at once, nothing allocated.
+    #[test]
+    fn an_answer_larger_than_the_cap_is_refused_without_allocating_it() {
+        let mut calls = 0;
+        let r = get_info(|buf| {
+            calls += 1;
+            buf[0] = u64::from(u32::MAX);
+            Ok(())
+        });
+        assert_eq!(calls, 1);
+        assert!(matches!(
+            r,
+            Err(Error::IommuInfoSize { need, .. }) if need == u32::MAX as usize
+        ));
+    }
+
+    /// An answer that fits after one larger buffer is parsed.
+    #[test]
+    fn a_larger_answer_is_read_with_the_buffer_the_kernel_asked_for() {
+        let mut calls = 0;
+        let info = get_info(|buf| {
+            calls += 1;
+            if buf.len() * 8 < 8192 {
+                buf[0] = 8192;
+            } else {
+                buf[1] = 1 << 12; // iova_pgsizes
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((calls, info.page_sizes), (2, 1 << 12));
+    }
 
     fn push32(v: &mut Vec<u8>, x: u32) {
         v.extend_from_slice(&x.to_le_bytes());

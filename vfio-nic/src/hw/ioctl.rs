@@ -18,7 +18,8 @@ use iommufd_bindings::{
 use iommufd_ioctls::{IommuFd, IommufdError};
 
 use vfio_bindings::bindings::vfio::{
-    vfio_iommu_type1_dma_map, VFIO_BASE, VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE, VFIO_TYPE,
+    vfio_iommu_type1_dma_map, vfio_iommu_type1_info, VFIO_BASE, VFIO_DMA_MAP_FLAG_READ,
+    VFIO_DMA_MAP_FLAG_WRITE, VFIO_TYPE,
 };
 
 /// `VFIO_IOMMU_GET_INFO`: `_IO(VFIO_TYPE, VFIO_BASE + 12)`.
@@ -168,13 +169,18 @@ fn last_errno() -> i32 {
 
 /// `VFIO_IOMMU_GET_INFO` on `container` into `buf`, whose first word's low
 /// half must hold `argsz` (its length in bytes). Returns the errno on
-/// failure.
+/// failure: `EINVAL`, without a call, for an `argsz` shorter than the
+/// kernel's struct or longer than `buf`.
 pub(crate) fn iommu_get_info(container: RawFd, buf: &mut [u64]) -> Result<(), i32> {
-    debug_assert!(u64::from(buf.first().map_or(0, |w| *w as u32)) <= (buf.len() * 8) as u64);
+    let argsz = buf.first().map_or(0, |w| *w as u32) as usize;
+    let min = std::mem::size_of::<vfio_iommu_type1_info>();
+    if argsz < min || argsz > std::mem::size_of_val(buf) {
+        return Err(libc::EINVAL);
+    }
     // SAFETY: the ioctl number is VFIO_IOMMU_GET_INFO, whose argument is a
     // vfio_iommu_type1_info of `argsz` bytes that the kernel fills in and
-    // never writes past; `buf` holds at least that many bytes (the caller
-    // wrote argsz from its length), aligned to 8 as the kernel's structs.
+    // never writes past; `buf` holds at least that many bytes (checked
+    // above), aligned to 8 as the kernel's structs.
     let ret = unsafe { libc::ioctl(container, VFIO_IOMMU_GET_INFO as _, buf.as_mut_ptr()) };
     if ret == 0 {
         Ok(())
@@ -238,6 +244,21 @@ mod tests {
         assert_eq!(Access::Read.ioas_flags(), 1 | 4);
         assert_eq!(Access::Write.ioas_flags(), 1 | 2);
         assert_eq!(Access::ReadWrite.ioas_flags(), 1 | 2 | 4);
+    }
+
+    /// A safe call never lets the kernel write past its buffer: an
+    /// `argsz` longer than the buffer (or shorter than the kernel's
+    /// struct) is `EINVAL` before any ioctl (which, on fd -1, would be
+    /// `EBADF`).
+    #[test]
+    fn iommu_get_info_refuses_an_argsz_its_buffer_cannot_hold() {
+        let mut buf = vec![0u64; 4];
+        buf[0] = 4096;
+        assert_eq!(iommu_get_info(-1, &mut buf), Err(libc::EINVAL));
+        buf[0] = 8;
+        assert_eq!(iommu_get_info(-1, &mut buf), Err(libc::EINVAL));
+        buf[0] = 32;
+        assert_eq!(iommu_get_info(-1, &mut buf), Err(libc::EBADF));
     }
 
     #[test]

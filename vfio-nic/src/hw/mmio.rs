@@ -38,7 +38,17 @@ impl std::fmt::Debug for Bar {
 impl Bar {
     /// Maps `len` bytes of the device file `fd` at `offset` (the VFIO
     /// region's offset), shared, readable and writable.
-    pub fn map(fd: RawFd, offset: u64, len: u64) -> Result<Bar> {
+    ///
+    /// Crate-private and `unsafe`: [`Bar::load`] and [`Bar::read`] are safe
+    /// volatile reads of the mapping, so the mapping must be one whose
+    /// every byte can be read. A mapping past the end of an ordinary file
+    /// (or of one another process truncates) would make such a read raise
+    /// `SIGBUS`.
+    ///
+    /// # Safety
+    /// `fd` is a VFIO device file descriptor, and `offset..offset + len`
+    /// is one of its regions that VFIO offers to mmap (flag `MMAP`), whole.
+    pub(crate) unsafe fn map(fd: RawFd, offset: u64, len: u64) -> Result<Bar> {
         let n = usize::try_from(len).map_err(|_| Error::BadConfig {
             what: "BAR length",
             value: len,

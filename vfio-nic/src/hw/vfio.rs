@@ -237,7 +237,7 @@ impl VfioPci {
 
     /// The type1 container (the IOMMU domain of the device), if it was
     /// opened with [`open`](Self::open).
-    pub fn container(&self) -> Option<&Arc<VfioContainer>> {
+    pub(crate) fn container(&self) -> Option<&Arc<VfioContainer>> {
         match &self.backend {
             Backend::Type1(c) => Some(c),
             Backend::Iommufd(_) => None,
@@ -246,7 +246,7 @@ impl VfioPci {
 
     /// The iommufd and IOAS of the device, if it was opened with
     /// [`open_iommufd`](Self::open_iommufd).
-    pub fn iommufd(&self) -> Option<&Arc<VfioIommufd>> {
+    pub(crate) fn iommufd(&self) -> Option<&Arc<VfioIommufd>> {
         match &self.backend {
             Backend::Iommufd(i) => Some(i),
             Backend::Type1(_) => None,
@@ -314,7 +314,9 @@ fn map_bars(device: &VfioDevice) -> Vec<BarSlot> {
             if flags & VFIO_REGION_INFO_FLAG_MMAP == 0 || len == 0 {
                 return BarSlot::NotMappable;
             }
-            match Bar::map(device.as_raw_fd(), offset, len) {
+            // SAFETY: the fd is the VFIO device's, and `offset..offset +
+            // len` is its region `idx` whole, which VFIO offers to mmap.
+            match unsafe { Bar::map(device.as_raw_fd(), offset, len) } {
                 Ok(b) => BarSlot::Mapped(b),
                 Err(e) => BarSlot::Failed {
                     offset,

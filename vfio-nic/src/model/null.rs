@@ -55,6 +55,13 @@ impl<T: Translate> NullNic<T> {
         }
     }
 
+    /// Forgets the packet being gathered (it will never be sent).
+    fn forget_packet(&mut self) {
+        self.cur = (0, 0, false);
+        self.bufs = 0;
+        self.offloaded = None;
+    }
+
     /// Translates every page of a buffer for reading, touching nothing.
     fn translate(&self, iova: Iova, len: usize) -> Result<u64, Fault> {
         let mut off = 0u64;
@@ -135,7 +142,14 @@ impl<T: Translate> TxDevice for NullNic<T> {
     }
 
     unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
-        self.ring.attach(ring, len)
+        self.ring.attach(ring, len)?;
+        self.forget_packet();
+        Ok(())
+    }
+
+    fn detach(&mut self) -> Result<()> {
+        self.forget_packet();
+        Ok(())
     }
 
     fn head(&mut self) -> Option<u16> {
@@ -154,6 +168,14 @@ impl<T: Translate> TxDevice for NullNic<T> {
                 // A run lies in one page (`next_run`): its every
                 // descriptor is lost, as each would be alone.
                 self.stats.faults += n as u64;
+                // One of them may have been the next or last descriptor of
+                // the packet being gathered: that packet is lost (dropped
+                // as faulted), and the next starts afresh.
+                if self.bufs > 0 {
+                    self.stats.packets += 1;
+                    self.stats.faults += 1;
+                }
+                self.forget_packet();
                 continue;
             }
             for (i, w) in run.iter().enumerate() {

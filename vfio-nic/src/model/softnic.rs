@@ -205,9 +205,9 @@ pub fn wire_bytes(frames: u64, hlen: usize, paylen: usize) -> u64 {
     (paylen as u64 + frames * (hlen as u64 + 4)).max(frames * 64)
 }
 
-/// Most data buffers one packet may chain (the TX queue's default
-/// `max_bufs`); a longer chain is a malformed packet.
-pub const MAX_BUFS: usize = 64;
+/// Most data buffers one packet may chain ([`format::MAX_BUFS`](crate::format::MAX_BUFS),
+/// the TX queue's bound on `max_bufs`); a longer chain is a malformed packet.
+pub const MAX_BUFS: usize = crate::format::MAX_BUFS;
 
 /// The software NIC.
 pub struct SoftNic<T: Translate> {
@@ -265,7 +265,8 @@ impl<T: Translate> SoftNic<T> {
     }
 
     /// Drops a packet whose descriptors came without their end (`EOP`):
-    /// its buffers belong to a ring the device no longer uses.
+    /// its buffers belong to a ring the device no longer uses, or one of
+    /// its descriptors could not be read.
     fn forget_packet(&mut self) {
         self.bufs.clear();
         self.first = None;
@@ -543,12 +544,14 @@ impl<T: Translate> TxDevice for SoftNic<T> {
             self.stats.descs += 1;
             // SAFETY: `at` lies between the head and `tail`: our caller
             // handed this descriptor to the device.
-            let words = match unsafe { read_desc(&self.iommu, at) } {
-                Ok(w) => w,
-                Err(_) => {
-                    self.stats.faults += 1;
-                    continue;
-                }
+            let Ok(words) = (unsafe { read_desc(&self.iommu, at) }) else {
+                // A descriptor that cannot be read may have been the
+                // packet's next or last one: the packet being gathered is
+                // lost (dropped as faulted), and the next starts afresh.
+                self.stats.faults += 1 + u64::from(!self.bufs.is_empty());
+                self.stats.packets += u64::from(!self.bufs.is_empty());
+                self.forget_packet();
+                continue;
             };
             match Desc::decode(words) {
                 Desc::Context(c) => self.ctx = c,

@@ -61,7 +61,8 @@ pub struct Config {
     /// Ask the frag cache to fit each payload whole in one chunk. Default
     /// on ([`Config::DEFAULT_FIT_WHOLE`]).
     pub fit_whole: bool,
-    /// Most data buffers per packet the device accepts. Default 64
+    /// Most data buffers per packet the device accepts: 2 to
+    /// [`format::MAX_BUFS`](crate::format::MAX_BUFS) (64). Default 64
     /// ([`Config::DEFAULT_MAX_BUFS`]).
     pub max_bufs: usize,
     /// If set (a power of two), no data descriptor crosses a multiple of
@@ -112,8 +113,9 @@ impl Config {
     pub const DEFAULT_HEADER: HeaderMode = HeaderMode::Bounce(SlotSize::B128);
     /// Payloads are fit whole into one chunk by default.
     pub const DEFAULT_FIT_WHOLE: bool = true;
-    /// The default most data buffers per packet: 64.
-    pub const DEFAULT_MAX_BUFS: usize = 64;
+    /// The default most data buffers per packet: 64, the most any device
+    /// takes ([`format::MAX_BUFS`](crate::format::MAX_BUFS)).
+    pub const DEFAULT_MAX_BUFS: usize = crate::format::MAX_BUFS;
     /// The default MTU: 1500 bytes, Ethernet's.
     pub const DEFAULT_MTU: u16 = 1500;
     /// The smallest MTU a queue accepts: 68 bytes, IPv4's minimum.
@@ -175,8 +177,10 @@ pub(super) fn check_config(cfg: &Config) -> Result<()> {
     if cfg.ring < 8 || cfg.ring > 4096 || !cfg.ring.is_multiple_of(8) {
         return bad("ring (multiple of 8, 8..=4096)", u64::from(cfg.ring));
     }
-    if cfg.max_bufs < 2 {
-        return bad("max_bufs (at least 2)", cfg.max_bufs as u64);
+    // The text names the bound: a compile-time check below keeps it true.
+    const _: () = assert!(crate::format::MAX_BUFS == 64);
+    if cfg.max_bufs < 2 || cfg.max_bufs > crate::format::MAX_BUFS {
+        return bad("max_bufs (2..=64)", cfg.max_bufs as u64);
     }
     if cfg.report_every == 0 {
         return bad("report_every (at least 1)", 0);

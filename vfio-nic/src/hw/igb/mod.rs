@@ -364,6 +364,17 @@ impl<R: Regs> Igb<R> {
         self.reg(MARK_REG, value)
     }
 
+    /// Waits, bounded by the enable timeout, until the queue control
+    /// register `r` reads its enable bit `enable` clear (a queue finishes
+    /// what it is doing before it stops); [`Error::DeviceTimeout`] naming
+    /// `what` if it does not.
+    fn wait_stopped(&self, what: &'static str, r: Reg, enable: u32) -> Result<()> {
+        wait_for(what, self.cfg.enable_timeout, || {
+            Ok(self.read(r)? & enable == 0)
+        })?;
+        Ok(())
+    }
+
     /// The VFIO device.
     pub fn regs(&self) -> &R {
         &self.dev
@@ -422,9 +433,14 @@ impl<R: Regs> TxDevice for Igb<R> {
         self.reg(regs::tdt(0), u32::from(tail))
     }
 
+    /// Turns the transmitter off and waits (bounded by the enable
+    /// timeout) until the queue's enable bit reads 0: the device no longer
+    /// reads the ring. [`Error::DeviceTimeout`] if it does not, and the
+    /// queue stays attached.
     fn detach(&mut self) -> Result<()> {
         self.reg(regs::TCTL, 0)?;
         self.reg(regs::txdctl(0), 0)?;
+        self.wait_stopped("TX queue disable", regs::txdctl(0), Txdctl::ENABLE.bits())?;
         self.ring_len = None;
         Ok(())
     }
@@ -440,6 +456,7 @@ impl<R: Regs> Drop for Igb<R> {
         // are unmapped and freed.
         let _ = self.reg(regs::TCTL, 0);
         let _ = self.reg(regs::txdctl(0), 0);
+        let _ = self.wait_stopped("TX queue disable", regs::txdctl(0), Txdctl::ENABLE.bits());
         let _ = self.stop_rx();
     }
 }

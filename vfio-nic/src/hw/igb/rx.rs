@@ -167,9 +167,12 @@ impl<R: Regs> Igb<R> {
         self.reg(regs::rdt(0), u32::from(tail))
     }
 
-    /// Turns the receiver (and loopback) off.
+    /// Turns the receiver (and loopback) off and waits (bounded by the
+    /// enable timeout) until the queue's enable bit reads 0: the device
+    /// no longer writes the ring. [`Error::DeviceTimeout`] if it does not.
     pub fn stop_rx(&self) -> Result<()> {
         self.reg(regs::RCTL, 0)?;
-        self.reg(regs::rxdctl(0), 0)
+        self.reg(regs::rxdctl(0), 0)?;
+        self.wait_stopped("RX queue disable", regs::rxdctl(0), Rxdctl::ENABLE.bits())
     }
 }

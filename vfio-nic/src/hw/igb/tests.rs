@@ -11,14 +11,22 @@ use std::collections::HashMap;
 
 /// An in-memory 82576: registers in a map, with the few behaviours
 /// bring-up waits for (reset self-clears, link follows SLU, MDIC
-/// completes, a queue enable reads back).
+/// completes, a queue enable reads back) and a queue disable that takes
+/// `disable_reads` reads of the queue's control register to read back
+/// (`u32::MAX`: never), as a queue finishing its work.
 #[derive(Debug, Default)]
 struct Fake {
     regs: RefCell<HashMap<u32, u32>>,
     writes: RefCell<Vec<(u32, u32)>>,
     no_link: bool,
     mdic_error: bool,
+    disable_reads: u32,
+    /// Queue control registers being disabled: reads left until they are.
+    stopping: RefCell<HashMap<u32, u32>>,
 }
+
+/// The enable bit of TXDCTL and RXDCTL.
+const QUEUE_ENABLE: u32 = 1 << 25;
 
 impl Fake {
     fn get(&self, r: Reg) -> u32 {
@@ -28,10 +36,30 @@ impl Fake {
 
 impl Regs for Fake {
     fn read(&self, r: Reg) -> Result<u32> {
+        let mut stopping = self.stopping.borrow_mut();
+        if let Some(left) = stopping.get_mut(&r.offset()) {
+            if *left != u32::MAX {
+                *left -= 1;
+            }
+            if *left == 0 {
+                stopping.remove(&r.offset());
+                let v = self.get(r) & !QUEUE_ENABLE;
+                self.regs.borrow_mut().insert(r.offset(), v);
+            }
+        }
         Ok(self.get(r))
     }
     unsafe fn write(&self, r: Reg, v: u32) -> Result<()> {
         self.writes.borrow_mut().push((r.offset(), v));
+        let queue = r == txdctl(0) || r == rxdctl(0);
+        let enabled = self.get(r) & QUEUE_ENABLE != 0;
+        if queue && v & QUEUE_ENABLE == 0 && enabled && self.disable_reads > 0 {
+            self.stopping
+                .borrow_mut()
+                .insert(r.offset(), self.disable_reads);
+            self.regs.borrow_mut().insert(r.offset(), v | QUEUE_ENABLE);
+            return Ok(());
+        }
         let stored = match r {
             CTRL => {
                 if v & Ctrl::SLU.bits() != 0 && !self.no_link {
@@ -147,4 +175,72 @@ fn queue_registers_follow_the_datasheet_layout() {
     assert_eq!(srrctl(0).offset(), 0xC00C);
     assert_eq!(rdt(0).offset(), 0xC018);
     assert_eq!(rxdctl(0).offset(), 0xC028);
+}
+
+/// Detach stops the TX queue before it returns: it waits until the
+/// queue's enable bit reads 0 (the device no longer reads the ring, which
+/// the caller may free next).
+#[test]
+fn detach_waits_until_the_tx_queue_reads_disabled() {
+    let fake = Fake {
+        disable_reads: 3,
+        ..Fake::default()
+    };
+    let mut nic = Igb::new(fake, quick()).unwrap();
+    // SAFETY: the registers are a fake: no device reads a ring.
+    unsafe { nic.attach(Iova(0x1000), 64) }.unwrap();
+    nic.detach().unwrap();
+    assert_eq!(nic.regs().get(txdctl(0)) & Txdctl::ENABLE.bits(), 0);
+    assert!(nic.regs().stopping.borrow().is_empty());
+}
+
+/// A TX queue that does not stop is a timeout naming the step, and the
+/// queue stays attached (a failed detach leaves the state as it was).
+#[test]
+fn a_tx_queue_that_does_not_stop_is_a_detach_timeout() {
+    let fake = Fake {
+        disable_reads: u32::MAX,
+        ..Fake::default()
+    };
+    let mut nic = Igb::new(fake, quick()).unwrap();
+    // SAFETY: the registers are a fake: no device reads a ring.
+    unsafe { nic.attach(Iova(0x1000), 64) }.unwrap();
+    match nic.detach() {
+        Err(Error::DeviceTimeout { what, waited_ms }) => {
+            assert_eq!(what, "TX queue disable");
+            assert!(waited_ms >= 20);
+        }
+        other => panic!("{other:?}"),
+    }
+    // SAFETY: as above.
+    unsafe { nic.kick(1) }.expect("still attached");
+}
+
+/// Stopping RX waits until the RX queue reads disabled, and one that does
+/// not stop is a timeout naming the step.
+#[test]
+fn stop_rx_waits_until_the_rx_queue_reads_disabled() {
+    use pfrag::dma::{SoftIommu, SoftIommuConfig};
+    let d = Arc::new(Domain::new(
+        SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+    ));
+    let rx = RxRing::new(d, 32).unwrap();
+    for (reads, stops) in [(3, true), (u32::MAX, false)] {
+        let fake = Fake {
+            disable_reads: reads,
+            ..Fake::default()
+        };
+        let mut nic = Igb::new(fake, quick()).unwrap();
+        // SAFETY: the registers are a fake: no device writes anything.
+        unsafe { nic.start_rx(&rx, true) }.unwrap();
+        match nic.stop_rx() {
+            Ok(()) if stops => {
+                assert_eq!(nic.regs().get(rxdctl(0)) & Rxdctl::ENABLE.bits(), 0);
+            }
+            Err(Error::DeviceTimeout { what, .. }) if !stops => {
+                assert_eq!(what, "RX queue disable");
+            }
+            other => panic!("{reads} reads: {other:?}"),
+        }
+    }
 }

@@ -451,20 +451,31 @@ impl Engine {
     /// notifications back on, stays so). An available index the ring
     /// cannot hold, or an entry that cannot be read, is an error rather
     /// than a loop that never ends.
+    ///
+    /// One empty pass is no sign of a broken ring: a doorbell may come
+    /// after the pass before it took its chains (a device thread serves
+    /// doorbells late), so a pass finds nothing new, and the driver may
+    /// publish between that pass's read of the available index and
+    /// `enable_notification`'s re-read. The pass after that one starts
+    /// after an index read that showed more: if it takes nothing either,
+    /// the entries it was shown cannot be read, and that is the error.
     fn drain<M: GuestMemory>(&mut self, q: &mut Queue, mem: &M) -> Result<()> {
+        let size = q.size();
+        let mut empty = 0u32;
         loop {
             q.disable_notification(mem).map_err(Error::Virtqueue)?;
             let mut taken = 0u32;
             while let Some(chain) = q.iter(mem).map_err(Error::Virtqueue)?.next() {
                 let head = chain.head_index();
-                self.take(mem, chain);
+                self.take(mem, chain, size);
                 q.add_used(mem, head, 0).map_err(Error::Virtqueue)?;
                 taken += 1;
             }
             if !q.enable_notification(mem).map_err(Error::Virtqueue)? {
                 return Ok(());
             }
-            if taken == 0 {
+            empty = if taken == 0 { empty + 1 } else { 0 };
+            if empty == 2 {
                 return Err(Error::AvailUnreadable {
                     next_avail: q.next_avail(),
                 });
@@ -472,19 +483,35 @@ impl Engine {
         }
     }
 
-    /// Sends one chain (counted as malformed if a buffer is device-written
-    /// or the chain is longer than a packet may be).
-    fn take<M: GuestMemory>(&mut self, mem: &M, chain: DescriptorChain<&M>) {
+    /// Sends one chain of a table of `size` descriptors (counted as
+    /// malformed if a buffer is device-written or the chain is longer than
+    /// a packet may be).
+    ///
+    /// A chain cut short, whose last descriptor read names a next one, is
+    /// dropped, never sent as a shorter packet: as a fault if that next
+    /// descriptor lies in the table (it could not be read), as malformed
+    /// otherwise (it lies outside, or the chain loops).
+    fn take<M: GuestMemory>(&mut self, mem: &M, chain: DescriptorChain<&M>, size: u16) {
         self.bufs.clear();
         let mut ok = true;
+        let (mut n, mut cut) = (0usize, None);
         for d in chain {
             self.stats.descs += 1;
+            n += 1;
+            cut = d.has_next().then(|| d.next());
             ok &= !d.is_write_only() && self.bufs.len() < MAX_BUFS;
             if self.bufs.len() < MAX_BUFS {
                 self.bufs.push((Iova(d.addr().0), d.len() as usize));
             }
         }
-        if ok {
+        if let Some(next) = cut.filter(|_| ok) {
+            self.stats.packets += 1;
+            if next < size && n < usize::from(size) {
+                self.stats.faults += 1;
+            } else {
+                self.stats.bad_desc += 1;
+            }
+        } else if ok {
             self.process(mem);
         } else {
             self.stats.packets += 1;
