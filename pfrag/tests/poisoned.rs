@@ -1,9 +1,9 @@
 //! Regressions for the frag cache's carving rule under `PerFrag`: a frag's
 //! own mapping covers whole pages, which the next frag may share, so the
 //! cache carves a chunk no further once an unmap of one of its frags failed
-//! (memory whose unmap failed is never handed out again) or waits for a
-//! lazy flush (memory is reused only after the unmap and the invalidation
-//! covering it completed).
+//! (memory whose unmap failed is never handed out again), and skips to a
+//! fresh page once one was deferred to a lazy flush (memory is reused only
+//! after the unmap and the invalidation covering it completed).
 
 use std::sync::Arc;
 
@@ -104,9 +104,10 @@ fn per_frag_bulk_undo_failure_never_rehands_the_stuck_bytes() {
 /// Memory is reused only after the unmap and the invalidation covering it
 /// completed: under lazy invalidation a `PerFrag` frag's unmap is
 /// deferred and its IOTLB entry stays until the flush; the cache used to
-/// hand out the next frag in that page before any flush. Now it moves to
-/// another chunk, parks the old one until the flush, and counts the
-/// chunk's untouched rest as waste.
+/// hand out the next frag in that page before any flush. Now it skips to
+/// the next page, here the end of a one-page chunk: it moves to another
+/// chunk, parks the old one until the flush, and counts the chunk's
+/// untouched rest as waste.
 #[test]
 fn per_frag_lazy_unmap_moves_the_cache_on_until_the_flush() {
     let m = Arc::new(
@@ -165,4 +166,47 @@ fn per_frag_strict_unmaps_keep_carving_one_chunk() {
     let st = c.stats();
     assert_eq!(st.chunks_taken, 1);
     assert!(st.reused_in_place >= 1);
+}
+
+/// Under lazy invalidation a deferred unmap costs the cache the rest of a
+/// page, not of a chunk: frags sent and completed one at a time from a
+/// `PerFrag` pool of 64 KiB chunks each start a fresh page (never one a
+/// translation still waiting for its flush reaches), and the pool grows by
+/// about a page per frag until the flush queue fills and flushes, not by a
+/// chunk per frag.
+#[test]
+fn per_frag_lazy_unmaps_skip_a_page_not_a_chunk() {
+    let m = Arc::new(
+        SoftIommu::new(SoftIommuConfig {
+            invalidation: Invalidation::Lazy,
+            flush_queue: 256,
+            ..SoftIommuConfig::default()
+        })
+        .unwrap(),
+    );
+    let d = Arc::new(Domain::new(m.clone()));
+    let mut cfg = pool::Config::new(Order::new(4).unwrap(), Policy::PerFrag);
+    cfg.grow_batch = 1;
+    let mut c = FragCache::new(Pool::new(d, cfg).unwrap());
+    let n = if cfg!(miri) { 40 } else { 2000 };
+    let mut last_page = None;
+    for _ in 0..n {
+        let f = c.refill(64, true).unwrap();
+        let page = page_of(f.addr().raw());
+        assert_ne!(
+            Some(page),
+            last_page,
+            "a frag in the page of a deferred unmap"
+        );
+        last_page = Some(page);
+        c.complete(f).unwrap();
+    }
+    let st = c.stats();
+    // Sixteen pages a chunk: one chunk per 16 frags at most.
+    assert!(
+        st.chunks_taken <= n / 16 + 1,
+        "{} chunks for {n} frags",
+        st.chunks_taken
+    );
+    assert_eq!(st.bytes, 64 * n);
 }

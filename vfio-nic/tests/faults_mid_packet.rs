@@ -7,10 +7,14 @@
 //! packet (dropped, counted as a fault), and the packet after it starts
 //! afresh: it is neither glued to the lost one nor dropped with it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pfrag::dma::{Dir, DmaMapper, Domain, Mapping, SoftIommu, SoftIommuConfig};
+use pfrag::dma::{
+    Dir, DmaMapper, Domain, Fault, Hold, Mapping, SoftIommu, SoftIommuConfig, Translate,
+    Translation,
+};
 use pfrag::mem::Region;
 use pfrag::Iova;
 use vfio_nic::desc::{Data, Dcmd, Desc, Popts};
@@ -75,7 +79,7 @@ fn data(base: Iova, len: u16, paylen: u32, end: bool) -> Desc {
 fn null_nic_drops_a_packet_whose_end_faulted_and_delivers_the_next() {
     let (mem, iommu, base) = half_mapped_ring();
     let p = mem.addr().0 as *mut u8;
-    put(p, 254, data(base, 1000, 0, false));
+    put(p, 254, data(base, 1000, 3000, false));
     put(p, 255, data(base, 1000, 0, false));
     let mut nic = NullNic::new(iommu.clone());
     // SAFETY: the ring lies at `base`; only the model reads it.
@@ -85,7 +89,7 @@ fn null_nic_drops_a_packet_whose_end_faulted_and_delivers_the_next() {
     unsafe { nic.kick(256) }.unwrap();
     let before = nic.counters();
     // Second doorbell: 256..512 (faults), the wrap, then B.
-    put(p, 0, data(base, 60, 0, false));
+    put(p, 0, data(base, 60, 100, false));
     put(p, 1, data(base, 40, 0, true));
     // SAFETY: as above.
     unsafe { nic.kick(2) }.unwrap();
@@ -123,6 +127,103 @@ fn softnic_drops_a_packet_whose_end_faulted_and_sends_the_next() {
     let st = nic.stats().since(&before);
     assert_eq!(st.faults, 256 + 1, "{st:?}");
     assert_eq!((st.packets, st.bad_desc), (2, 0), "{st:?}");
+    assert_eq!((st.frames, st.delivered_bytes), (1, 100), "{st:?}");
+    assert_eq!(nic.take_frames().len(), 1);
+}
+
+/// Forwards to a software IOMMU, but the first device read that covers
+/// `bad` faults: a descriptor that could not be read once.
+struct OneBadRead {
+    inner: Arc<SoftIommu>,
+    bad: Iova,
+    armed: AtomicBool,
+}
+
+// SAFETY: every call is the inner IOMMU's, or a fault that touches nothing.
+unsafe impl Translate for OneBadRead {
+    fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
+        self.inner.translate(iova, access)
+    }
+    unsafe fn hold(&self) -> Hold<'_> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.hold() }
+    }
+    unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault> {
+        let hit = iova.raw() <= self.bad.raw() && self.bad.raw() < iova.raw() + len as u64;
+        if hit && self.armed.swap(false, Ordering::Relaxed) {
+            return Err(Fault {
+                iova: self.bad,
+                access: Dir::TO_DEVICE,
+            });
+        }
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.read(iova, len, f) }
+    }
+    unsafe fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.write(iova, src) }
+    }
+    unsafe fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.write_u32(iova, v) }
+    }
+}
+
+/// A ring of 8 descriptors in one mapped page (which doubles as buffer
+/// memory), read through a translation whose first read of descriptor 1
+/// faults. Packet A is descriptors 0 (first, PAYLEN 1100), 1 (lost) and
+/// 2 (its end); packet B is descriptor 3 alone (100 bytes).
+fn middle_fault() -> (Region, Arc<OneBadRead>, Iova) {
+    let (mem, iommu, base) = half_mapped_ring();
+    let p = mem.addr().0 as *mut u8;
+    put(p, 0, data(base, 60, 1100, false));
+    put(p, 1, data(base, 1000, 0, false));
+    put(p, 2, data(base, 40, 0, true));
+    put(p, 3, data(base, 100, 100, true));
+    let t = Arc::new(OneBadRead {
+        inner: iommu,
+        bad: Iova(base.raw() + 16),
+        armed: AtomicBool::new(true),
+    });
+    (mem, t, base)
+}
+
+/// Null device: when a descriptor in the middle of a packet cannot be
+/// read, the readable rest of that packet (its last buffer) is not
+/// delivered as a packet of its own; the next packet is.
+#[test]
+fn null_nic_never_delivers_the_tail_of_a_packet_whose_middle_faulted() {
+    let (_mem, t, base) = middle_fault();
+    let mut nic = NullNic::new(t.clone());
+    // SAFETY: the ring lies at `base`; only the model reads it.
+    unsafe { nic.attach(base, 8) }.unwrap();
+    // One doorbell per descriptor, so that only descriptor 1's read faults.
+    for tail in 1..=4 {
+        // SAFETY: as above.
+        unsafe { nic.kick(tail) }.unwrap();
+    }
+    let st = nic.counters();
+    assert_eq!((st.frames, st.delivered_bytes), (1, 100), "{st:?}");
+    assert_eq!(st.packets, 2, "A lost, B sent: {st:?}");
+}
+
+/// Software NIC: the same ring, read in one doorbell per descriptor.
+#[test]
+fn softnic_never_sends_the_tail_of_a_packet_whose_middle_faulted() {
+    let (_mem, t, base) = middle_fault();
+    let cfg = softnic::Config {
+        verify: false,
+        capture: true,
+        ..softnic::Config::default()
+    };
+    let mut nic = SoftNic::new(t.clone(), cfg);
+    // SAFETY: the ring lies at `base`; only the model reads it.
+    unsafe { nic.attach(base, 8) }.unwrap();
+    for tail in 1..=4 {
+        // SAFETY: as above.
+        unsafe { nic.kick(tail) }.unwrap();
+    }
+    let st = nic.stats();
     assert_eq!((st.frames, st.delivered_bytes), (1, 100), "{st:?}");
     assert_eq!(nic.take_frames().len(), 1);
 }

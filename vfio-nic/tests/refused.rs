@@ -319,3 +319,65 @@ fn a_failed_unmap_of_a_refused_sends_frags_is_counted() {
     assert_eq!(q.cache().pool().stats().unmap_errors, 1);
     assert_eq!(q.in_flight(), 0);
 }
+
+/// An 82576 queue over order-`order` chunks taking `max_bufs` buffers per
+/// packet, cut at `boundary`.
+fn igb_queue(
+    order: u32,
+    max_bufs: usize,
+    boundary: Option<usize>,
+) -> tx::Queue<Iommu, SoftNic<Iommu>> {
+    let (iommu, domain, pool) = parts(order);
+    let cfg = tx::Config {
+        ring: 256,
+        max_bufs,
+        boundary,
+        ..tx::Config::default()
+    };
+    // SAFETY: the model translates through the IOMMU the domain maps through.
+    unsafe { tx::Queue::new(domain, pool, SoftNic::new(iommu, capture()), cfg) }.unwrap()
+}
+
+/// The count is an upper bound, and no looser than it must be where the
+/// payload is a whole number of boundaries: six 4 KiB pages cut at 4 KiB
+/// take at most seven data buffers wherever the frag starts in its chunk,
+/// so with eight buffers per packet the packet is sent, never refused as
+/// `TooManyBuffers`.
+#[test]
+fn a_payload_of_whole_boundaries_that_fits_is_sent() {
+    let len = 6 * 4096;
+    let tso = Offload::Tso { mss: 1448 };
+    let mut q = igb_queue(4, 64, Some(4096));
+    let mut worst = 0;
+    for (i, pre) in [0usize, 100, 1000, 3000, 4000].into_iter().enumerate() {
+        if pre > 0 {
+            q.send(&tcp_headers(), &vec![1u8; pre], tso, 100 + i as u64)
+                .unwrap();
+        }
+        let before = q.stats().descs;
+        q.send(&tcp_headers(), &vec![7u8; len], tso, i as u64)
+            .unwrap();
+        worst = worst.max((q.stats().descs - before) as usize);
+    }
+    // Context, header and data descriptors: the buffers are all but one.
+    assert!(worst - 1 <= 8, "took {} buffers", worst - 1);
+    let mut q = igb_queue(4, 8, Some(4096));
+    let r = q.send(&tcp_headers(), &vec![7u8; len], tso, 1);
+    assert!(r.is_ok(), "a packet of at most 8 buffers refused: {r:?}");
+}
+
+/// A payload of exactly the 82576's largest buffer (65,535 bytes) in one
+/// frag of a 64 KiB chunk is one data buffer: with two buffers per packet
+/// (headers and data) it is sent.
+#[test]
+fn a_payload_of_exactly_the_largest_buffer_is_one_buffer() {
+    let mut q = igb_queue(4, 2, None);
+    let r = q.send(
+        &tcp_headers(),
+        &vec![7u8; 65535],
+        Offload::Tso { mss: 1448 },
+        1,
+    );
+    assert!(r.is_ok(), "refused: {r:?}");
+    assert_eq!(q.stats().descs, 3, "context, headers and one data buffer");
+}

@@ -31,7 +31,7 @@ mod handle;
 
 use std::mem::ManuallyDrop;
 
-use crate::addr::{Iova, VirtAddr};
+use crate::addr::{Iova, VirtAddr, PAGE_SIZE};
 use crate::dma::DmaMapper;
 use crate::error::{Error, Result};
 use crate::pool::{ChunkPtr, Pool, Shared, MAX_REFCNT};
@@ -100,6 +100,9 @@ pub struct FragCache<M: DmaMapper> {
     /// chunk, so that a refill touches only the cache.
     base: VirtAddr,
     base_iova: Option<Iova>,
+    /// `cur`'s count of deferred unmaps when the cache last looked
+    /// (`PerFrag` only, see [`may_carve`](Self::may_carve)).
+    deferred_seen: u32,
     chunk_size: usize,
     /// The queue whose reserve the cache takes from.
     queue: usize,
@@ -131,6 +134,7 @@ impl<M: DmaMapper> FragCache<M> {
             left_bytes: 0,
             base: VirtAddr(0),
             base_iova: None,
+            deferred_seen: 0,
             chunk_size,
             queue: 0,
             stats: CacheStats::default(),
@@ -224,7 +228,10 @@ impl<M: DmaMapper> FragCache<M> {
     /// moves to a fresh chunk. Frags that cannot fit one chunk are
     /// [`Error::LargerThanChunk`] (with `len` itself when one frag is
     /// larger than a chunk). On error nothing is appended and nothing is
-    /// charged.
+    /// charged; under `PerFrag`, where a later map failed after earlier
+    /// ones, the bytes of the frags mapped and undone are skipped (counted
+    /// as waste), never handed out under a translation that may outlive
+    /// the undo.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -316,11 +323,15 @@ impl<M: DmaMapper> FragCache<M> {
                 Err(e) => {
                     // The frags made so far never took a reference. An
                     // undo whose unmap fails (counted in the pool's
-                    // `unmap_errors`) poisons the chunk, or one deferred
-                    // marks it waiting for its flush: either way the
-                    // cache carves it no further (`may_carve`), so the
-                    // bytes it still maps are never handed out. The map
-                    // failure is the error reported.
+                    // `unmap_errors`) poisons the chunk, which the cache
+                    // then carves no further; one deferred to a flush
+                    // makes the next carve skip to a fresh page
+                    // (`may_carve_own`). The bytes those frags spanned are
+                    // skipped (waste) if any was mapped, so that page is
+                    // past them. The map failure is the error reported.
+                    if i > 0 {
+                        self.offset = start.min(self.chunk_size);
+                    }
                     for f in out.drain(mark..) {
                         let f = ManuallyDrop::new(f);
                         let _ = f.unmap_own();
@@ -427,27 +438,51 @@ impl<M: DmaMapper> FragCache<M> {
     /// the next one ([`next_chunk`](Self::next_chunk)).
     #[inline(always)]
     fn chunk_with_room(&mut self, need: usize) -> Result<ChunkPtr<M>> {
-        match self.cur {
-            Some(c) if self.chunk_size - self.offset >= need && self.may_carve(c) => Ok(c),
-            _ => {
-                self.next_chunk()?;
-                Ok(self.cur.expect("next_chunk set a chunk"))
+        if let Some(c) = self.cur {
+            if self.may_carve(c, need) {
+                return Ok(c);
             }
         }
+        self.next_chunk()?;
+        Ok(self.cur.expect("next_chunk set a chunk"))
     }
 
-    /// Whether the cache may hand out more of `c`, the chunk being carved.
-    /// Always when its frags share the chunk's mapping (`Persistent`,
-    /// `PerChunk`: one predictable branch). Under `PerFrag`, each frag's
-    /// own mapping covers whole pages, so a frag's unmap that failed (the
-    /// chunk is poisoned) or that waits for a lazy flush leaves a
-    /// translation to a page that the next frag may share: the chunk is
-    /// then carved no further, and [`next_chunk`](Self::next_chunk) hands
-    /// it back to the pool, which pins or parks it once its last reference
-    /// goes.
+    /// Whether the cache may hand out `need` more bytes of `c`, the chunk
+    /// being carved. Where its frags share the chunk's mapping
+    /// (`Persistent`, `PerChunk`) that is only whether they are left: one
+    /// predictable branch more. Under `PerFrag` see
+    /// [`may_carve_own`](Self::may_carve_own).
     #[inline(always)]
-    fn may_carve(&self, c: ChunkPtr<M>) -> bool {
-        self.base_iova.is_some() || self.pool.shared.reusable(c)
+    fn may_carve(&mut self, c: ChunkPtr<M>, need: usize) -> bool {
+        (self.base_iova.is_some() || self.may_carve_own(c)) && self.chunk_size - self.offset >= need
+    }
+
+    /// Under `PerFrag`, each frag's own mapping covers the whole pages it
+    /// touches, which the next frag may share. If one of those unmaps
+    /// failed (the chunk is poisoned), the chunk is carved no further:
+    /// [`next_chunk`](Self::next_chunk) hands it back to the pool, which
+    /// pins it once its last reference goes. If one was deferred to a
+    /// lazy flush since the cache last looked, its translation may outlive
+    /// it: the cache skips to the next page (every frag carved so far ends
+    /// below it) and counts the skipped bytes as waste, so a frag never
+    /// shares a page with a translation still waiting for its flush.
+    ///
+    /// An unmap on another thread is seen by the carves it happens before
+    /// (the counter is released after the unmap).
+    fn may_carve_own(&mut self, c: ChunkPtr<M>) -> bool {
+        let h = c.get();
+        if h.poisoned.load(Ordering::Relaxed) {
+            return false;
+        }
+        let deferred = h.deferred.load(Ordering::Acquire);
+        if deferred != self.deferred_seen {
+            self.deferred_seen = deferred;
+            self.offset = self
+                .offset
+                .next_multiple_of(PAGE_SIZE as usize)
+                .min(self.chunk_size);
+        }
+        true
     }
 
     /// Moves to a fresh chunk: reuses the current one in place if all its
@@ -490,6 +525,9 @@ impl<M: DmaMapper> FragCache<M> {
         self.offset = 0;
         self.base = c.get().addr;
         self.base_iova = self.pool.shared.chunk_iova(c);
+        // A chunk comes from the pool, or back in place, only once every
+        // deferred unmap of it was flushed.
+        self.deferred_seen = c.get().deferred.load(Ordering::Acquire);
     }
 
     /// Lets go of the current chunk (it recycles once its frags complete).

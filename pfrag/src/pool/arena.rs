@@ -209,6 +209,7 @@ impl<M: DmaMapper> Shared<M> {
                 arena: idx,
                 owner: AtomicU32::new(0),
                 poisoned: AtomicBool::new(false),
+                deferred: AtomicU32::new(0),
                 flush_seq: AtomicU64::new(0),
             })
             .collect();

@@ -118,6 +118,9 @@ pub(crate) struct Chunk<M: DmaMapper> {
     /// A mapping of this chunk could not be removed: it must never be
     /// reused, only pinned when its last reference goes.
     pub(crate) poisoned: AtomicBool,
+    /// Deferred unmaps of (parts of) this chunk so far: a `PerFrag` cache
+    /// that sees it change moves on to a page no such unmap covers.
+    pub(crate) deferred: AtomicU32,
     /// The newest flush generation a deferred unmap of (part of) this chunk
     /// waits for; 0 if none. The chunk is reused only once the mapper's
     /// flush reached it.

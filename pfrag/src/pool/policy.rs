@@ -170,6 +170,7 @@ impl<M: DmaMapper> Shared<M> {
             Ok(how) => {
                 if let Unmapped::Deferred { seq } = how {
                     c.get().flush_seq.fetch_max(seq, Ordering::Relaxed);
+                    c.get().deferred.fetch_add(1, Ordering::Release);
                 }
                 self.note_mapped(len, false);
                 Ok(())

@@ -29,6 +29,11 @@ pub struct NullNic<T: Translate> {
     /// Whether the packet being gathered is offloaded (its first data
     /// descriptor asked for checksums or TSO).
     offloaded: Option<bool>,
+    /// After a descriptor that could not be read: skip the rest of the
+    /// packet it belonged to, up to the next packet's first descriptor
+    /// (a context descriptor, or data with PAYLEN, which only a packet's
+    /// first data descriptor carries).
+    resync: bool,
     stats: NicStats,
 }
 
@@ -51,6 +56,7 @@ impl<T: Translate> NullNic<T> {
             bufs: 0,
             hlen: 0,
             offloaded: None,
+            resync: false,
             stats: NicStats::default(),
         }
     }
@@ -60,6 +66,7 @@ impl<T: Translate> NullNic<T> {
         self.cur = (0, 0, false);
         self.bufs = 0;
         self.offloaded = None;
+        self.resync = false;
     }
 
     /// Translates every page of a buffer for reading, touching nothing.
@@ -85,9 +92,15 @@ impl<T: Translate> NullNic<T> {
     /// written back).
     unsafe fn descriptor(&mut self, at: Iova, words: [u64; 2]) {
         match Desc::decode(words) {
-            Desc::Context(c) => self.hlen = (c.maclen() + c.iplen() + c.l4len()) as u64,
+            Desc::Context(c) => {
+                self.resync = false;
+                self.hlen = (c.maclen() + c.iplen() + c.l4len()) as u64;
+            }
             Desc::Data(d) => {
-                self.data(d);
+                self.resync &= d.paylen() == 0;
+                if !self.resync {
+                    self.data(d);
+                }
                 // SAFETY: the caller's promise.
                 if d.cmd().contains(Dcmd::RS) && unsafe { write_back(&self.iommu, at) }.is_err() {
                     self.stats.faults += 1;
@@ -170,12 +183,15 @@ impl<T: Translate> TxDevice for NullNic<T> {
                 self.stats.faults += n as u64;
                 // One of them may have been the next or last descriptor of
                 // the packet being gathered: that packet is lost (dropped
-                // as faulted), and the next starts afresh.
+                // as faulted). So may the first descriptors of the next:
+                // what follows is skipped up to a packet's first
+                // descriptor, never sent as a packet of its own.
                 if self.bufs > 0 {
                     self.stats.packets += 1;
                     self.stats.faults += 1;
                 }
                 self.forget_packet();
+                self.resync = true;
                 continue;
             }
             for (i, w) in run.iter().enumerate() {

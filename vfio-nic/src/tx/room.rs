@@ -65,11 +65,15 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// Every frag but one starts a chunk (with fit-whole, all but the last
     /// fill a chunk; without it, all but the first, the carved chunk's
     /// tail, start a fresh one), and a chunk starts on a page in IOVA
-    /// space, so at most one frag starts off a boundary of at most a page:
-    /// the cuts at a boundary `b` are at most `len / b` plus one per frag
-    /// that starts off one. Within a stretch no longer than the format's
-    /// largest buffer nothing is cut at it; otherwise those cuts are at
-    /// most `len / MAX_BUF`.
+    /// space, so at most one frag starts off a boundary of at most a page.
+    /// A frag of `l` bytes that starts on a boundary `b` is cut at most
+    /// `(l - 1) / b` times, once more if it starts off one; summed over
+    /// the frags (whose lengths add up to `len`), the cuts are at most
+    /// `(len - 1) / b` plus one per frag that starts off a boundary. Within
+    /// a stretch no longer than the format's largest buffer nothing is cut
+    /// at it; otherwise those cuts are at most `(len - 1) / MAX_BUF`, by the
+    /// same sum over stretches (a payload of exactly `k` boundaries or
+    /// largest buffers is cut `k - 1` times, not `k`).
     fn data_descs_at_most(&self, len: usize) -> usize {
         if len == 0 {
             return 0;
@@ -81,12 +85,12 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             None => chunk,
             Some(b) => {
                 let off = if b <= PAGE_SIZE as usize { 1 } else { frags };
-                n += len / b + off;
+                n += (len - 1) / b + off;
                 b.min(chunk)
             }
         };
         if stretch > Fmt::<D>::MAX_BUF {
-            n += len / Fmt::<D>::MAX_BUF;
+            n += (len - 1) / Fmt::<D>::MAX_BUF;
         }
         n
     }

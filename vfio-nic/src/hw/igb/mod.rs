@@ -435,12 +435,24 @@ impl<R: Regs> TxDevice for Igb<R> {
 
     /// Turns the transmitter off and waits (bounded by the enable
     /// timeout) until the queue's enable bit reads 0: the device no longer
-    /// reads the ring. [`Error::DeviceTimeout`] if it does not, and the
-    /// queue stays attached.
+    /// reads the ring. [`Error::DeviceTimeout`] if it does not (or a
+    /// register access error), and then the transmitter is switched back
+    /// on as it was: the queue stays attached and sending.
     fn detach(&mut self) -> Result<()> {
-        self.reg(regs::TCTL, 0)?;
-        self.reg(regs::txdctl(0), 0)?;
-        self.wait_stopped("TX queue disable", regs::txdctl(0), Txdctl::ENABLE.bits())?;
+        let (tctl, txdctl) = (self.read(regs::TCTL)?, self.read(regs::txdctl(0))?);
+        let stopped = self
+            .reg(regs::TCTL, 0)
+            .and_then(|()| self.reg(regs::txdctl(0), 0))
+            .and_then(|()| {
+                self.wait_stopped("TX queue disable", regs::txdctl(0), Txdctl::ENABLE.bits())
+            });
+        if let Err(e) = stopped {
+            // Best effort: the error that stopped the detach is the one
+            // reported.
+            let _ = self.reg(regs::txdctl(0), txdctl);
+            let _ = self.reg(regs::TCTL, tctl);
+            return Err(e);
+        }
         self.ring_len = None;
         Ok(())
     }

@@ -244,3 +244,21 @@ fn stop_rx_waits_until_the_rx_queue_reads_disabled() {
         }
     }
 }
+
+/// A detach that times out leaves the transmitter as it was (TCTL and
+/// TXDCTL back to their values), so the queue that stays attached still
+/// sends.
+#[test]
+fn a_failed_detach_leaves_the_transmitter_on() {
+    let fake = Fake {
+        disable_reads: u32::MAX,
+        ..Fake::default()
+    };
+    let mut nic = Igb::new(fake, quick()).unwrap();
+    // SAFETY: the registers are a fake: no device reads a ring.
+    unsafe { nic.attach(Iova(0x1000), 64) }.unwrap();
+    let before = (nic.regs().get(TCTL), nic.regs().get(regs::txdctl(0)));
+    assert!(matches!(nic.detach(), Err(Error::DeviceTimeout { .. })));
+    let after = (nic.regs().get(TCTL), nic.regs().get(regs::txdctl(0)));
+    assert_eq!(after, before);
+}
