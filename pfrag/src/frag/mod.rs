@@ -10,10 +10,10 @@
 //! Under `PerFrag` a frag's own mapping covers the whole pages it touches,
 //! which it may share with the next frag. So the cache carves a chunk no
 //! further once an unmap of one of its frags failed (the chunk is poisoned,
-//! to be pinned) or waits for a lazy flush: the next frag comes from
-//! another chunk, never from a page that a stale or stuck translation still
-//! reaches. (A frag completed on another thread is seen by the next carve
-//! that its completion happens before.)
+//! to be pinned), and skips to the next page once one was deferred to a
+//! lazy flush: the next frag never comes from a page that a stale or stuck
+//! translation still reaches. (A frag completed on another thread is seen
+//! by the next carve that its completion happens before.)
 //!
 //! Completion has two paths:
 //! - **On the owning thread** ([`FragCache::complete`],
