@@ -397,3 +397,41 @@ fn a_hostile_available_ring_is_an_error_not_a_hang() {
     let e = unsafe { nic.kick(0) }.unwrap_err();
     assert!(matches!(e, Error::Virtqueue(_)), "{e}");
 }
+
+/// A chain whose last descriptor read still names a next one (here past
+/// the table) is cut short: the virtio-net model drops it as malformed and
+/// never sends what it read as a shorter packet.
+#[test]
+fn a_chain_cut_short_is_dropped_not_sent_shorter() {
+    use pfrag::dma::{Coherent, Dir};
+    use vfio_nic::format::virtio::{Layout, Split};
+    use vfio_nic::format::Format;
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let l = Layout::new(8);
+    let ring = Coherent::new(domain.clone(), Split::ring_bytes(8), Dir::BIDIRECTIONAL).unwrap();
+    let buf = Coherent::new(domain, 4096, Dir::TO_DEVICE).unwrap();
+    // A whole frame after its (all-zero: no offload) virtio_net_hdr: 12
+    // header bytes, then 60 bytes of Ethernet with a local EtherType.
+    buf.write(12 + 12, &[0x88, 0xb5]).unwrap();
+    // Descriptor 0: the 72 bytes, NEXT set, next = 9 (the table has 8).
+    ring.write_u64(0, buf.iova().raw()).unwrap();
+    ring.write_u64(8, 72 | (1 << 32) | (9 << 48)).unwrap();
+    let mut nic = VirtioNet::new(iommu, capture(true)).unwrap();
+    // SAFETY: `ring` is this test's, kept for the device until it drops.
+    unsafe { nic.attach(ring.iova(), 8) }.unwrap();
+    ring.write(l.avail + 2, &1u16.to_le_bytes()).unwrap();
+    // SAFETY: the device's only mappings are `ring` and `buf`, reached by
+    // the CPU only through `Coherent`'s atomic accessors, not meanwhile.
+    unsafe { nic.kick(0) }.unwrap();
+    let st = nic.stats();
+    assert_eq!((st.packets, st.bad_desc, st.frames), (1, 1, 0), "{st:?}");
+    assert!(nic.take_frames().is_empty());
+    // The same descriptor without NEXT is a packet the model sends.
+    ring.write_u64(8, 72).unwrap();
+    ring.write(l.avail + 4 + 2, &0u16.to_le_bytes()).unwrap();
+    ring.write(l.avail + 2, &2u16.to_le_bytes()).unwrap();
+    // SAFETY: as above.
+    unsafe { nic.kick(0) }.unwrap();
+    assert_eq!(nic.stats().frames, 1, "{:?}", nic.stats());
+}
