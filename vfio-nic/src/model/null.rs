@@ -69,6 +69,14 @@ impl<T: Translate> NullNic<T> {
         self.resync = false;
     }
 
+    /// After a fault: whether `d` starts a packet (only a packet's first
+    /// data descriptor carries PAYLEN), which ends the skipping.
+    #[cold]
+    fn resynced(&mut self, d: desc::Data) -> bool {
+        self.resync = d.paylen() == 0;
+        !self.resync
+    }
+
     /// Translates every page of a buffer for reading, touching nothing.
     fn translate(&self, iova: Iova, len: usize) -> Result<u64, Fault> {
         let mut off = 0u64;
@@ -97,8 +105,7 @@ impl<T: Translate> NullNic<T> {
                 self.hlen = (c.maclen() + c.iplen() + c.l4len()) as u64;
             }
             Desc::Data(d) => {
-                self.resync &= d.paylen() == 0;
-                if !self.resync {
+                if !self.resync || self.resynced(d) {
                     self.data(d);
                 }
                 // SAFETY: the caller's promise.
