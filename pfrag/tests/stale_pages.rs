@@ -138,7 +138,7 @@ fn one(seed: u64, order: u32, map_rate: f64, unmap_rate: f64) {
         let _ = c.stats();
         for f in &new {
             let (lo, hi) = pages(f);
-            assert!(f.len() > 0);
+            assert!(!f.is_empty());
             for &(a, b) in stale.iter().chain(stuck.iter()) {
                 for ip in a..=b {
                     if let Ok(t) = m.translate(Iova(ip * P), Dir::TO_DEVICE) {
