@@ -22,6 +22,9 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use pfrag_lab::soak::{say, soak, summary};
 
+/// The longest `--seconds` taken: a year.
+const MAX_SECONDS: u64 = 365 * 24 * 3600;
+
 /// Randomized TX phases with injected DMA failures, each checked for loss,
 /// corruption and leaks.
 #[derive(Parser, Debug)]
@@ -30,8 +33,9 @@ struct Args {
     /// Packets to post in all (refused sends not counted).
     #[arg(long, default_value_t = 1_000_000)]
     packets: u64,
-    /// Stop after this many seconds (after the phase running then).
-    #[arg(long)]
+    /// Stop after this many seconds (after the phase running then), at
+    /// most a year.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
     seconds: Option<u64>,
     /// Seed of the phases, sizes, flows and failures.
     #[arg(long, default_value_t = 1)]
@@ -52,8 +56,8 @@ struct Args {
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    if a.packets == 0 || a.phase_packets == 0 || a.seconds == Some(0) {
-        eprintln!("error: --packets, --phase-packets and --seconds must be > 0");
+    if a.packets == 0 || a.phase_packets == 0 {
+        eprintln!("error: --packets and --phase-packets must be > 0");
         return ExitCode::from(2);
     }
     let bar = if a.no_progress {

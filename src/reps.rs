@@ -75,7 +75,9 @@ pub fn median_ci95(n: usize) -> Option<(usize, usize)> {
 /// One row for the repetitions `reps` of one configuration: the median
 /// repetition's row (by ns per packet) with `ns_per_pkt`, `gbit_s` and
 /// `driver_ns_per_pkt` replaced by their medians and their ranges filled
-/// in. `None` for no repetitions.
+/// in, `faults` summed over the repetitions and `bytes_verified` the
+/// least any repetition verified (so that no repetition's loss is hidden
+/// behind the median's). `None` for no repetitions.
 pub fn summarise(reps: &[Row]) -> Option<Row> {
     let ns = Spread::of(&reps.iter().map(|r| r.ns_per_pkt).collect::<Vec<_>>())?;
     let gbit = Spread::of(&reps.iter().map(|r| r.gbit_s).collect::<Vec<_>>())?;
@@ -89,6 +91,8 @@ pub fn summarise(reps: &[Row]) -> Option<Row> {
     out.gbit_s = gbit.median;
     out.gbit_s_min = gbit.min;
     out.gbit_s_max = gbit.max;
+    out.faults = reps.iter().map(|r| r.faults).sum();
+    out.bytes_verified = reps.iter().map(|r| r.bytes_verified).min()?;
     let driver: Option<Vec<f64>> = reps.iter().map(|r| r.driver_ns_per_pkt).collect();
     if let Some(d) = driver.as_deref().and_then(Spread::of) {
         out.driver_ns_per_pkt = Some(d.median);
@@ -118,6 +122,22 @@ pub fn ratio(a: &[Row], b: &[Row], f: impl Fn(&Row) -> Option<f64>) -> Option<Sp
 
 #[cfg(test)]
 mod tests {
+    /// A summary row shows every repetition's faults and the least bytes
+    /// verified, not the median repetition's: one faulted repetition of
+    /// three is not a clean row.
+    #[test]
+    fn a_summary_keeps_a_faulted_repetition() {
+        let rep = |ns: f64, faults: u64, verified: u64| Row {
+            ns_per_pkt: ns,
+            gbit_s: 1.0,
+            faults,
+            bytes_verified: verified,
+            ..Row::default()
+        };
+        let s = summarise(&[rep(100.0, 0, 900), rep(200.0, 0, 900), rep(300.0, 7, 800)]).unwrap();
+        assert_eq!((s.faults, s.bytes_verified), (7, 800));
+    }
+
     use super::*;
 
     fn row(ns: f64, gbit: f64, driver: f64) -> Row {

@@ -303,6 +303,40 @@ pub enum RunError {
         /// The queue.
         queue: usize,
     },
+    /// The warm-up lost packets, which the measured part's counters,
+    /// started after it, would not show.
+    #[error(
+        "the warm-up lost {lost} packets (faults, corrupt payloads, bad descriptors or \
+         completions with an error)"
+    )]
+    WarmUp {
+        /// Losses counted during the warm-up.
+        lost: u64,
+    },
+}
+
+/// What a device lost so far, by its counters and the queue's: faults,
+/// corrupt payloads, bad descriptors and completions with an error.
+fn lost(nic: Option<&vfio_nic::model::softnic::NicStats>, q: &tx::Stats) -> u64 {
+    nic.map_or(0, |n| n.faults + n.bad_payload + n.bad_desc) + q.device_errors
+}
+
+/// Sends the warm-up's packets; one that loses any fails the run, since the
+/// measured part's counters start after it and would never show them.
+fn warm_up<M: DmaMapper, D: TxDevice>(
+    q: &mut tx::Queue<M, D>,
+    gen: &mut Traffic<M>,
+    cfg: &RunConfig,
+    rng: &mut Rng,
+    tick: &mut dyn FnMut(u64),
+    nic: impl Fn(&D) -> Option<vfio_nic::model::softnic::NicStats>,
+) -> Result<(), RunError> {
+    let before = lost(nic(q.device()).as_ref(), &q.stats());
+    pump(q, gen, cfg, cfg.warmup, rng, tick)?;
+    match lost(nic(q.device()).as_ref(), &q.stats()) - before {
+        0 => Ok(()),
+        lost => Err(RunError::WarmUp { lost }),
+    }
 }
 
 fn header_name(h: HeaderMode) -> &'static str {

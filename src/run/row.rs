@@ -48,9 +48,9 @@ pub struct Row {
     pub gbit_s: f64,
     /// Modelled IOMMU time per packet (cost model; not in `ns_per_pkt`).
     pub model_iommu_ns_per_pkt: Option<f64>,
-    /// Packets dropped by DMA faults or found corrupt in the measured part
-    /// (the warm-up is checked separately: a run whose warm-up faults
-    /// fails).
+    /// Packets dropped by DMA faults or found corrupt in the measured part,
+    /// summed over the repetitions in a summary row (the warm-up is
+    /// checked separately: a run whose warm-up loses a packet fails).
     pub faults: u64,
     /// Payload bytes the NIC read and matched, measured part.
     pub bytes_verified: u64,

@@ -7,6 +7,10 @@ use std::sync::Barrier;
 use super::*;
 use vfio_nic::model::{self, thread, thread::Threaded};
 
+#[cfg(test)]
+#[path = "warm_up_tests.rs"]
+mod warm_up_tests;
+
 /// Runs `cfg` on the software NIC, one thread per queue. Returns the total
 /// row first, then (with more than one queue) one row per queue. `tick` is
 /// called with packet counts as they are sent (for progress).
@@ -178,7 +182,8 @@ impl<M: DmaMapper + Translate + 'static, D: Model + Send + 'static> Bench<'_, M,
             .and_then(|q| Ok((q, Traffic::new(cfg.flows, cfg.mss)?)))
             .map_err(RunError::from)
             .and_then(|(mut q, mut g)| {
-                pump(&mut q, &mut g, cfg, cfg.warmup, &mut rng, &mut tick).map(|_| (q, g))
+                let counters = |d: &N| Some(d.counters());
+                warm_up(&mut q, &mut g, cfg, &mut rng, &mut tick, counters).map(|()| (q, g))
             });
         self.warmed.wait();
         self.go.wait();
