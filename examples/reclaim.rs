@@ -87,8 +87,16 @@ const COLUMNS: [(&str, &str); 11] = [
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    if a.min == 0 || a.min > a.max || a.queues == 0 || a.flows.contains(&0) {
-        eprintln!("error: need 0 < --min <= --max, --queues >= 1 and flows >= 1");
+    if a.min == 0 || a.min > a.max || a.queues == 0 {
+        eprintln!("error: need 0 < --min <= --max and --queues >= 1");
+        return ExitCode::from(2);
+    }
+    if let Some(e) = a
+        .flows
+        .iter()
+        .find_map(|&f| pfrag_lab::run::check_flows(f).err())
+    {
+        eprintln!("error: {e}");
         return ExitCode::from(2);
     }
     let columns: Vec<String> = COLUMNS.iter().map(|c| c.0.to_string()).collect();
@@ -132,6 +140,10 @@ fn main() -> ExitCode {
                 mss: pfrag_lab::run::MSS,
             });
         }
+    }
+    if let Some(e) = cfgs.iter().find_map(|c| pfrag_lab::run::check(c).err()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
     }
     eprintln!(
         "reclaim: {} runs of {} sends of {}..={} B on the software NIC, {} queue(s), order-{} chunks",

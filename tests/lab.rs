@@ -227,3 +227,39 @@ fn a_packet_slower_on_the_wire_than_the_stall_limit_is_refused_up_front() {
     c.payload = 1448;
     run(&c, &mut |_| {}).unwrap();
 }
+
+/// Settings that used to fail only once running are refused by
+/// `run::check`, the check `sweep` makes of every configuration before it
+/// runs any, with the numbers.
+#[test]
+fn check_refuses_what_would_fail_only_once_running() {
+    use pfrag_lab::run::{check, check_flows, RunError};
+    let refused = |c: &RunConfig, want: &[&str]| match check(c) {
+        Err(RunError::Setting(s)) => {
+            for w in want {
+                assert!(s.contains(w), "{w:?} not in {s:?}");
+            }
+        }
+        other => panic!("{other:?}"),
+    };
+    let ok = config(1, Reclaim::HYSTERESIS, Workload::Fixed, 100);
+    check(&ok).unwrap();
+    // Hysteresis trims 1 MiB: less than one order-9 chunk (2 MiB).
+    let mut c = ok.clone();
+    c.order = 9;
+    refused(&c, &["order 9", "2097152", "hysteresis", "1048576"]);
+    let mut c = ok.clone();
+    c.queues = 4097;
+    refused(&c, &["queues 4097", "1..=4096"]);
+    let max = vfio_nic::gen::flow::MAX_FLOWS;
+    for flows in [0, max + 1] {
+        let mut c = ok.clone();
+        c.flows = flows;
+        refused(&c, &[&format!("flows {flows}"), &format!("1..={max}")]);
+    }
+    let mut c = ok.clone();
+    c.flows = max;
+    check(&c).unwrap();
+    assert!(check_flows(1).is_ok() && check_flows(max).is_ok());
+    assert!(check_flows(0).is_err() && check_flows(max + 1).is_err());
+}

@@ -297,6 +297,17 @@ pub enum RunError {
     /// A setting is out of range.
     #[error("invalid setting: {0}")]
     Setting(String),
+    /// A queue's thread could not be created (e.g. the process's thread
+    /// limit, `ulimit -u`); the run's other threads left without running.
+    #[error("could not start the thread of queue {queue} of {queues}: {source}")]
+    Spawn {
+        /// The queue.
+        queue: usize,
+        /// The run's queues.
+        queues: usize,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A queue's thread panicked (a bug, not a setting).
     #[error("the thread of queue {queue} panicked")]
     Panicked {
@@ -356,7 +367,7 @@ fn touch_name(t: Touch) -> &'static str {
 /// Settings every backend needs in range; every run checks them first,
 /// and a driver of many runs can check them all before starting any.
 pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
-    Order::new(cfg.order)?;
+    let chunk = Order::new(cfg.order)?.size();
     if cfg.payload > vfio_nic::desc::MAX_PAYLEN {
         return Err(RunError::Setting(format!(
             "payload {} is more than one packet carries (1..={}: the 82576's PAYLEN is 18 bits)",
@@ -367,6 +378,17 @@ pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
     if cfg.mss == 0 {
         return Err(RunError::Setting("mss must be > 0".into()));
     }
+    check_flows(cfg.flows)?;
+    // The pool's own checks (queues, hysteresis sizes against the chunk):
+    // the chunk size is not in the pool's message, so it is added here.
+    cfg.pool_config()?.check().map_err(|e| {
+        RunError::Setting(format!(
+            "order {} (chunks of {chunk} B), queues {}, reclaim {}: {e}",
+            cfg.order,
+            cfg.queues,
+            cfg.reclaim.name()
+        ))
+    })?;
     cfg.device.check(cfg.queues)?;
     if let Some(g) = cfg.device.line_rate_gbit {
         // One packet's frames, with their gaps, must leave before the run
@@ -388,6 +410,19 @@ pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
         return Err(RunError::Setting(format!(
             "payload {}, packets {} and burst {} must be > 0",
             cfg.payload, cfg.packets, cfg.burst
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a flow count against the traffic generator's range
+/// (1..=[`MAX_FLOWS`](vfio_nic::gen::flow::MAX_FLOWS), one source port
+/// each).
+pub fn check_flows(flows: usize) -> Result<(), RunError> {
+    let max = vfio_nic::gen::flow::MAX_FLOWS;
+    if flows == 0 || flows > max {
+        return Err(RunError::Setting(format!(
+            "flows {flows} out of range (1..={max})"
         )));
     }
     Ok(())
@@ -481,6 +516,7 @@ fn waited(e: vfio_nic::Error, d: Duration) -> vfio_nic::Error {
     }
 }
 
+mod gate;
 mod limit;
 mod row;
 mod soft;

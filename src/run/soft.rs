@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Barrier;
 
+use super::gate::Gate;
 use super::*;
 use vfio_nic::model::{self, thread, thread::Threaded};
 
@@ -269,7 +270,7 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model + Send + 'static>(
         release: Barrier::new(queues + 1),
         finished: AtomicUsize::new(0),
     };
-    let (runs, shared) = drive(&b, tick);
+    let (runs, shared) = drive(&b, tick)?;
     let runs = runs.into_iter().collect::<Result<Vec<_>, _>>()?;
     let mut top = row(cfg, &total(&runs), None, &shared);
     let acct = account.stats();
@@ -286,14 +287,35 @@ fn measure_on<M: DmaMapper + Translate + 'static, D: Model + Send + 'static>(
 }
 
 /// Runs the queue threads, snapshotting the shared counters between the
-/// barriers, and reports progress while they run.
+/// barriers, and reports progress while they run. The threads start work
+/// only once all of them exist: if one cannot be created, those already
+/// started leave without touching the barriers, and the run fails with
+/// [`RunError::Spawn`].
 fn drive<M: DmaMapper + Translate + 'static, D: Model + Send + 'static>(
     b: &Bench<'_, M, D>,
     tick: &mut dyn FnMut(u64),
-) -> (Vec<Result<QueueRun, RunError>>, Shared) {
+) -> Result<(Vec<Result<QueueRun, RunError>>, Shared), RunError> {
     let queues = b.cfg.queues.max(1);
+    let started = Gate::new(queues + 1);
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..queues).map(|i| s.spawn(move || b.queue(i))).collect();
+        let mut handles = Vec::with_capacity(queues);
+        for i in 0..queues {
+            let started = &started;
+            let body = move || started.wait().ok().map(|()| b.queue(i));
+            match std::thread::Builder::new().spawn_scoped(s, body) {
+                Ok(h) => handles.push(h),
+                Err(source) => {
+                    started.abort();
+                    return Err(RunError::Spawn {
+                        queue: i,
+                        queues,
+                        source,
+                    });
+                }
+            }
+        }
+        // Only this thread aborts the gate, and it has not: it opens.
+        let _ = started.wait();
         let mut seen = 0;
         let mut poll = |seen: &mut u64| {
             let now = b.progress.load(Ordering::Relaxed);
@@ -314,10 +336,13 @@ fn drive<M: DmaMapper + Translate + 'static, D: Model + Send + 'static>(
         let runs = handles
             .into_iter()
             .enumerate()
-            .map(|(i, h)| h.join().unwrap_or(Err(RunError::Panicked { queue: i })))
+            .map(|(i, h)| match h.join() {
+                Ok(Some(run)) => run,
+                _ => Err(RunError::Panicked { queue: i }),
+            })
             .collect();
         let queues = q0.iter().zip(&q1).map(|(a, b)| b.since(a)).collect();
-        (
+        Ok((
             runs,
             Shared {
                 map,
@@ -325,7 +350,7 @@ fn drive<M: DmaMapper + Translate + 'static, D: Model + Send + 'static>(
                 pool1,
                 queues,
             },
-        )
+        ))
     })
 }
 

@@ -169,6 +169,13 @@ impl Config {
         }
     }
 
+    /// Checks the settings as [`Pool::new`](crate::pool::Pool::new) does,
+    /// without building a pool: a caller that configures many pools can
+    /// refuse a bad one before building any.
+    pub fn check(&self) -> Result<()> {
+        self.clone().resolve().map(|_| ())
+    }
+
     pub(super) fn resolve(mut self) -> Result<Config> {
         let chunk = self.order.size();
         if self.grow_batch == 0 {
