@@ -530,6 +530,37 @@ pub use soft::run;
 pub use timed::{thread_cpu_ns, DeviceTime, Timed};
 pub use vfio::{run_vfio, DmaBackend};
 
+/// A small run for tests: one queue and flow, ten 1,000-byte packets
+/// after `warmup`, order 4 persistent, mapped headers, the software NIC.
+#[cfg(test)]
+fn test_config(iommu: IommuMode, warmup: u64) -> RunConfig {
+    RunConfig {
+        order: 4,
+        policy: Policy::Persistent,
+        iommu,
+        header: HeaderMode::Mapped,
+        fit_whole: true,
+        payload: 1000,
+        flows: 1,
+        packets: 10,
+        warmup,
+        ring: 64,
+        burst: 1,
+        iotlb_entries: 128,
+        hugepages: false,
+        touch: Touch::Checksum,
+        cost: CostModel::default(),
+        queues: 1,
+        skew: None,
+        reclaim: Reclaim::Eager,
+        workload: Workload::Fixed,
+        limits: Limits::UNLIMITED,
+        model: DeviceModel::Soft,
+        device: DeviceSetup::default(),
+        mss: MSS,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,31 +569,7 @@ mod tests {
     /// never bytes posted: a run whose packets all faulted shows 0.
     #[test]
     fn gbit_s_counts_delivered_bytes_only() {
-        let cfg = RunConfig {
-            order: 4,
-            policy: Policy::Persistent,
-            iommu: IommuMode::Strict,
-            header: HeaderMode::Mapped,
-            fit_whole: true,
-            payload: 1000,
-            flows: 1,
-            packets: 10,
-            warmup: 0,
-            ring: 64,
-            burst: 1,
-            iotlb_entries: 128,
-            hugepages: false,
-            touch: Touch::Checksum,
-            cost: CostModel::default(),
-            queues: 1,
-            skew: None,
-            reclaim: Reclaim::Eager,
-            workload: Workload::Fixed,
-            limits: Limits::UNLIMITED,
-            model: DeviceModel::Soft,
-            device: DeviceSetup::default(),
-            mss: MSS,
-        };
+        let cfg = test_config(IommuMode::Strict, 0);
         let m = |delivered| Measured {
             map: pfrag::dma::MapStats::default(),
             packets: 10,

@@ -42,31 +42,7 @@ impl<D: Model> Model for FaultFirst<D> {
 }
 
 fn cfg(warmup: u64) -> RunConfig {
-    RunConfig {
-        order: 4,
-        policy: Policy::Persistent,
-        iommu: IommuMode::Off,
-        header: HeaderMode::Mapped,
-        fit_whole: true,
-        payload: 1000,
-        flows: 1,
-        packets: 10,
-        warmup,
-        ring: 64,
-        burst: 1,
-        iotlb_entries: 128,
-        hugepages: false,
-        touch: Touch::Checksum,
-        cost: CostModel::default(),
-        queues: 1,
-        skew: None,
-        reclaim: Reclaim::Eager,
-        workload: Workload::Fixed,
-        limits: Limits::UNLIMITED,
-        model: DeviceModel::Soft,
-        device: DeviceSetup::default(),
-        mss: MSS,
-    }
+    test_config(IommuMode::Off, warmup)
 }
 
 fn run_on_fault_first(c: &RunConfig) -> Result<Vec<Row>, RunError> {

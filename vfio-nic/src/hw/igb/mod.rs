@@ -375,6 +375,14 @@ impl<R: Regs> Igb<R> {
         Ok(())
     }
 
+    /// Turns the transmitter off and waits (bounded) until the TX queue's
+    /// enable bit reads 0, as [`stop_rx`](Self::stop_rx) does for RX.
+    fn stop_tx(&self) -> Result<()> {
+        self.reg(regs::TCTL, 0)?;
+        self.reg(regs::txdctl(0), 0)?;
+        self.wait_stopped("TX queue disable", regs::txdctl(0), Txdctl::ENABLE.bits())
+    }
+
     /// The VFIO device.
     pub fn regs(&self) -> &R {
         &self.dev
@@ -440,13 +448,7 @@ impl<R: Regs> TxDevice for Igb<R> {
     /// on as it was: the queue stays attached and sending.
     fn detach(&mut self) -> Result<()> {
         let (tctl, txdctl) = (self.read(regs::TCTL)?, self.read(regs::txdctl(0))?);
-        let stopped = self
-            .reg(regs::TCTL, 0)
-            .and_then(|()| self.reg(regs::txdctl(0), 0))
-            .and_then(|()| {
-                self.wait_stopped("TX queue disable", regs::txdctl(0), Txdctl::ENABLE.bits())
-            });
-        if let Err(e) = stopped {
+        if let Err(e) = self.stop_tx() {
             // Best effort: the error that stopped the detach is the one
             // reported.
             let _ = self.reg(regs::txdctl(0), txdctl);
@@ -466,9 +468,7 @@ impl<R: Regs> Drop for Igb<R> {
     fn drop(&mut self) {
         // Stop DMA before the rings and buffers the device may still use
         // are unmapped and freed.
-        let _ = self.reg(regs::TCTL, 0);
-        let _ = self.reg(regs::txdctl(0), 0);
-        let _ = self.wait_stopped("TX queue disable", regs::txdctl(0), Txdctl::ENABLE.bits());
+        let _ = self.stop_tx();
         let _ = self.stop_rx();
     }
 }
