@@ -317,17 +317,22 @@ pub enum RunError {
     /// The warm-up lost packets, which the measured part's counters,
     /// started after it, would not show.
     #[error(
-        "the warm-up lost {lost} packets (faults, corrupt payloads, bad descriptors or \
-         completions with an error)"
+        "the warm-up lost packets: {lost} losses counted (DMA faults, corrupt payloads, bad \
+         descriptors or completions with an error)"
     )]
     WarmUp {
-        /// Losses counted during the warm-up.
+        /// Losses counted during the warm-up: DMA faults, corrupt
+        /// payloads, bad descriptors and completions with an error (not a
+        /// count of packets: a lost packet makes one or more).
         lost: u64,
     },
 }
 
-/// What a device lost so far, by its counters and the queue's: faults,
-/// corrupt payloads, bad descriptors and completions with an error.
+/// What a device lost so far, by its counters and the queue's: DMA faults
+/// (`NicStats::faults`: descriptors, packet data or status words the model
+/// could not read or write; every packet lost to a fault makes at least
+/// one), corrupt payloads, bad descriptors and completions with an error.
+/// Not a count of packets: 0 exactly when nothing was lost.
 fn lost(nic: Option<&vfio_nic::model::softnic::NicStats>, q: &tx::Stats) -> u64 {
     nic.map_or(0, |n| n.faults + n.bad_payload + n.bad_desc) + q.device_errors
 }

@@ -48,8 +48,12 @@ pub struct Row {
     pub gbit_s: f64,
     /// Modelled IOMMU time per packet (cost model; not in `ns_per_pkt`).
     pub model_iommu_ns_per_pkt: Option<f64>,
-    /// Packets dropped by DMA faults or found corrupt in the measured part,
-    /// summed over the repetitions in a summary row (the warm-up is
+    /// What the measured part lost, 0 when every packet was delivered
+    /// whole: with a device model, its DMA faults (descriptors, packet data
+    /// or status words it could not read or write; every packet lost to a
+    /// fault makes at least one) plus the packets it found corrupt or
+    /// malformed; on VFIO, the packets the device did not count as sent.
+    /// Summed over the repetitions in a summary row (the warm-up is
     /// checked separately: a run whose warm-up loses a packet fails).
     pub faults: u64,
     /// Payload bytes the NIC read and matched, measured part.

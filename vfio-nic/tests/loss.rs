@@ -248,6 +248,7 @@ fn descriptor_at_an_unmapped_address_faults_without_an_iommu() {
     }
     let st = nic.stats();
     assert_eq!((st.faults, st.frames, st.delivered_bytes), (2, 0, 0));
+    assert_eq!(st.faulted_packets, 2);
     assert!(id.stats().faults >= 2);
 }
 

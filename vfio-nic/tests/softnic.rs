@@ -403,6 +403,7 @@ fn descriptor_at_unmapped_iova_faults_and_is_still_completed() {
     r.kick(2).unwrap();
     let st = r.nic.stats();
     assert_eq!((st.faults, st.bytes_verified, st.frames), (1, 0, 0));
+    assert_eq!((st.packets, st.faulted_packets), (1, 1));
     assert_eq!(r.iommu.faults()[0].fault.iova, bad);
     assert_eq!(r.dd(1), Sta::DD.bits(), "completion written back");
     assert!(matches!(

@@ -15,9 +15,11 @@
 //!   beside the driver (optionally paced to a line rate).
 
 pub mod null;
+mod resync;
 mod ring;
 mod segment;
 pub mod softnic;
+mod stats;
 pub mod thread;
 pub mod virtio;
 

@@ -5,12 +5,16 @@
 //! the IOMMU (page by page, so IOTLB hits, misses and faults are counted
 //! as for a real device), writes back descriptor-done, and reads no
 //! payload at all. Runs on it measure the driver's own cost: pool,
-//! mapping, descriptors, completions.
+//! mapping, descriptors, completions. It counts faults as the software NIC
+//! does ([`NicStats::faults`], `faulted_packets`): one per descriptor it
+//! could not read, one per packet whose buffers do not all translate
+//! (that packet is dropped), one per status word it could not write back.
 
 use pfrag::dma::{Dir, Fault, Translate};
 use pfrag::{Iova, PAGE_SIZE};
 
-use super::ring::{read_descs, write_back, Ring, FETCH};
+use super::resync::Resync;
+use super::ring::{read_descs, report, Ring, FETCH};
 use super::Model;
 use crate::desc::{self, Dcmd, Desc};
 use crate::device::TxDevice;
@@ -29,11 +33,9 @@ pub struct NullNic<T: Translate> {
     /// Whether the packet being gathered is offloaded (its first data
     /// descriptor asked for checksums or TSO).
     offloaded: Option<bool>,
-    /// After a descriptor that could not be read: skip the rest of the
-    /// packet it belonged to, up to the next packet's first descriptor
-    /// (a context descriptor, or data with PAYLEN, which only a packet's
-    /// first data descriptor carries).
-    resync: bool,
+    /// Skipping after descriptors that could not be read, up to the next
+    /// packet's first descriptor.
+    resync: Resync,
     stats: NicStats,
 }
 
@@ -56,7 +58,7 @@ impl<T: Translate> NullNic<T> {
             bufs: 0,
             hlen: 0,
             offloaded: None,
-            resync: false,
+            resync: Resync::Off,
             stats: NicStats::default(),
         }
     }
@@ -66,15 +68,6 @@ impl<T: Translate> NullNic<T> {
         self.cur = (0, 0, false);
         self.bufs = 0;
         self.offloaded = None;
-        self.resync = false;
-    }
-
-    /// After a fault: whether `d` starts a packet (only a packet's first
-    /// data descriptor carries PAYLEN), which ends the skipping.
-    #[cold]
-    fn resynced(&mut self, d: desc::Data) -> bool {
-        self.resync = d.paylen() == 0;
-        !self.resync
     }
 
     /// Translates every page of a buffer for reading, touching nothing.
@@ -101,17 +94,15 @@ impl<T: Translate> NullNic<T> {
     unsafe fn descriptor(&mut self, at: Iova, words: [u64; 2]) {
         match Desc::decode(words) {
             Desc::Context(c) => {
-                self.resync = false;
+                self.resync.context(&mut self.stats);
                 self.hlen = (c.maclen() + c.iplen() + c.l4len()) as u64;
             }
             Desc::Data(d) => {
-                if !self.resync || self.resynced(d) {
+                if !self.resync.skipping() || self.resync.resumes_at(d, &mut self.stats) {
                     self.data(d);
                 }
                 // SAFETY: the caller's promise.
-                if d.cmd().contains(Dcmd::RS) && unsafe { write_back(&self.iommu, at) }.is_err() {
-                    self.stats.faults += 1;
-                }
+                unsafe { report(&self.iommu, at, d, &mut self.stats) };
             }
             Desc::Other(_) => self.stats.bad_desc += 1,
         }
@@ -142,7 +133,7 @@ impl<T: Translate> NullNic<T> {
             if self.bufs > MAX_BUFS {
                 self.stats.bad_desc += 1;
             } else if faulted {
-                self.stats.faults += 1;
+                self.stats.count_read_fault();
             } else {
                 self.stats.frames += 1;
                 self.stats.pages += pages;
@@ -164,11 +155,13 @@ impl<T: Translate> TxDevice for NullNic<T> {
     unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         self.ring.attach(ring, len)?;
         self.forget_packet();
+        self.resync = Resync::Off;
         Ok(())
     }
 
     fn detach(&mut self) -> Result<()> {
         self.forget_packet();
+        self.resync = Resync::Off;
         Ok(())
     }
 
@@ -186,19 +179,12 @@ impl<T: Translate> TxDevice for NullNic<T> {
             // handed these descriptors to the device.
             if unsafe { read_descs(&self.iommu, at, run) }.is_err() {
                 // A run lies in one page (`next_run`): its every
-                // descriptor is lost, as each would be alone.
-                self.stats.faults += n as u64;
-                // One of them may have been the next or last descriptor of
-                // the packet being gathered: that packet is lost (dropped
-                // as faulted). So may the first descriptors of the next:
-                // what follows is skipped up to a packet's first
-                // descriptor, never sent as a packet of its own.
-                if self.bufs > 0 {
-                    self.stats.packets += 1;
-                    self.stats.faults += 1;
-                }
+                // descriptor is lost, as each would be alone, and so is
+                // the packet being gathered; what follows is skipped up to
+                // a packet's first descriptor (`Resync`).
+                self.resync
+                    .unreadable(n as u64, self.bufs > 0, &mut self.stats);
                 self.forget_packet();
-                self.resync = true;
                 continue;
             }
             for (i, w) in run.iter().enumerate() {

@@ -5,7 +5,8 @@
 use pfrag::dma::{Fault, Translate};
 use pfrag::{Iova, PAGE_SIZE};
 
-use crate::desc::{self, Sta};
+use super::softnic::NicStats;
+use crate::desc::{self, Data, Dcmd, Sta};
 use crate::error::{Error, Result};
 
 /// A model's view of the ring: its IOVA and length, and the head.
@@ -149,9 +150,24 @@ pub(super) unsafe fn read_desc<T: Translate>(iommu: &T, at: Iova) -> Result<[u64
 ///
 /// # Safety
 /// As for [`read_desc`]: `at` is a descriptor handed to the device.
-pub(super) unsafe fn write_back<T: Translate>(iommu: &T, at: Iova) -> Result<(), Fault> {
+unsafe fn write_back<T: Translate>(iommu: &T, at: Iova) -> Result<(), Fault> {
     let at = at.offset(desc::STATUS_OFFSET as u64);
     // SAFETY: the status word lies in the descriptor the caller's promise
     // covers.
     unsafe { iommu.write_u32(at, Sta::DD.bits()) }
+}
+
+/// Writes back descriptor-done into the data descriptor `d` at `at` if it
+/// asked (`RS`), counting the status word written or its fault.
+///
+/// # Safety
+/// As for [`read_desc`]: `at` is a descriptor handed to the device.
+pub(super) unsafe fn report<T: Translate>(iommu: &T, at: Iova, d: Data, stats: &mut NicStats) {
+    if d.cmd().contains(Dcmd::RS) {
+        // SAFETY: the caller's promise.
+        match unsafe { write_back(iommu, at) } {
+            Ok(()) => stats.write_backs += 1,
+            Err(_) => stats.faults += 1,
+        }
+    }
 }

@@ -10,18 +10,23 @@
 //! for it ([`Translate::write`]). The model never dereferences an address
 //! itself: all its memory access is DMA through the IOMMU, which refuses
 //! anything not mapped. A translation fault drops the packet (nothing of it
-//! is counted as sent) and is counted.
+//! is counted as sent) and is counted; after a descriptor it could not
+//! read, the model skips to the next packet's first descriptor (see
+//! [`NicStats::faults`] and `faulted_packets` for the counts).
 
 use pfrag::dma::{Fault, Translate};
 use pfrag::Iova;
 
-use super::ring::{read_desc, write_back, Ring};
+use super::resync::Resync;
+use super::ring::{read_desc, report, Ring};
 use super::segment::{read_range, segment_pages, segments, Outcome, Packet, Segmenter, MAX_HDR};
 use crate::desc::{Context, Data, Dcmd, Desc};
 use crate::device::TxDevice;
 use crate::error::Result;
 use crate::gen::flow;
 use crate::gen::pattern;
+
+pub use super::stats::{wire_bytes, NicStats, WIRE_GAP};
 
 /// How much of each payload the model reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,122 +94,6 @@ impl Default for Config {
     }
 }
 
-/// Counters of the model.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NicStats {
-    /// Packets (EOP-terminated descriptor chains) seen.
-    pub packets: u64,
-    /// Frames put on the (modelled) wire.
-    pub frames: u64,
-    /// Descriptors consumed.
-    pub descs: u64,
-    /// Payload bytes of packets sent.
-    pub payload_bytes: u64,
-    /// Ethernet bytes put on the (modelled) wire: every frame's headers,
-    /// payload and FCS, at least 64 per frame; the preamble and the
-    /// inter-frame gap ([`WIRE_GAP`] per frame) are not included.
-    pub wire_bytes: u64,
-    /// Payload bytes read and found equal to their flow's pattern.
-    pub bytes_verified: u64,
-    /// Payload bytes of packets delivered whole and intact: no fault, and
-    /// every byte the model checked matched. Throughput counts these.
-    pub delivered_bytes: u64,
-    /// Distinct 4 KiB pages read for packet data, summed over packets.
-    pub pages: u64,
-    /// Distinct 4 KiB pages each MSS segment's payload spans, summed over
-    /// segments: the page translations a TSO engine makes fetching the
-    /// payload segment by segment (offloaded packets).
-    pub segment_pages: u64,
-    /// Packets dropped because a translation faulted.
-    pub faults: u64,
-    /// Packets whose payload did not match the pattern.
-    pub bad_payload: u64,
-    /// Malformed descriptors or packets.
-    pub bad_desc: u64,
-    /// Data buffers whose IOVA range crosses a 4 KiB page (a real NIC
-    /// does not care; QEMU's emulated one drops such packets behind an
-    /// IOMMU, see [`tx::Config::boundary`](crate::tx::Config::boundary)).
-    pub page_crossing_bufs: u64,
-    /// Status words written back: descriptors that asked (RS).
-    pub write_backs: u64,
-}
-
-impl NicStats {
-    /// Counts an offloaded packet sent as `out`: `hlen` header bytes per
-    /// frame, `paylen` payload bytes, `pages` and `segment_pages` read.
-    pub(super) fn count_sent(
-        &mut self,
-        out: &Outcome,
-        hlen: usize,
-        paylen: usize,
-        pages: u64,
-        segment_pages: u64,
-    ) {
-        self.pages += pages;
-        self.segment_pages += segment_pages;
-        self.payload_bytes += paylen as u64;
-        self.wire_bytes += wire_bytes(out.frames, hlen, paylen);
-        self.frames += out.frames;
-        self.bytes_verified += out.verified;
-        if out.ok {
-            self.delivered_bytes += paylen as u64;
-        } else {
-            self.bad_payload += 1;
-        }
-    }
-
-    /// Counts a frame of `len` bytes sent as given, over `pages` pages.
-    pub(super) fn count_raw(&mut self, len: usize, pages: u64) {
-        self.pages += pages;
-        self.payload_bytes += len as u64;
-        self.wire_bytes += wire_bytes(1, 0, len);
-        self.delivered_bytes += len as u64;
-        self.frames += 1;
-    }
-
-    /// `self - earlier`, field by field: the work done in between. A
-    /// field that is smaller in `self` (the arguments swapped) gives 0:
-    /// the subtraction saturates.
-    pub fn since(&self, earlier: &NicStats) -> NicStats {
-        self.zip(earlier, u64::saturating_sub)
-    }
-
-    /// `self + other`, field by field (totals over queues).
-    pub fn plus(&self, other: &NicStats) -> NicStats {
-        self.zip(other, u64::wrapping_add)
-    }
-
-    fn zip(&self, o: &NicStats, f: fn(u64, u64) -> u64) -> NicStats {
-        NicStats {
-            packets: f(self.packets, o.packets),
-            frames: f(self.frames, o.frames),
-            descs: f(self.descs, o.descs),
-            payload_bytes: f(self.payload_bytes, o.payload_bytes),
-            wire_bytes: f(self.wire_bytes, o.wire_bytes),
-            bytes_verified: f(self.bytes_verified, o.bytes_verified),
-            delivered_bytes: f(self.delivered_bytes, o.delivered_bytes),
-            pages: f(self.pages, o.pages),
-            segment_pages: f(self.segment_pages, o.segment_pages),
-            faults: f(self.faults, o.faults),
-            bad_payload: f(self.bad_payload, o.bad_payload),
-            bad_desc: f(self.bad_desc, o.bad_desc),
-            page_crossing_bufs: f(self.page_crossing_bufs, o.page_crossing_bufs),
-            write_backs: f(self.write_backs, o.write_backs),
-        }
-    }
-}
-
-/// Bytes a frame occupies on an Ethernet wire besides itself: the preamble
-/// and start delimiter (8) and the inter-frame gap (12).
-pub const WIRE_GAP: u64 = 20;
-
-/// Ethernet bytes of `frames` frames carrying `hlen` header bytes each and
-/// `paylen` payload bytes in all, with their FCS (4) and the 64-byte
-/// minimum frame.
-pub fn wire_bytes(frames: u64, hlen: usize, paylen: usize) -> u64 {
-    (paylen as u64 + frames * (hlen as u64 + 4)).max(frames * 64)
-}
-
 /// Most data buffers one packet may chain ([`format::MAX_BUFS`](crate::format::MAX_BUFS),
 /// the TX queue's bound on `max_bufs`); a longer chain is a malformed packet.
 pub const MAX_BUFS: usize = crate::format::MAX_BUFS;
@@ -214,6 +103,8 @@ pub struct SoftNic<T: Translate> {
     iommu: T,
     cfg: Config,
     ring: Ring,
+    /// Skipping after descriptors that could not be read.
+    resync: Resync,
     ctx: Context,
     first: Option<Data>,
     /// The current packet's buffers: IOVA, length.
@@ -240,6 +131,7 @@ impl<T: Translate> SoftNic<T> {
             iommu,
             cfg,
             ring: Ring::default(),
+            resync: Resync::Off,
             ctx: Context::default(),
             first: None,
             bufs: Vec::with_capacity(64),
@@ -384,7 +276,7 @@ impl<T: Translate> SoftNic<T> {
                 return;
             }
             Err(_) => {
-                self.stats.faults += 1;
+                self.stats.count_read_fault();
                 return;
             }
         };
@@ -397,7 +289,7 @@ impl<T: Translate> SoftNic<T> {
             }
         };
         let Ok((out, frames)) = read else {
-            self.stats.faults += 1;
+            self.stats.count_read_fault();
             return;
         };
         let pages = self.count_pages();
@@ -429,7 +321,7 @@ impl<T: Translate> SoftNic<T> {
             })
         };
         if read.is_err() {
-            self.stats.faults += 1;
+            self.stats.count_read_fault();
             return;
         }
         let pages = self.count_pages();
@@ -526,11 +418,13 @@ impl<T: Translate> TxDevice for SoftNic<T> {
     unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         self.ring.attach(ring, len)?;
         self.forget_packet();
+        self.resync = Resync::Off;
         Ok(())
     }
 
     fn detach(&mut self) -> Result<()> {
         self.forget_packet();
+        self.resync = Resync::Off;
         Ok(())
     }
 
@@ -547,14 +441,25 @@ impl<T: Translate> TxDevice for SoftNic<T> {
             let Ok(words) = (unsafe { read_desc(&self.iommu, at) }) else {
                 // A descriptor that cannot be read may have been the
                 // packet's next or last one: the packet being gathered is
-                // lost (dropped as faulted), and the next starts afresh.
-                self.stats.faults += 1 + u64::from(!self.bufs.is_empty());
-                self.stats.packets += u64::from(!self.bufs.is_empty());
+                // lost (dropped as faulted), and what follows is skipped
+                // up to the next packet's start.
+                let gathering = !self.bufs.is_empty();
+                self.resync.unreadable(1, gathering, &mut self.stats);
                 self.forget_packet();
                 continue;
             };
             match Desc::decode(words) {
-                Desc::Context(c) => self.ctx = c,
+                Desc::Context(c) => {
+                    self.resync.context(&mut self.stats);
+                    self.ctx = c;
+                }
+                Desc::Data(d)
+                    if self.resync.skipping() && !self.resync.resumes_at(d, &mut self.stats) =>
+                {
+                    // The rest of a lost packet: not read, but done.
+                    // SAFETY: `at` was handed over, as above.
+                    unsafe { report(&self.iommu, at, d, &mut self.stats) };
+                }
                 Desc::Data(d) => {
                     if self.bufs.is_empty() {
                         self.first = Some(d);
@@ -582,13 +487,8 @@ impl<T: Translate> TxDevice for SoftNic<T> {
                         unsafe { self.process() };
                         self.bufs.clear();
                     }
-                    if d.cmd().contains(Dcmd::RS) {
-                        // SAFETY: `at` was handed over, as above.
-                        match unsafe { write_back(&self.iommu, at) } {
-                            Ok(()) => self.stats.write_backs += 1,
-                            Err(_) => self.stats.faults += 1,
-                        }
-                    }
+                    // SAFETY: `at` was handed over, as above.
+                    unsafe { report(&self.iommu, at, d, &mut self.stats) };
                 }
                 Desc::Other(_) => self.stats.bad_desc += 1,
             }

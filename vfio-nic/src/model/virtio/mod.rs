@@ -149,15 +149,19 @@ impl Engine {
             self.stats.bad_desc += 1;
             return;
         }
+        if total <= HDR_LEN {
+            // No frame after the header.
+            self.stats.bad_desc += 1;
+            return;
+        }
         let mut head = [0u8; HDR_LEN + MAX_HDR];
         let n = total.min(head.len());
-        let read_head = total > HDR_LEN && {
+        let read_head = {
             let mut into = copy_into(&mut head);
-            read(mem, &self.bufs, 0, n, &mut self.copy, &mut into).is_ok()
+            read(mem, &self.bufs, 0, n, &mut self.copy, &mut into)
         };
-        if !read_head {
-            self.stats.bad_desc += u64::from(total <= HDR_LEN);
-            self.stats.faults += u64::from(total > HDR_LEN);
+        if read_head.is_err() {
+            self.stats.count_read_fault();
             return;
         }
         let hdr = NetHdr::parse(&head[..HDR_LEN]);
@@ -177,7 +181,7 @@ impl Engine {
             let start = HDR_LEN + hlen + at;
             let mut feed = |s: &[u8]| seg.feed(s);
             if read(mem, &self.bufs, start, n, &mut self.copy, &mut feed).is_err() {
-                self.stats.faults += 1;
+                self.stats.count_read_fault();
                 return;
             }
         }
@@ -198,7 +202,7 @@ impl Engine {
             }
         });
         if read.is_err() {
-            self.stats.faults += 1;
+            self.stats.count_read_fault();
             return;
         }
         let pages = range_pages(&self.bufs, 0, HDR_LEN + len);
@@ -507,7 +511,8 @@ impl Engine {
         if let Some(next) = cut.filter(|_| ok) {
             self.stats.packets += 1;
             if next < size && n < usize::from(size) {
-                self.stats.faults += 1;
+                // One descriptor could not be read; the chain stops there.
+                self.stats.count_read_fault();
             } else {
                 self.stats.bad_desc += 1;
             }
