@@ -11,16 +11,16 @@ use crate::error::{Error, Result};
 ///
 /// Invariants: `free` holds disjoint, non-touching ranges (start -> end)
 /// inside the configured space; `deferred` holds ranges freed while a lazy
-/// invalidation may still cover them, in flush order; a range is in at most
-/// one of `free`, `deferred`, or in use.
+/// invalidation may still cover them, in flush order, and `pending` the
+/// same ranges by address; a range is in at most one of `free`,
+/// `deferred`, or in use.
 ///
 /// A free of a range that is not in use is refused with
 /// [`Error::IovaNotInUse`] and changes nothing: one larger than the bytes
 /// in use, not page aligned, past the end of the address space or of the
-/// configured ranges, or overlapping a free range (each an O(log n)
-/// check). A range waiting for its flush is not searched (that would
-/// scan the whole queue), so freeing one of those twice is caught only by
-/// the byte count.
+/// configured ranges, or overlapping a free range or one waiting for its
+/// flush (a second free of a deferred range included; each an O(log n)
+/// check).
 #[derive(Debug)]
 pub struct IovaAllocator {
     /// The configured space, merged: start -> end (exclusive).
@@ -29,6 +29,9 @@ pub struct IovaAllocator {
     free: BTreeMap<u64, u64>,
     /// Freed ranges waiting for flush generation `.0`.
     deferred: VecDeque<(u64, Iova, u64)>,
+    /// The ranges in `deferred`, keyed by start, value = end (exclusive):
+    /// what a free is checked against.
+    pending: BTreeMap<u64, u64>,
     /// Bytes currently handed out.
     in_use: u64,
 }
@@ -45,6 +48,7 @@ impl IovaAllocator {
             space: BTreeMap::new(),
             free: BTreeMap::new(),
             deferred: VecDeque::new(),
+            pending: BTreeMap::new(),
             in_use: 0,
         };
         for r in ranges {
@@ -107,12 +111,14 @@ impl IovaAllocator {
         let size = self.in_use_range(iova, size)?;
         self.in_use -= size;
         self.deferred.push_back((seq, iova, size));
+        self.pending.insert(iova.raw(), iova.raw() + size);
         Ok(())
     }
 
     /// `size` rounded up to 4 KiB, if `iova..iova + size` can be in use:
     /// page aligned, not empty, no more than the bytes in use, inside the
-    /// configured space and overlapping no free range.
+    /// configured space and overlapping no free range and no range waiting
+    /// for its flush.
     fn in_use_range(&self, iova: Iova, size: u64) -> Result<u64> {
         let refuse = Error::IovaNotInUse {
             iova,
@@ -131,12 +137,8 @@ impl IovaAllocator {
             .range(..=start)
             .next_back()
             .is_some_and(|(_, &e)| end <= e);
-        let overlaps_free = self
-            .free
-            .range(..end)
-            .next_back()
-            .is_some_and(|(_, &e)| e > start);
-        if len == 0 || len > self.in_use || start % PAGE_SIZE != 0 || !inside || overlaps_free {
+        let given_back = overlaps(&self.free, start, end) || overlaps(&self.pending, start, end);
+        if len == 0 || len > self.in_use || start % PAGE_SIZE != 0 || !inside || given_back {
             return Err(refuse);
         }
         Ok(len)
@@ -151,6 +153,8 @@ impl IovaAllocator {
                 break;
             }
             self.deferred.pop_front();
+            let pending = self.pending.remove(&iova.raw());
+            debug_assert_eq!(pending, Some(iova.raw() + size), "deferred {iova}");
             self.insert_free(iova.raw(), iova.raw() + size);
             n += 1;
         }
@@ -169,9 +173,7 @@ impl IovaAllocator {
 
     /// Whether `iova..iova+len` overlaps a range waiting for a flush.
     pub fn is_deferred(&self, iova: Iova, len: u64) -> bool {
-        self.deferred
-            .iter()
-            .any(|&(_, d, dl)| iova.raw() < d.raw() + dl && d.raw() < iova.raw() + len)
+        overlaps(&self.pending, iova.raw(), iova.raw().saturating_add(len))
     }
 
     fn insert_free(&mut self, mut start: u64, mut end: u64) {
@@ -188,6 +190,15 @@ impl IovaAllocator {
         }
         self.free.insert(start, end);
     }
+}
+
+/// Whether `start..end` overlaps one of `ranges` (disjoint, start -> end
+/// exclusive): only the last one starting before `end` can.
+fn overlaps(ranges: &BTreeMap<u64, u64>, start: u64, end: u64) -> bool {
+    ranges
+        .range(..end)
+        .next_back()
+        .is_some_and(|(_, &e)| e > start)
 }
 
 #[cfg(test)]
@@ -326,6 +337,38 @@ mod tests {
         assert!(not_in_use(a.free(x, 0x2000)));
         assert_eq!(a.in_use(), 0);
         // Everything is one free range again.
+        assert_eq!(a.alloc(0xff000, 0x1000).unwrap(), Iova(0x1000));
+    }
+
+    /// A range waiting for its flush is not in use: a second free of it
+    /// (deferred or not), or a free overlapping it, is refused and changes
+    /// nothing, even while other bytes are in use (the byte count alone
+    /// let it through, and the flush then gave the range back twice).
+    #[test]
+    fn free_of_a_range_waiting_for_its_flush_is_refused() {
+        let mut a = IovaAllocator::new(&[SPACE]);
+        let x = a.alloc(0x2000, 0x1000).unwrap();
+        let y = a.alloc(0x2000, 0x1000).unwrap();
+        assert_eq!(y.raw(), x.raw() + 0x2000);
+        a.free_deferred(x, 0x2000, 1).unwrap();
+        let refused = |r: Result<()>, iova: Iova, size: u64| {
+            matches!(r, Err(Error::IovaNotInUse { iova: i, size: s, in_use: 0x2000 })
+                if i == iova && s == size)
+        };
+        assert!(refused(a.free_deferred(x, 0x2000, 2), x, 0x2000));
+        assert!(refused(a.free(x, 0x2000), x, 0x2000));
+        // Its second page alone, and a range across its end into `y`.
+        let second = Iova(x.raw() + 0x1000);
+        assert!(refused(a.free(second, 0x1000), second, 0x1000));
+        assert!(refused(a.free_deferred(second, 0x2000, 2), second, 0x2000));
+        assert_eq!((a.in_use(), a.deferred()), (0x2000, 1));
+        assert!(a.is_deferred(x, 0x2000) && !a.is_deferred(y, 0x2000));
+        // `y` is still in use and can go back.
+        a.free_deferred(y, 0x2000, 2).unwrap();
+        assert_eq!(a.reclaim(2), 2);
+        assert_eq!((a.in_use(), a.deferred()), (0, 0));
+        assert!(!a.is_deferred(x, 0x4000));
+        // Given back once each: the space is one free range again.
         assert_eq!(a.alloc(0xff000, 0x1000).unwrap(), Iova(0x1000));
     }
 }

@@ -90,6 +90,28 @@ fn iova_free_of_a_range_never_allocated_is_refused() {
     assert_eq!(a.alloc(0xff000, 4096).unwrap(), Iova(0x1000));
 }
 
+/// A second free of an IOVA range still waiting for its flush is refused
+/// and changes nothing, though other bytes are in use (it used to be
+/// accepted, and the flush gave the range back twice).
+#[test]
+fn iova_second_free_of_a_deferred_range_is_refused() {
+    let mut a = IovaAllocator::new(&[SPACE]);
+    let x = a.alloc(0x1000, 4096).unwrap();
+    let _y = a.alloc(0x3000, 4096).unwrap();
+    a.free_deferred(x, 0x1000, 7).unwrap();
+    for second in [a.free_deferred(x, 0x1000, 8), a.free(x, 0x1000)] {
+        assert!(matches!(
+            second,
+            Err(Error::IovaNotInUse { iova, size: 0x1000, in_use: 0x3000 }) if iova == x
+        ));
+    }
+    assert_eq!((a.in_use(), a.deferred()), (0x3000, 1));
+    assert_eq!(a.reclaim(8), 1);
+    assert_eq!((a.in_use(), a.deferred()), (0x3000, 0));
+    // Back once: free again, and handed out once.
+    assert_eq!(a.alloc(0x1000, 4096).unwrap(), x);
+}
+
 /// A range whose end does not fit a `usize` is not resident, and asking
 /// does not panic.
 #[test]
