@@ -335,7 +335,13 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cfgs = configs(&a, packets, warmup);
-    if let Some(e) = cfgs.iter().find_map(|c| pfrag_lab::run::check(c).err()) {
+    // Each configuration is checked as its backend will run it.
+    let check = if a.backend.dma().is_some() {
+        run::check_vfio
+    } else {
+        run::check
+    };
+    if let Some(e) = cfgs.iter().find_map(|c| check(c).err()) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }

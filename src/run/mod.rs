@@ -314,6 +314,31 @@ pub enum RunError {
         /// The queue.
         queue: usize,
     },
+    /// A packet of the run needs more descriptors than its ring holds, so
+    /// no retry sends it: found before the run from the least it needs
+    /// ([`check`]), or by the queue from its exact count.
+    #[error(
+        "a {payload}-byte packet needs at least {needed} descriptors on the {format} format \
+         (order-{order} chunks{}), a ring of {ring} holds {capacity}: use a larger ring, \
+         larger chunks or smaller packets",
+        .boundary.map_or(String::new(), |b| format!(", buffers cut at {b} B"))
+    )]
+    PacketTooLarge {
+        /// Payload bytes of the packet.
+        payload: usize,
+        /// Descriptors it needs.
+        needed: usize,
+        /// The descriptor format the queue writes.
+        format: &'static str,
+        /// Chunk order of the run's pool.
+        order: u32,
+        /// Where data buffers are cut, if anywhere.
+        boundary: Option<usize>,
+        /// Descriptors in the ring.
+        ring: u16,
+        /// Descriptors the ring holds at once (one fewer).
+        capacity: usize,
+    },
     /// The warm-up lost packets, which the measured part's counters,
     /// started after it, would not show.
     #[error(
@@ -364,70 +389,6 @@ fn touch_name(t: Touch) -> &'static str {
     }
 }
 
-/// Settings every backend needs in range; every run checks them first,
-/// and a driver of many runs can check them all before starting any.
-pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
-    let chunk = Order::new(cfg.order)?.size();
-    if cfg.payload > vfio_nic::desc::MAX_PAYLEN {
-        return Err(RunError::Setting(format!(
-            "payload {} is more than one packet carries (1..={}: the 82576's PAYLEN is 18 bits)",
-            cfg.payload,
-            vfio_nic::desc::MAX_PAYLEN
-        )));
-    }
-    if cfg.mss == 0 {
-        return Err(RunError::Setting("mss must be > 0".into()));
-    }
-    check_flows(cfg.flows)?;
-    // The pool's own checks (queues, hysteresis sizes against the chunk):
-    // the chunk size is not in the pool's message, so it is added here.
-    cfg.pool_config()?.check().map_err(|e| {
-        RunError::Setting(format!(
-            "order {} (chunks of {chunk} B), queues {}, reclaim {}: {e}",
-            cfg.order,
-            cfg.queues,
-            cfg.reclaim.name()
-        ))
-    })?;
-    cfg.device.check(cfg.queues)?;
-    if let Some(g) = cfg.device.line_rate_gbit {
-        // One packet's frames, with their gaps, must leave before the run
-        // gives up waiting for a completion.
-        let segs = cfg.payload.div_ceil(usize::from(cfg.mss)).max(1) as u64;
-        let wire = softnic::wire_bytes(segs, HDR_LEN, cfg.payload) + segs * softnic::WIRE_GAP;
-        let secs = wire as f64 * 8.0 / g / 1e9;
-        if secs >= STALL.as_secs_f64() {
-            return Err(RunError::Setting(format!(
-                "a {}-byte packet at mss {} takes {secs:.1} s on the wire at {g} Gbit/s; \
-                 a run gives up after {} s without a completion",
-                cfg.payload,
-                cfg.mss,
-                STALL.as_secs()
-            )));
-        }
-    }
-    if cfg.payload == 0 || cfg.packets == 0 || cfg.burst == 0 {
-        return Err(RunError::Setting(format!(
-            "payload {}, packets {} and burst {} must be > 0",
-            cfg.payload, cfg.packets, cfg.burst
-        )));
-    }
-    Ok(())
-}
-
-/// Checks a flow count against the traffic generator's range
-/// (1..=[`MAX_FLOWS`](vfio_nic::gen::flow::MAX_FLOWS), one source port
-/// each).
-pub fn check_flows(flows: usize) -> Result<(), RunError> {
-    let max = vfio_nic::gen::flow::MAX_FLOWS;
-    if flows == 0 || flows > max {
-        return Err(RunError::Setting(format!(
-            "flows {flows} out of range (1..={max})"
-        )));
-    }
-    Ok(())
-}
-
 /// The default TCP MSS of the generated traffic (a 1500-byte MTU).
 pub const MSS: u16 = 1448;
 
@@ -474,10 +435,13 @@ fn pump<M: DmaMapper, D: TxDevice>(
                     backoff.pause();
                 }
                 Err(vfio_nic::Error::PacketTooLarge { needed, capacity }) => {
-                    return Err(RunError::Setting(format!(
-                        "a {len}-byte packet needs {needed} descriptors, a {}-descriptor ring holds {capacity}",
-                        cfg.ring
-                    )))
+                    return Err(too_large::<D::Format>(
+                        cfg,
+                        q.config(),
+                        len,
+                        needed,
+                        capacity,
+                    ))
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -516,6 +480,7 @@ fn waited(e: vfio_nic::Error, d: Duration) -> vfio_nic::Error {
     }
 }
 
+mod check;
 mod gate;
 mod limit;
 mod row;
@@ -523,12 +488,14 @@ mod soft;
 mod timed;
 mod vfio;
 
+pub use check::{check, check_flows};
+use check::{check_ring, too_large};
 pub use limit::{driver_limit, limit};
 pub use row::Row;
 use row::{Cpu, Measured};
 pub use soft::run;
 pub use timed::{thread_cpu_ns, DeviceTime, Timed};
-pub use vfio::{run_vfio, DmaBackend};
+pub use vfio::{check_vfio, run_vfio, DmaBackend};
 
 /// A small run for tests: one queue and flow, ten 1,000-byte packets
 /// after `warmup`, order 4 persistent, mapped headers, the software NIC.

@@ -22,9 +22,11 @@ pub enum Error {
     /// ring or larger chunks (fewer buffers per packet).
     #[error("packet needs {needed} descriptors, the ring holds at most {capacity}")]
     PacketTooLarge {
-        /// Descriptors the packet needs (at least: counted before its
-        /// frags exist, no data descriptor is assumed to carry more than a
-        /// chunk).
+        /// Descriptors the packet needs (at least, when counted before its
+        /// frags exist: no data descriptor is assumed to carry more than a
+        /// chunk, the format's largest buffer or the boundary, as
+        /// [`Config::descs_at_least`](crate::tx::Config::descs_at_least)
+        /// counts).
         needed: usize,
         /// Descriptors the ring holds when empty (one fewer than its size).
         capacity: usize,

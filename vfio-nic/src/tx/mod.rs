@@ -400,9 +400,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
     /// Descriptors the ring holds at once: one fewer than its size (a full
     /// ring would look empty to the device). A packet that needs more is
-    /// [`Error::PacketTooLarge`].
+    /// [`Error::PacketTooLarge`]. ([`Config::capacity`].)
     pub fn capacity(&self) -> usize {
-        usize::from(self.cfg.ring) - 1
+        self.cfg.capacity()
     }
     /// The settings.
     pub fn config(&self) -> &Config {

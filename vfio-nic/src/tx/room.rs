@@ -1,12 +1,15 @@
 //! Whether a packet fits: the descriptors it needs (counted at most before
 //! its frags exist, at least for the whole ring, exactly once they do) and
 //! the checks against the device's buffer limit and the ring, made before
-//! anything is allocated where the count allows it.
+//! anything is allocated where the count allows it. The lower bound and the
+//! ring's capacity need no queue ([`Config::descs_at_least`],
+//! [`Config::check_fits`]): a caller can refuse settings whose packets never
+//! fit before it builds one.
 
 use pfrag::dma::DmaMapper;
-use pfrag::PAGE_SIZE;
+use pfrag::{Order, PAGE_SIZE};
 
-use super::{Fmt, Queue};
+use super::{Config, Fmt, Queue};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
 use crate::format::Format;
@@ -19,6 +22,114 @@ pub(super) enum Need {
     Exact,
     /// Estimated before its frags exist: the packet needs at most this.
     AtMost,
+}
+
+/// Context descriptors a packet with `offload` takes on format `F` at
+/// most: one for an offload where the format keeps the device's offload
+/// state ([`Format::HAS_CONTEXT`]), none if the device already holds it.
+fn context_descs<F: Format>(offload: Offload) -> usize {
+    usize::from(F::HAS_CONTEXT && offload != Offload::None)
+}
+
+impl Config {
+    /// Descriptors a ring of [`ring`](Self::ring) descriptors holds at
+    /// once: one fewer than its size (a full ring would look empty to the
+    /// device). A packet that needs more is [`Error::PacketTooLarge`].
+    pub fn capacity(&self) -> usize {
+        usize::from(self.ring) - 1
+    }
+
+    /// The least descriptors a packet of `len` payload bytes takes on a
+    /// queue with these settings that writes format `F`, its payload in
+    /// frags of chunks of `order` (the queue's pool's): its header
+    /// descriptor and as many data descriptors as the payload needs when
+    /// none carries more than a chunk, the format's largest buffer
+    /// ([`Format::MAX_BUF`]) or the [`boundary`](Self::boundary), and no
+    /// context descriptor (the device may hold the packet's context
+    /// already). A packet's exact count, known once its frags are, is never
+    /// less. (A packet small enough to go inline, headers and payload in
+    /// one bounce slot, takes one data descriptor and no frag.)
+    ///
+    /// The queue refuses a packet whose bound passes the ring's
+    /// [`capacity`](Self::capacity) with [`Error::PacketTooLarge`] before
+    /// allocating anything ([`Queue::room_for`], [`Queue::send`]); no queue
+    /// is needed to compute it.
+    ///
+    /// ```
+    /// use pfrag::Order;
+    /// use vfio_nic::format::igb::Advanced;
+    /// use vfio_nic::tx::Config;
+    ///
+    /// let cfg = Config::default();
+    /// // 64 KiB chunks, but the 82576 carries at most 65,535 bytes per
+    /// // buffer: a 65,536-byte payload takes the header and two buffers.
+    /// assert_eq!(cfg.descs_at_least::<Advanced>(Order::new(4)?, 65_536), 3);
+    /// // 4 KiB chunks: 16 data descriptors.
+    /// assert_eq!(cfg.descs_at_least::<Advanced>(Order::new(0)?, 65_536), 17);
+    /// # Ok::<(), pfrag::Error>(())
+    /// ```
+    pub fn descs_at_least<F: Format>(&self, order: Order, len: usize) -> usize {
+        let per = order
+            .size()
+            .min(F::MAX_BUF)
+            .min(self.boundary.unwrap_or(usize::MAX));
+        1 + len.div_ceil(per)
+    }
+
+    /// Refuses a packet that needs at least `descs` descriptors if the
+    /// whole ring holds fewer ([`capacity`](Self::capacity)):
+    /// [`Error::PacketTooLarge`], which no retry mends.
+    pub fn check_capacity(&self, descs: usize) -> Result<()> {
+        let capacity = self.capacity();
+        if descs > capacity {
+            return Err(Error::PacketTooLarge {
+                needed: descs,
+                capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a packet of `len` payload bytes with `offload` can fit the
+    /// ring of a queue with these settings that writes format `F` over
+    /// chunks of `order`, checked without a queue: the least descriptors
+    /// it takes ([`descs_at_least`](Self::descs_at_least), plus a context
+    /// descriptor for an offload on a format that keeps one, as the first
+    /// packet with that offload needs), which it returns, against the
+    /// ring's [`capacity`](Self::capacity).
+    ///
+    /// [`Error::PacketTooLarge`] means such a queue refuses the packet
+    /// whenever its device does not hold the packet's context already, the
+    /// first time in any case: settings to refuse before building the
+    /// queue. `Ok` means it may fit; the exact count, known once the
+    /// packet's frags are, decides.
+    ///
+    /// ```
+    /// use pfrag::Order;
+    /// use vfio_nic::format::igb::Advanced;
+    /// use vfio_nic::offload::Offload;
+    /// use vfio_nic::tx::Config;
+    /// use vfio_nic::Error;
+    ///
+    /// let tso = Offload::Tso { mss: 1448 };
+    /// let ring = Config { ring: 8, ..Config::default() };
+    /// // The 82576's largest payload in 4 KiB chunks: a context, the
+    /// // header and 64 data descriptors, past the 7 a ring of 8 holds.
+    /// let r = ring.check_fits::<Advanced>(Order::new(0)?, 262_143, tso);
+    /// assert!(matches!(r, Err(Error::PacketTooLarge { needed: 66, capacity: 7 })));
+    /// assert_eq!(Config::default().check_fits::<Advanced>(Order::new(0)?, 262_143, tso)?, 66);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check_fits<F: Format>(
+        &self,
+        order: Order,
+        len: usize,
+        offload: Offload,
+    ) -> Result<usize> {
+        let descs = context_descs::<F>(offload) + self.descs_at_least::<F>(order, len);
+        self.check_capacity(descs)?;
+        Ok(descs)
+    }
 }
 
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
@@ -34,7 +145,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// empty, and `post` then tells whether it fits
     /// ([`Error::PacketTooLarge`] if it never can).
     pub fn room_for(&mut self, len: usize, offload: Offload) -> Result<()> {
-        let ctx = usize::from(Fmt::<D>::HAS_CONTEXT && offload != Offload::None);
+        let ctx = context_descs::<Fmt<D>>(offload);
         // The device may hold the context already: at least no context.
         self.check_capacity(self.descs_at_least(len))?;
         self.check_room(self.descs_at_most(len, ctx), ctx, Need::AtMost)
@@ -96,28 +207,18 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
 
     /// Descriptors a payload of `len` bytes needs at least (header + data,
-    /// no context): no data descriptor carries more than a chunk,
-    /// the format's largest buffer or the boundary.
+    /// no context), over the chunks of the queue's pool:
+    /// [`Config::descs_at_least`].
     pub(super) fn descs_at_least(&self, len: usize) -> usize {
-        let chunk = self.cache.pool().chunk_size();
-        let per = chunk
-            .min(Fmt::<D>::MAX_BUF)
-            .min(self.cfg.boundary.unwrap_or(usize::MAX));
-        1 + len.div_ceil(per)
+        let order = self.cache.pool().config().order;
+        self.cfg.descs_at_least::<Fmt<D>>(order, len)
     }
 
     /// Refuses a packet that needs at least `descs` descriptors if the
-    /// whole ring holds fewer: [`Error::PacketTooLarge`], before anything
-    /// is allocated.
+    /// whole ring holds fewer: [`Error::PacketTooLarge`]
+    /// ([`Config::check_capacity`]), before anything is allocated.
     pub(super) fn check_capacity(&self, descs: usize) -> Result<()> {
-        let capacity = self.capacity();
-        if descs > capacity {
-            return Err(Error::PacketTooLarge {
-                needed: descs,
-                capacity,
-            });
-        }
-        Ok(())
+        self.cfg.check_capacity(descs)
     }
 
     /// Whether `descs` descriptors, `ctx` of them context descriptors, fit
