@@ -85,7 +85,13 @@ fn payload_past_paylen_is_refused_before_running() {
     let mut c = config(1, Reclaim::Eager, Workload::Fixed, 100);
     c.payload = 262_144;
     match run(&c, &mut |_| {}) {
-        Err(pfrag_lab::run::RunError::Setting(s)) => assert!(s.contains("262143"), "{s}"),
+        Err(
+            e @ pfrag_lab::run::RunError::PayloadTooLarge {
+                payload: 262_144,
+                max: 262_143,
+                ..
+            },
+        ) => assert!(e.to_string().contains("at most 262143 B"), "{e}"),
         other => panic!("{other:?}"),
     }
 }
@@ -379,4 +385,138 @@ fn check_vfio_checks_the_ring_with_the_nics_own_cut() {
     c.iommu = IommuMode::Strict;
     c.model = DeviceModel::Null;
     assert!(matches!(check_vfio(&c), Err(RunError::Setting(s)) if s.contains("null")));
+}
+
+/// A payload past what one packet carries in the format the model reads,
+/// and a packet that takes more buffers than one may have, are refused by
+/// `run::check` before anything runs, with the numbers: virtio-net carries
+/// at most 65,535 bytes a packet (the 82576 262,143), and the 82576's
+/// largest payload over 4 KiB chunks takes the header and 64 data buffers,
+/// one more than the 64 a packet may have, though a ring of 256 would hold
+/// it. The sweep's defaults pass on either format, and a packet at the
+/// buffers' limit runs.
+#[test]
+fn check_refuses_a_payload_past_the_format_and_too_many_buffers() {
+    use pfrag_lab::run::{check, RunError};
+    let ok = config(1, Reclaim::Eager, Workload::Fixed, 100);
+    for model in [DeviceModel::Soft, DeviceModel::Null, DeviceModel::Virtio] {
+        for order in 0..=4 {
+            let mut c = ok.clone();
+            (c.model, c.order, c.payload) = (model, order, 65_160);
+            check(&c).unwrap();
+        }
+    }
+
+    let mut c = ok.clone();
+    (c.model, c.payload) = (DeviceModel::Virtio, 65_535);
+    check(&c).unwrap();
+    c.payload = 65_536;
+    let e = check(&c).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RunError::PayloadTooLarge {
+                payload: 65_536,
+                max: 65_535,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let s = e.to_string();
+    for w in ["65536-byte", "virtio", "at most 65535 B"] {
+        assert!(s.contains(w), "{w:?} not in {s:?}");
+    }
+    // The run refuses it the same way, before it starts.
+    assert!(matches!(
+        run(&c, &mut |_| {}),
+        Err(RunError::PayloadTooLarge { max: 65_535, .. })
+    ));
+    // The 82576 carries it, up to its 18-bit PAYLEN.
+    c.model = DeviceModel::Soft;
+    check(&c).unwrap();
+    c.payload = vfio_nic::desc::MAX_PAYLEN;
+    check(&c).unwrap();
+    c.payload += 1;
+    assert!(matches!(
+        check(&c),
+        Err(RunError::PayloadTooLarge {
+            payload: 262_144,
+            max: 262_143,
+            ..
+        })
+    ));
+
+    let mut c = ok.clone();
+    (c.order, c.payload, c.ring) = (0, 262_143, 256);
+    let e = check(&c).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RunError::TooManyBuffers {
+                payload: 262_143,
+                needed: 65,
+                max: 64,
+                order: 0,
+                boundary: None,
+                fit_whole: true,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let s = e.to_string();
+    for w in ["262143-byte", "up to 65 buffers", "82576", "may have 64"] {
+        assert!(s.contains(w), "{w:?} not in {s:?}");
+    }
+    // Without fit-whole a payload's first bytes may take a chunk's tail:
+    // 63 pages take 65 buffers.
+    c.payload = 63 * 4096;
+    check(&c).unwrap();
+    c.fit_whole = false;
+    let s = check(&c).unwrap_err().to_string();
+    assert!(
+        s.contains("up to 65 buffers") && s.contains("not fit whole"),
+        "{s}"
+    );
+    // At the limit (the header and 63 pages) the run sends every packet.
+    c.fit_whole = true;
+    (c.packets, c.warmup) = (20, 4);
+    let r = &run(&c, &mut |_| {}).unwrap()[0];
+    assert_eq!((r.faults, r.bytes_verified), (0, 20 * 63 * 4096));
+    c.payload += 1;
+    assert!(matches!(
+        check(&c),
+        Err(RunError::TooManyBuffers {
+            needed: 65,
+            max: 64,
+            ..
+        })
+    ));
+}
+
+/// A VFIO run on the 82576 cuts its data buffers at 4 KiB: the 82576's
+/// largest payload over 64 KiB chunks, 9 buffers on the software NIC, is
+/// 69 there (the header, 4 frags, 63 cuts and one for a frag that may start
+/// off a page), more than a packet may have.
+#[test]
+fn check_vfio_counts_buffers_with_the_nics_own_cut() {
+    use pfrag_lab::run::{check, check_vfio, RunError};
+    let mut c = config(1, Reclaim::Eager, Workload::Fixed, 100);
+    (c.order, c.ring, c.payload) = (4, 256, vfio_nic::desc::MAX_PAYLEN);
+    check(&c).unwrap();
+    let e = check_vfio(&c).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RunError::TooManyBuffers {
+                needed: 69,
+                max: 64,
+                boundary: Some(4096),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("buffers cut at 4096 B"), "{e}");
 }

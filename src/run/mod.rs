@@ -285,72 +285,6 @@ impl Workload {
     }
 }
 
-/// Failures of a run.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// The NIC side failed.
-    #[error(transparent)]
-    Nic(#[from] vfio_nic::Error),
-    /// The pool side failed.
-    #[error(transparent)]
-    Pool(#[from] pfrag::Error),
-    /// A setting is out of range.
-    #[error("invalid setting: {0}")]
-    Setting(String),
-    /// A queue's thread could not be created (e.g. the process's thread
-    /// limit, `ulimit -u`); the run's other threads left without running.
-    #[error("could not start the thread of queue {queue} of {queues}: {source}")]
-    Spawn {
-        /// The queue.
-        queue: usize,
-        /// The run's queues.
-        queues: usize,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// A queue's thread panicked (a bug, not a setting).
-    #[error("the thread of queue {queue} panicked")]
-    Panicked {
-        /// The queue.
-        queue: usize,
-    },
-    /// A packet of the run needs more descriptors than its ring holds, so
-    /// no retry sends it: found before the run from the least it needs
-    /// ([`check`]), or by the queue from its exact count.
-    #[error(
-        "a {payload}-byte packet needs at least {needed} descriptors on the {format} format \
-         (order-{order} chunks{}), a ring of {ring} holds {capacity}: use a larger ring, \
-         larger chunks or smaller packets",
-        .boundary.map_or(String::new(), |b| format!(", buffers cut at {b} B"))
-    )]
-    PacketTooLarge {
-        /// Payload bytes of the packet.
-        payload: usize,
-        /// Descriptors it needs.
-        needed: usize,
-        /// The descriptor format the queue writes.
-        format: &'static str,
-        /// Chunk order of the run's pool.
-        order: u32,
-        /// Where data buffers are cut, if anywhere.
-        boundary: Option<usize>,
-        /// Descriptors in the ring.
-        ring: u16,
-        /// Descriptors the ring holds at once (one fewer).
-        capacity: usize,
-    },
-    /// The warm-up lost packets, which the measured part's counters,
-    /// started after it, would not show.
-    #[error(
-        "the warm-up lost {lost} packets (faults, corrupt payloads, bad descriptors or \
-         completions with an error)"
-    )]
-    WarmUp {
-        /// Losses counted during the warm-up.
-        lost: u64,
-    },
-}
-
 /// What a device lost so far, by its counters and the queue's: faults,
 /// corrupt payloads, bad descriptors and completions with an error.
 fn lost(nic: Option<&vfio_nic::model::softnic::NicStats>, q: &tx::Stats) -> u64 {
@@ -434,16 +368,8 @@ fn pump<M: DmaMapper, D: TxDevice>(
                     // counts work, not waiting.
                     backoff.pause();
                 }
-                Err(vfio_nic::Error::PacketTooLarge { needed, capacity }) => {
-                    return Err(too_large::<D::Format>(
-                        cfg,
-                        q.config(),
-                        len,
-                        needed,
-                        capacity,
-                    ))
-                }
-                Err(e) => return Err(e.into()),
+                // A packet no retry sends, with the run's numbers.
+                Err(e) => return Err(refused::<D::Format>(cfg, q.config(), len, e)),
             }
         }
         if (i + 1) % cfg.burst == 0 {
@@ -481,6 +407,7 @@ fn waited(e: vfio_nic::Error, d: Duration) -> vfio_nic::Error {
 }
 
 mod check;
+mod error;
 mod gate;
 mod limit;
 mod row;
@@ -489,7 +416,8 @@ mod timed;
 mod vfio;
 
 pub use check::{check, check_flows};
-use check::{check_ring, too_large};
+use check::{check_packet, refused};
+pub use error::RunError;
 pub use limit::{driver_limit, limit};
 pub use row::Row;
 use row::{Cpu, Measured};

@@ -106,10 +106,11 @@ pub fn run_vfio(
 /// driver of many runs can check of them all before starting any:
 /// [`check`]'s settings, a model that names a real NIC, what one queue of
 /// it allows (a strict IOMMU, no memory limits, one queue, the device
-/// inline), and that the run's largest packet can fit the ring in that
-/// NIC's format, with its data buffers cut where that NIC needs them
-/// (on the 82576, at 4 KiB: a packet takes more descriptors there than on
-/// the software NIC).
+/// inline), and that the run's largest packet is one a queue of that NIC
+/// sends (its payload, descriptors against the ring and buffers, as
+/// [`check`] checks them), in that NIC's format with its data buffers cut
+/// where that NIC needs them (on the 82576, at 4 KiB: a packet takes more
+/// descriptors and buffers there than on the software NIC).
 pub fn check_vfio(cfg: &RunConfig) -> Result<(), RunError> {
     /// The checks, on the NIC type the model picks.
     struct Check<'a>(&'a RunConfig);
@@ -160,7 +161,7 @@ fn check_on<N: VfioNic>(cfg: &RunConfig) -> Result<(), RunError> {
                 .into(),
         ));
     }
-    check_ring::<<N as TxDevice>::Format>(cfg, N::BOUNDARY)
+    check_packet::<<N as TxDevice>::Format>(cfg, N::BOUNDARY)
 }
 
 /// How a VFIO run opens its device and maps its memory.

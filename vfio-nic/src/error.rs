@@ -42,13 +42,17 @@ pub enum Error {
     /// More buffers for one packet than the device takes.
     #[error("packet needs {needed} buffers, the device takes at most {max}")]
     TooManyBuffers {
-        /// Buffers needed.
+        /// Buffers needed (at most, when counted before the packet's frags
+        /// exist, as
+        /// [`Config::bufs_at_most`](crate::tx::Config::bufs_at_most)
+        /// counts).
         needed: usize,
         /// The device limit.
         max: usize,
     },
     /// A payload larger than one packet can carry: the 82576's PAYLEN field
-    /// is 18 bits, and the pool caps payloads too.
+    /// is 18 bits, a virtio-net packet at most 64 KiB, and the pool caps
+    /// payloads too ([`tx::max_payload`](crate::tx::max_payload)).
     #[error("payload of {len} bytes exceeds the {max} bytes one packet can carry")]
     PayloadTooLarge {
         /// Bytes asked for.
