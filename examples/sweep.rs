@@ -19,7 +19,7 @@ use pfrag::account::Limits;
 use pfrag::bounce::SlotSize;
 use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
-use pfrag_lab::reps::{self, Spread};
+use pfrag_lab::reps::{self, JobRows};
 use pfrag_lab::run::driver_limit;
 use pfrag_lab::run::{run_vfio, DeviceModel, DeviceSetup, DmaBackend, Workload};
 use pfrag_lab::{cli, report};
@@ -335,7 +335,13 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cfgs = configs(&a, packets, warmup);
-    if let Some(e) = cfgs.iter().find_map(|c| pfrag_lab::run::check(c).err()) {
+    // Each configuration is checked as its backend will run it.
+    let check = if a.backend.dma().is_some() {
+        run::check_vfio
+    } else {
+        run::check
+    };
+    if let Some(e) = cfgs.iter().find_map(|c| check(c).err()) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
@@ -366,14 +372,14 @@ fn main() -> ExitCode {
     };
     let rows: Vec<Row> = per_job
         .iter()
-        .flat_map(|(_, reps)| summaries(reps))
+        .flat_map(|(_, reps)| reps::summaries(reps))
         .collect();
     let mut out = std::io::stdout().lock();
     if report::print_table(&mut out, &rows).is_err() {
         return ExitCode::FAILURE;
     }
     let _ = writeln!(out);
-    print_ratios(&mut out, &per_job, &a);
+    reps::print_ratios(&mut out, &per_job, &a.orders, &a.mss, a.line_rate.is_some());
     let every: Vec<&Row> = per_job.iter().flat_map(|j| j.1.iter().flatten()).collect();
     if !write_outputs(&a, &rows) || !all_delivered(&a, &every) {
         return ExitCode::FAILURE;
@@ -436,21 +442,6 @@ fn jobs(a: &Args, cfgs: Vec<RunConfig>) -> Vec<Job> {
     jobs
 }
 
-/// One summary row per row a job's repetitions produced (a multi-queue
-/// run gives a total row and one per queue).
-fn summaries(reps: &[Vec<Row>]) -> Vec<Row> {
-    let n = reps.first().map_or(0, Vec::len);
-    (0..n)
-        .filter_map(|k| {
-            let ks: Vec<Row> = reps.iter().filter_map(|r| r.get(k).cloned()).collect();
-            reps::summarise(&ks)
-        })
-        .collect()
-}
-
-/// A job's results: its label and, per repetition, its rows.
-type JobRows = (String, Vec<Vec<Row>>);
-
 /// Runs `reps` rounds of every job with a progress bar over all of them;
 /// `None` after reporting an error.
 fn run_all(a: &Args, jobs: Vec<Job>, reps: usize, per_cfg: u64) -> Option<Vec<JobRows>> {
@@ -495,89 +486,6 @@ fn run_all(a: &Args, jobs: Vec<Job>, reps: usize, per_cfg: u64) -> Option<Vec<Jo
     }
     bar.finish_and_clear();
     Some(out)
-}
-
-/// The total rows, one per repetition, of the job whose total row is
-/// `is`.
-fn reps_of(per_job: &[JobRows], is: impl Fn(&Row) -> bool) -> Option<Vec<Row>> {
-    let (_, reps) = per_job
-        .iter()
-        .find(|j| j.1.first().and_then(|r| r.first()).is_some_and(&is))?;
-    Some(reps.iter().filter_map(|r| r.first().cloned()).collect())
-}
-
-/// The ratios of the same run, per order, each taken per repetition and
-/// shown as median (min–max).
-fn print_ratios(out: &mut impl Write, per_job: &[JobRows], a: &Args) {
-    let (orders, mss) = (&a.orders, &a.mss);
-    let gbit = |r: &Row| Some(r.gbit_s);
-    let driver = |r: &Row| r.driver_ns_per_pkt;
-    let cpu = |r: &Row| r.cpu_ns_per_gbit;
-    for (o, m) in orders.iter().flat_map(|o| mss.iter().map(move |m| (o, m))) {
-        let get = |p: &str, i: &str| {
-            reps_of(per_job, |r| {
-                r.order == o.to_string() && r.policy == p && r.iommu == i && r.mss == *m
-            })
-        };
-        let Some(persistent) = get("persistent", "strict") else {
-            continue;
-        };
-        let mut parts = Vec::new();
-        let mut add = |name: &str, s: Option<Spread>| {
-            if let Some(s) = s {
-                parts.push(format!("{name} {}", ratio_text(&s)));
-            }
-        };
-        let pf = get("per-frag", "strict");
-        let off = get("persistent", "off");
-        let lim = reps_of(per_job, |r| r.policy == "limit");
-        add(
-            "persistent/per-frag",
-            pf.as_ref().and_then(|b| reps::ratio(&persistent, b, gbit)),
-        );
-        if a.line_rate.is_some() {
-            add(
-                "CPU per Gbit persistent/per-frag",
-                pf.as_ref().and_then(|b| reps::ratio(&persistent, b, cpu)),
-            );
-        }
-        add(
-            "persistent/off",
-            off.as_ref().and_then(|b| reps::ratio(&persistent, b, gbit)),
-        );
-        add(
-            "persistent/limit",
-            lim.and_then(|b| reps::ratio(&persistent, &b, gbit)),
-        );
-        add(
-            "driver ns persistent/off",
-            off.as_ref()
-                .and_then(|b| reps::ratio(&persistent, b, driver)),
-        );
-        if !parts.is_empty() {
-            let mss = if mss.len() > 1 {
-                format!(" mss {m}")
-            } else {
-                String::new()
-            };
-            let _ = writeln!(out, "order {o}{mss}: {}", parts.join(", "));
-        }
-    }
-}
-
-/// A ratio's median, range and, with enough repetitions, its 95 %
-/// confidence interval and whether it differs from 1 significantly.
-fn ratio_text(s: &Spread) -> String {
-    let mut t = format!("{:.2}x ({:.2}–{:.2}", s.median, s.min, s.max);
-    if let Some((lo, hi)) = s.ci95 {
-        let verdict = if s.differs_from(1.0) == Some(true) {
-            "differs from 1"
-        } else {
-            "not different from 1"
-        };
-        t += &format!("; 95% CI {lo:.2}–{hi:.2}, {verdict}");
-    }
-    t + ")"
 }
 
 /// Writes the CSV and SVG asked for; false after reporting an error.

@@ -4,6 +4,8 @@
 //! taken per repetition (the same round of two configurations) before
 //! their median and spread.
 
+use std::io::Write;
+
 use crate::run::Row;
 
 /// The median and range of some repeated figure.
@@ -120,6 +122,113 @@ pub fn ratio(a: &[Row], b: &[Row], f: impl Fn(&Row) -> Option<f64>) -> Option<Sp
     Spread::of(&v?)
 }
 
+/// A job of a sweep, repeated: its label and, per repetition, its rows (a
+/// multi-queue run gives a total row first, then one per queue).
+pub type JobRows = (String, Vec<Vec<Row>>);
+
+/// One summary row ([`summarise`]) per row a job's repetitions `reps`
+/// produced: the total row's, then each queue's.
+pub fn summaries(reps: &[Vec<Row>]) -> Vec<Row> {
+    let n = reps.first().map_or(0, Vec::len);
+    (0..n)
+        .filter_map(|k| {
+            let ks: Vec<Row> = reps.iter().filter_map(|r| r.get(k).cloned()).collect();
+            summarise(&ks)
+        })
+        .collect()
+}
+
+/// The total rows, one per repetition, of the job whose total row is
+/// `is`.
+fn totals(per_job: &[JobRows], is: impl Fn(&Row) -> bool) -> Option<Vec<Row>> {
+    let (_, reps) = per_job
+        .iter()
+        .find(|j| j.1.first().and_then(|r| r.first()).is_some_and(&is))?;
+    Some(reps.iter().filter_map(|r| r.first().cloned()).collect())
+}
+
+/// Prints the order sweep's ratios of the same run, for each of `orders`
+/// and `mss`, each taken per repetition ([`ratio`]) and shown as median
+/// (min–max): persistent (strict IOMMU) against per-frag in Gbit/s (and in
+/// CPU per Gbit if `cpu_per_gbit`, with a line rate), against the IOMMU
+/// off, against the `limit` ceiling, and in driver ns against the IOMMU
+/// off; a line per order (and MSS) that ran persistent with any of them.
+pub fn print_ratios(
+    out: &mut impl Write,
+    per_job: &[JobRows],
+    orders: &[u32],
+    mss: &[u16],
+    cpu_per_gbit: bool,
+) {
+    let gbit = |r: &Row| Some(r.gbit_s);
+    let driver = |r: &Row| r.driver_ns_per_pkt;
+    let cpu = |r: &Row| r.cpu_ns_per_gbit;
+    for (o, m) in orders.iter().flat_map(|o| mss.iter().map(move |m| (o, m))) {
+        let get = |p: &str, i: &str| {
+            totals(per_job, |r| {
+                r.order == o.to_string() && r.policy == p && r.iommu == i && r.mss == *m
+            })
+        };
+        let Some(persistent) = get("persistent", "strict") else {
+            continue;
+        };
+        let mut parts = Vec::new();
+        let mut add = |name: &str, s: Option<Spread>| {
+            if let Some(s) = s {
+                parts.push(format!("{name} {}", ratio_text(&s)));
+            }
+        };
+        let pf = get("per-frag", "strict");
+        let off = get("persistent", "off");
+        let lim = totals(per_job, |r| r.policy == "limit");
+        add(
+            "persistent/per-frag",
+            pf.as_ref().and_then(|b| ratio(&persistent, b, gbit)),
+        );
+        if cpu_per_gbit {
+            add(
+                "CPU per Gbit persistent/per-frag",
+                pf.as_ref().and_then(|b| ratio(&persistent, b, cpu)),
+            );
+        }
+        add(
+            "persistent/off",
+            off.as_ref().and_then(|b| ratio(&persistent, b, gbit)),
+        );
+        add(
+            "persistent/limit",
+            lim.and_then(|b| ratio(&persistent, &b, gbit)),
+        );
+        add(
+            "driver ns persistent/off",
+            off.as_ref().and_then(|b| ratio(&persistent, b, driver)),
+        );
+        if !parts.is_empty() {
+            let mss = if mss.len() > 1 {
+                format!(" mss {m}")
+            } else {
+                String::new()
+            };
+            let _ = writeln!(out, "order {o}{mss}: {}", parts.join(", "));
+        }
+    }
+}
+
+/// A ratio's median, range and, with enough repetitions, its 95 %
+/// confidence interval and whether it differs from 1 significantly.
+fn ratio_text(s: &Spread) -> String {
+    let mut t = format!("{:.2}x ({:.2}–{:.2}", s.median, s.min, s.max);
+    if let Some((lo, hi)) = s.ci95 {
+        let verdict = if s.differs_from(1.0) == Some(true) {
+            "differs from 1"
+        } else {
+            "not different from 1"
+        };
+        t += &format!("; 95% CI {lo:.2}–{hi:.2}, {verdict}");
+    }
+    t + ")"
+}
+
 #[cfg(test)]
 mod tests {
     /// A summary row shows every repetition's faults and the least bytes
@@ -215,5 +324,34 @@ mod tests {
         assert_eq!((r.median, r.min, r.max), (2.0, 1.0, 3.0));
         let zero = [row(1.0, 0.0, 1.0)];
         assert!(ratio(&a[..1], &zero, |r| Some(r.gbit_s)).is_none());
+    }
+
+    /// The sweep's ratios, per order, from the total rows of the same
+    /// repetitions; a queue's row is not a total.
+    #[test]
+    fn ratios_are_printed_per_order() {
+        let at = |policy: &str, iommu: &str, gbit: f64| Row {
+            order: "3".into(),
+            policy: policy.into(),
+            iommu: iommu.into(),
+            mss: 1448,
+            gbit_s: gbit,
+            ..Row::default()
+        };
+        let job = |policy: &str, iommu: &str, g: [f64; 2]| -> JobRows {
+            let reps = g
+                .iter()
+                .map(|&x| vec![at(policy, iommu, x), at(policy, iommu, 99.0)]);
+            (policy.into(), reps.collect())
+        };
+        let per_job = [
+            job("persistent", "strict", [4.0, 6.0]),
+            job("per-frag", "strict", [2.0, 2.0]),
+        ];
+        let mut out = Vec::new();
+        print_ratios(&mut out, &per_job, &[2, 3], &[1448], false);
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(out, "order 3: persistent/per-frag 2.50x (2.00–3.00)\n");
+        assert_eq!(summaries(&per_job[0].1).len(), 2);
     }
 }

@@ -85,7 +85,13 @@ fn payload_past_paylen_is_refused_before_running() {
     let mut c = config(1, Reclaim::Eager, Workload::Fixed, 100);
     c.payload = 262_144;
     match run(&c, &mut |_| {}) {
-        Err(pfrag_lab::run::RunError::Setting(s)) => assert!(s.contains("262143"), "{s}"),
+        Err(
+            e @ pfrag_lab::run::RunError::PayloadTooLarge {
+                payload: 262_144,
+                max: 262_143,
+                ..
+            },
+        ) => assert!(e.to_string().contains("at most 262143 B"), "{e}"),
         other => panic!("{other:?}"),
     }
 }
@@ -262,4 +268,255 @@ fn check_refuses_what_would_fail_only_once_running() {
     check(&c).unwrap();
     assert!(check_flows(1).is_ok() && check_flows(max).is_ok());
     assert!(check_flows(0).is_err() && check_flows(max + 1).is_err());
+}
+
+/// A packet that can never fit its ring is refused by `run::check` before
+/// anything runs, with the numbers: the payload, the descriptors it needs
+/// at least in the format the model reads, the ring and what it holds.
+/// The defaults pass, and a packet exactly at the bound runs.
+#[test]
+fn check_refuses_a_packet_that_never_fits_its_ring() {
+    use pfrag_lab::run::{check, RunError};
+    let ok = config(1, Reclaim::Eager, Workload::Fixed, 100);
+    check(&ok).unwrap();
+    // The sweep's defaults: 65,160-byte packets, a ring of 256, orders 0-4.
+    for order in 0..=4 {
+        let mut c = ok.clone();
+        (c.order, c.payload, c.ring) = (order, 65_160, vfio_nic::tx::Config::DEFAULT_RING);
+        check(&c).unwrap();
+    }
+
+    // The 82576's largest payload in 16 KiB chunks: a context descriptor,
+    // the header and 16 data descriptors; a ring of 8 holds 7.
+    let mut c = ok.clone();
+    (c.ring, c.payload) = (8, 262_143);
+    let e = check(&c).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RunError::PacketTooLarge {
+                payload: 262_143,
+                needed: 18,
+                ring: 8,
+                capacity: 7,
+                order: 2,
+                boundary: None,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let s = e.to_string();
+    for w in [
+        "262143-byte",
+        "at least 18 descriptors",
+        "82576",
+        "ring of 8 holds 7",
+    ] {
+        assert!(s.contains(w), "{w:?} not in {s:?}");
+    }
+    // virtio-net keeps no context descriptor: 4 KiB chunks, 16 data
+    // descriptors and the header.
+    (c.model, c.order, c.payload) = (DeviceModel::Virtio, 0, 65_535);
+    let s = check(&c).unwrap_err().to_string();
+    assert!(s.contains("at least 17 descriptors on the virtio"), "{s}");
+    // The small-sends workload is checked at its largest send.
+    let mut c = ok.clone();
+    c.ring = 8;
+    c.workload = Workload::Small {
+        min: 64,
+        max: 100_000,
+    };
+    assert!(matches!(
+        check(&c),
+        Err(RunError::PacketTooLarge {
+            payload: 100_000,
+            ..
+        })
+    ));
+
+    // 4 KiB chunks and a ring of 24 (23 descriptors): context, header and
+    // 21 pages fit, and every packet of such a run is sent; a byte more is
+    // refused before the run.
+    let mut c = ok.clone();
+    (c.order, c.ring, c.payload, c.packets, c.warmup) = (0, 24, 21 * 4096, 40, 8);
+    let r = &run(&c, &mut |_| {}).unwrap()[0];
+    assert_eq!((r.faults, r.bytes_verified), (0, 40 * 21 * 4096));
+    c.payload += 1;
+    assert!(matches!(
+        check(&c),
+        Err(RunError::PacketTooLarge {
+            needed: 24,
+            capacity: 23,
+            ..
+        })
+    ));
+}
+
+/// A VFIO run's settings are checked as it will run, without a device: on
+/// the 82576 its data buffers are cut at 4 KiB, so a 64 KB packet over
+/// 64 KiB chunks that fits a ring of 16 on the software NIC does not fit
+/// it there; virtio-net cuts nothing; what one queue of a real NIC does
+/// not allow is refused too.
+#[test]
+fn check_vfio_checks_the_ring_with_the_nics_own_cut() {
+    use pfrag_lab::run::{check, check_vfio, RunError};
+    let mut c = config(1, Reclaim::Eager, Workload::Fixed, 100);
+    (c.order, c.ring, c.payload) = (4, 16, 65_160);
+    check(&c).unwrap();
+    let e = check_vfio(&c).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RunError::PacketTooLarge {
+                needed: 18,
+                capacity: 15,
+                boundary: Some(4096),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("buffers cut at 4096 B"), "{e}");
+    c.model = DeviceModel::Virtio;
+    check_vfio(&c).unwrap();
+    c.iommu = IommuMode::Lazy;
+    assert!(matches!(check_vfio(&c), Err(RunError::Setting(s)) if s.contains("strictly")));
+    c.iommu = IommuMode::Strict;
+    c.model = DeviceModel::Null;
+    assert!(matches!(check_vfio(&c), Err(RunError::Setting(s)) if s.contains("null")));
+}
+
+/// A payload past what one packet carries in the format the model reads,
+/// and a packet that takes more buffers than one may have, are refused by
+/// `run::check` before anything runs, with the numbers: virtio-net carries
+/// at most 65,535 bytes a packet (the 82576 262,143), and the 82576's
+/// largest payload over 4 KiB chunks takes the header and 64 data buffers,
+/// one more than the 64 a packet may have, though a ring of 256 would hold
+/// it. The sweep's defaults pass on either format, and a packet at the
+/// buffers' limit runs.
+#[test]
+fn check_refuses_a_payload_past_the_format_and_too_many_buffers() {
+    use pfrag_lab::run::{check, RunError};
+    let ok = config(1, Reclaim::Eager, Workload::Fixed, 100);
+    for model in [DeviceModel::Soft, DeviceModel::Null, DeviceModel::Virtio] {
+        for order in 0..=4 {
+            let mut c = ok.clone();
+            (c.model, c.order, c.payload) = (model, order, 65_160);
+            check(&c).unwrap();
+        }
+    }
+
+    let mut c = ok.clone();
+    (c.model, c.payload) = (DeviceModel::Virtio, 65_535);
+    check(&c).unwrap();
+    c.payload = 65_536;
+    let e = check(&c).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RunError::PayloadTooLarge {
+                payload: 65_536,
+                max: 65_535,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let s = e.to_string();
+    for w in ["65536-byte", "virtio", "at most 65535 B"] {
+        assert!(s.contains(w), "{w:?} not in {s:?}");
+    }
+    // The run refuses it the same way, before it starts.
+    assert!(matches!(
+        run(&c, &mut |_| {}),
+        Err(RunError::PayloadTooLarge { max: 65_535, .. })
+    ));
+    // The 82576 carries it, up to its 18-bit PAYLEN.
+    c.model = DeviceModel::Soft;
+    check(&c).unwrap();
+    c.payload = vfio_nic::desc::MAX_PAYLEN;
+    check(&c).unwrap();
+    c.payload += 1;
+    assert!(matches!(
+        check(&c),
+        Err(RunError::PayloadTooLarge {
+            payload: 262_144,
+            max: 262_143,
+            ..
+        })
+    ));
+
+    let mut c = ok.clone();
+    (c.order, c.payload, c.ring) = (0, 262_143, 256);
+    let e = check(&c).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RunError::TooManyBuffers {
+                payload: 262_143,
+                needed: 65,
+                max: 64,
+                order: 0,
+                boundary: None,
+                fit_whole: true,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let s = e.to_string();
+    for w in ["262143-byte", "up to 65 buffers", "82576", "may have 64"] {
+        assert!(s.contains(w), "{w:?} not in {s:?}");
+    }
+    // Without fit-whole a payload's first bytes may take a chunk's tail:
+    // 63 pages take 65 buffers.
+    c.payload = 63 * 4096;
+    check(&c).unwrap();
+    c.fit_whole = false;
+    let s = check(&c).unwrap_err().to_string();
+    assert!(
+        s.contains("up to 65 buffers") && s.contains("not fit whole"),
+        "{s}"
+    );
+    // At the limit (the header and 63 pages) the run sends every packet.
+    c.fit_whole = true;
+    (c.packets, c.warmup) = (20, 4);
+    let r = &run(&c, &mut |_| {}).unwrap()[0];
+    assert_eq!((r.faults, r.bytes_verified), (0, 20 * 63 * 4096));
+    c.payload += 1;
+    assert!(matches!(
+        check(&c),
+        Err(RunError::TooManyBuffers {
+            needed: 65,
+            max: 64,
+            ..
+        })
+    ));
+}
+
+/// A VFIO run on the 82576 cuts its data buffers at 4 KiB: the 82576's
+/// largest payload over 64 KiB chunks, 9 buffers on the software NIC, is
+/// 69 there (the header, 4 frags, 63 cuts and one for a frag that may start
+/// off a page), more than a packet may have.
+#[test]
+fn check_vfio_counts_buffers_with_the_nics_own_cut() {
+    use pfrag_lab::run::{check, check_vfio, RunError};
+    let mut c = config(1, Reclaim::Eager, Workload::Fixed, 100);
+    (c.order, c.ring, c.payload) = (4, 256, vfio_nic::desc::MAX_PAYLEN);
+    check(&c).unwrap();
+    let e = check_vfio(&c).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RunError::TooManyBuffers {
+                needed: 69,
+                max: 64,
+                boundary: Some(4096),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("buffers cut at 4096 B"), "{e}");
 }

@@ -285,49 +285,6 @@ impl Workload {
     }
 }
 
-/// Failures of a run.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// The NIC side failed.
-    #[error(transparent)]
-    Nic(#[from] vfio_nic::Error),
-    /// The pool side failed.
-    #[error(transparent)]
-    Pool(#[from] pfrag::Error),
-    /// A setting is out of range.
-    #[error("invalid setting: {0}")]
-    Setting(String),
-    /// A queue's thread could not be created (e.g. the process's thread
-    /// limit, `ulimit -u`); the run's other threads left without running.
-    #[error("could not start the thread of queue {queue} of {queues}: {source}")]
-    Spawn {
-        /// The queue.
-        queue: usize,
-        /// The run's queues.
-        queues: usize,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// A queue's thread panicked (a bug, not a setting).
-    #[error("the thread of queue {queue} panicked")]
-    Panicked {
-        /// The queue.
-        queue: usize,
-    },
-    /// The warm-up lost packets, which the measured part's counters,
-    /// started after it, would not show.
-    #[error(
-        "the warm-up lost packets: {lost} losses counted (DMA faults, corrupt payloads, bad \
-         descriptors or completions with an error)"
-    )]
-    WarmUp {
-        /// Losses counted during the warm-up: DMA faults, corrupt
-        /// payloads, bad descriptors and completions with an error (not a
-        /// count of packets: a lost packet makes one or more).
-        lost: u64,
-    },
-}
-
 /// What a device lost so far, by its counters and the queue's: DMA faults
 /// (`NicStats::faults`: descriptors, packet data or status words the model
 /// could not read or write; every packet lost to a fault makes at least
@@ -367,70 +324,6 @@ fn touch_name(t: Touch) -> &'static str {
         Touch::Checksum => "checksum",
         Touch::Pages => "pages",
     }
-}
-
-/// Settings every backend needs in range; every run checks them first,
-/// and a driver of many runs can check them all before starting any.
-pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
-    let chunk = Order::new(cfg.order)?.size();
-    if cfg.payload > vfio_nic::desc::MAX_PAYLEN {
-        return Err(RunError::Setting(format!(
-            "payload {} is more than one packet carries (1..={}: the 82576's PAYLEN is 18 bits)",
-            cfg.payload,
-            vfio_nic::desc::MAX_PAYLEN
-        )));
-    }
-    if cfg.mss == 0 {
-        return Err(RunError::Setting("mss must be > 0".into()));
-    }
-    check_flows(cfg.flows)?;
-    // The pool's own checks (queues, hysteresis sizes against the chunk):
-    // the chunk size is not in the pool's message, so it is added here.
-    cfg.pool_config()?.check().map_err(|e| {
-        RunError::Setting(format!(
-            "order {} (chunks of {chunk} B), queues {}, reclaim {}: {e}",
-            cfg.order,
-            cfg.queues,
-            cfg.reclaim.name()
-        ))
-    })?;
-    cfg.device.check(cfg.queues)?;
-    if let Some(g) = cfg.device.line_rate_gbit {
-        // One packet's frames, with their gaps, must leave before the run
-        // gives up waiting for a completion.
-        let segs = cfg.payload.div_ceil(usize::from(cfg.mss)).max(1) as u64;
-        let wire = softnic::wire_bytes(segs, HDR_LEN, cfg.payload) + segs * softnic::WIRE_GAP;
-        let secs = wire as f64 * 8.0 / g / 1e9;
-        if secs >= STALL.as_secs_f64() {
-            return Err(RunError::Setting(format!(
-                "a {}-byte packet at mss {} takes {secs:.1} s on the wire at {g} Gbit/s; \
-                 a run gives up after {} s without a completion",
-                cfg.payload,
-                cfg.mss,
-                STALL.as_secs()
-            )));
-        }
-    }
-    if cfg.payload == 0 || cfg.packets == 0 || cfg.burst == 0 {
-        return Err(RunError::Setting(format!(
-            "payload {}, packets {} and burst {} must be > 0",
-            cfg.payload, cfg.packets, cfg.burst
-        )));
-    }
-    Ok(())
-}
-
-/// Checks a flow count against the traffic generator's range
-/// (1..=[`MAX_FLOWS`](vfio_nic::gen::flow::MAX_FLOWS), one source port
-/// each).
-pub fn check_flows(flows: usize) -> Result<(), RunError> {
-    let max = vfio_nic::gen::flow::MAX_FLOWS;
-    if flows == 0 || flows > max {
-        return Err(RunError::Setting(format!(
-            "flows {flows} out of range (1..={max})"
-        )));
-    }
-    Ok(())
 }
 
 /// The default TCP MSS of the generated traffic (a 1500-byte MTU).
@@ -478,13 +371,8 @@ fn pump<M: DmaMapper, D: TxDevice>(
                     // counts work, not waiting.
                     backoff.pause();
                 }
-                Err(vfio_nic::Error::PacketTooLarge { needed, capacity }) => {
-                    return Err(RunError::Setting(format!(
-                        "a {len}-byte packet needs {needed} descriptors, a {}-descriptor ring holds {capacity}",
-                        cfg.ring
-                    )))
-                }
-                Err(e) => return Err(e.into()),
+                // A packet no retry sends, with the run's numbers.
+                Err(e) => return Err(refused::<D::Format>(cfg, q.config(), len, e)),
             }
         }
         if (i + 1) % cfg.burst == 0 {
@@ -521,6 +409,8 @@ fn waited(e: vfio_nic::Error, d: Duration) -> vfio_nic::Error {
     }
 }
 
+mod check;
+mod error;
 mod gate;
 mod limit;
 mod row;
@@ -528,12 +418,15 @@ mod soft;
 mod timed;
 mod vfio;
 
+pub use check::{check, check_flows};
+use check::{check_packet, refused};
+pub use error::RunError;
 pub use limit::{driver_limit, limit};
 pub use row::Row;
 use row::{Cpu, Measured};
 pub use soft::run;
 pub use timed::{thread_cpu_ns, DeviceTime, Timed};
-pub use vfio::{run_vfio, DmaBackend};
+pub use vfio::{check_vfio, run_vfio, DmaBackend};
 
 /// A small run for tests: one queue and flow, ten 1,000-byte packets
 /// after `warmup`, order 4 persistent, mapped headers, the software NIC.

@@ -76,13 +76,92 @@ pub fn run_vfio(
     window: u32,
     tick: &mut dyn FnMut(u64),
 ) -> Result<Row, RunError> {
+    /// The run, on the NIC type it picks.
+    struct Open<'a> {
+        cfg: &'a RunConfig,
+        bdf: &'a str,
+        dma: DmaBackend,
+        window: u32,
+        tick: &'a mut dyn FnMut(u64),
+    }
+    impl OnNic for Open<'_> {
+        type Out = Row;
+        fn on<N: VfioNic>(self) -> Result<Row, RunError> {
+            open_on::<N>(self.cfg, self.bdf, self.dma, self.window, self.tick)
+        }
+    }
+    on_nic(
+        cfg,
+        Open {
+            cfg,
+            bdf,
+            dma,
+            window,
+            tick,
+        },
+    )
+}
+
+/// What a VFIO run of `cfg` refuses before it opens its device, which a
+/// driver of many runs can check of them all before starting any:
+/// [`check`]'s settings, a model that names a real NIC, what one queue of
+/// it allows (a strict IOMMU, no memory limits, one queue, the device
+/// inline), and that the run's largest packet is one a queue of that NIC
+/// sends (its payload, descriptors against the ring and buffers, as
+/// [`check`] checks them), in that NIC's format with its data buffers cut
+/// where that NIC needs them (on the 82576, at 4 KiB: a packet takes more
+/// descriptors and buffers there than on the software NIC).
+pub fn check_vfio(cfg: &RunConfig) -> Result<(), RunError> {
+    /// The checks, on the NIC type the model picks.
+    struct Check<'a>(&'a RunConfig);
+    impl OnNic for Check<'_> {
+        type Out = ();
+        fn on<N: VfioNic>(self) -> Result<(), RunError> {
+            check_on::<N>(self.0)
+        }
+    }
+    on_nic(cfg, Check(cfg))
+}
+
+/// Something done with the NIC type a VFIO run's model picks.
+trait OnNic {
+    /// What it gives.
+    type Out;
+    /// Does it with NIC type `N`.
+    fn on<N: VfioNic>(self) -> Result<Self::Out, RunError>;
+}
+
+/// Does `job` with the NIC type `cfg.model` picks: the 82576 for
+/// [`DeviceModel::Soft`], a virtio-net device for
+/// [`DeviceModel::Virtio`]. The one place a VFIO run picks its NIC.
+fn on_nic<J: OnNic>(cfg: &RunConfig, job: J) -> Result<J::Out, RunError> {
     match cfg.model {
-        DeviceModel::Soft => open_on::<Igb>(cfg, bdf, dma, window, tick),
-        DeviceModel::Virtio => open_on::<VirtioNetPci>(cfg, bdf, dma, window, tick),
+        DeviceModel::Soft => job.on::<Igb>(),
+        DeviceModel::Virtio => job.on::<VirtioNetPci>(),
         DeviceModel::Null => Err(RunError::Setting(
             "VFIO runs drive a real NIC: --model null does not apply".into(),
         )),
     }
+}
+
+/// [`check_vfio`] on NIC type `N`.
+fn check_on<N: VfioNic>(cfg: &RunConfig) -> Result<(), RunError> {
+    check(cfg)?;
+    if cfg.iommu != IommuMode::Strict {
+        return Err(RunError::Setting(format!(
+            "VFIO runs under the kernel's IOMMU driver, which unmaps strictly; iommu {} is not available",
+            cfg.iommu.name()
+        )));
+    }
+    if cfg.limits != Limits::UNLIMITED || cfg.queues > 1 || cfg.device != DeviceSetup::default() {
+        return Err(RunError::Setting(
+            "VFIO runs drive one queue of the real NIC without memory limits: \
+             --mem-limits, --queues, --model, --device-thread, --line-rate and \
+             --iommu-latency do not apply"
+                .into(),
+        ));
+    }
+    check_packet::<<N as TxDevice>::Format>(cfg, N::BOUNDARY)
 }
 
 /// How a VFIO run opens its device and maps its memory.
@@ -111,21 +190,7 @@ fn open_on<N: VfioNic>(
     window: u32,
     tick: &mut dyn FnMut(u64),
 ) -> Result<Row, RunError> {
-    check(cfg)?;
-    if cfg.iommu != IommuMode::Strict {
-        return Err(RunError::Setting(format!(
-            "VFIO runs under the kernel's IOMMU driver, which unmaps strictly; iommu {} is not available",
-            cfg.iommu.name()
-        )));
-    }
-    if cfg.limits != Limits::UNLIMITED || cfg.queues > 1 || cfg.device != DeviceSetup::default() {
-        return Err(RunError::Setting(
-            "VFIO runs drive one queue of the real NIC without memory limits: \
-             --mem-limits, --queues, --model, --device-thread, --line-rate and \
-             --iommu-latency do not apply"
-                .into(),
-        ));
-    }
+    check_on::<N>(cfg)?;
     match dma {
         DmaBackend::Type1 => {
             let pci = VfioPci::open(bdf)?;

@@ -22,9 +22,11 @@ pub enum Error {
     /// ring or larger chunks (fewer buffers per packet).
     #[error("packet needs {needed} descriptors, the ring holds at most {capacity}")]
     PacketTooLarge {
-        /// Descriptors the packet needs (at least: counted before its
-        /// frags exist, no data descriptor is assumed to carry more than a
-        /// chunk).
+        /// Descriptors the packet needs (at least, when counted before its
+        /// frags exist: no data descriptor is assumed to carry more than a
+        /// chunk, the format's largest buffer or the boundary, as
+        /// [`Config::descs_at_least`](crate::tx::Config::descs_at_least)
+        /// counts).
         needed: usize,
         /// Descriptors the ring holds when empty (one fewer than its size).
         capacity: usize,
@@ -40,13 +42,17 @@ pub enum Error {
     /// More buffers for one packet than the device takes.
     #[error("packet needs {needed} buffers, the device takes at most {max}")]
     TooManyBuffers {
-        /// Buffers needed.
+        /// Buffers needed (at most, when counted before the packet's frags
+        /// exist, as
+        /// [`Config::bufs_at_most`](crate::tx::Config::bufs_at_most)
+        /// counts).
         needed: usize,
         /// The device limit.
         max: usize,
     },
     /// A payload larger than one packet can carry: the 82576's PAYLEN field
-    /// is 18 bits, and the pool caps payloads too.
+    /// is 18 bits, a virtio-net packet at most 64 KiB, and the pool caps
+    /// payloads too ([`tx::max_payload`](crate::tx::max_payload)).
     #[error("payload of {len} bytes exceeds the {max} bytes one packet can carry")]
     PayloadTooLarge {
         /// Bytes asked for.

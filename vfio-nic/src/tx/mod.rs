@@ -76,6 +76,7 @@ pub use burst::TxPacket;
 use config::check_config;
 pub use config::{Backoff, Config, HeaderMode};
 pub use detach::IntoDeviceError;
+pub use room::{check_payload, max_payload};
 
 /// Room for one descriptor's words: formats of up to 64 bytes.
 const MAX_DESC_WORDS: usize = 8;
@@ -400,9 +401,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
     /// Descriptors the ring holds at once: one fewer than its size (a full
     /// ring would look empty to the device). A packet that needs more is
-    /// [`Error::PacketTooLarge`].
+    /// [`Error::PacketTooLarge`]. ([`Config::capacity`].)
     pub fn capacity(&self) -> usize {
-        usize::from(self.cfg.ring) - 1
+        self.cfg.capacity()
     }
     /// The settings.
     pub fn config(&self) -> &Config {

@@ -1,12 +1,19 @@
 //! Whether a packet fits: the descriptors it needs (counted at most before
 //! its frags exist, at least for the whole ring, exactly once they do) and
 //! the checks against the device's buffer limit and the ring, made before
-//! anything is allocated where the count allows it.
+//! anything is allocated where the count allows it. The bounds the queue
+//! checks before allocating need no queue: the least descriptors against the
+//! ring ([`Config::descs_at_least`], [`Config::check_fits`]), the most
+//! buffers against the device's limit ([`Config::bufs_at_most`],
+//! [`Config::check_bufs`]) and the payload against the format's and the
+//! pool's limit ([`max_payload`], [`check_payload`]): a caller can refuse
+//! settings whose packets are always refused before it builds a queue.
 
 use pfrag::dma::DmaMapper;
-use pfrag::PAGE_SIZE;
+use pfrag::pool;
+use pfrag::{Order, PAGE_SIZE};
 
-use super::{Fmt, Queue};
+use super::{Config, Fmt, Queue};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
 use crate::format::Format;
@@ -19,6 +26,264 @@ pub(super) enum Need {
     Exact,
     /// Estimated before its frags exist: the packet needs at most this.
     AtMost,
+}
+
+/// Context descriptors a packet with `offload` takes on format `F` at
+/// most: one for an offload where the format keeps the device's offload
+/// state ([`Format::HAS_CONTEXT`]), none if the device already holds it.
+fn context_descs<F: Format>(offload: Offload) -> usize {
+    usize::from(F::HAS_CONTEXT && offload != Offload::None)
+}
+
+impl Config {
+    /// Descriptors a ring of [`ring`](Self::ring) descriptors holds at
+    /// once: one fewer than its size (a full ring would look empty to the
+    /// device). A packet that needs more is [`Error::PacketTooLarge`].
+    pub fn capacity(&self) -> usize {
+        usize::from(self.ring) - 1
+    }
+
+    /// The least descriptors a packet of `len` payload bytes takes on a
+    /// queue with these settings that writes format `F`, its payload in
+    /// frags of chunks of `order` (the queue's pool's): its header
+    /// descriptor and as many data descriptors as the payload needs when
+    /// none carries more than a chunk, the format's largest buffer
+    /// ([`Format::MAX_BUF`]) or the [`boundary`](Self::boundary), and no
+    /// context descriptor (the device may hold the packet's context
+    /// already). A packet's exact count, known once its frags are, is never
+    /// less. (A packet small enough to go inline, headers and payload in
+    /// one bounce slot, takes one data descriptor and no frag.)
+    ///
+    /// The queue refuses a packet whose bound passes the ring's
+    /// [`capacity`](Self::capacity) with [`Error::PacketTooLarge`] before
+    /// allocating anything ([`Queue::room_for`], [`Queue::send`]); no queue
+    /// is needed to compute it.
+    ///
+    /// ```
+    /// use pfrag::Order;
+    /// use vfio_nic::format::igb::Advanced;
+    /// use vfio_nic::tx::Config;
+    ///
+    /// let cfg = Config::default();
+    /// // 64 KiB chunks, but the 82576 carries at most 65,535 bytes per
+    /// // buffer: a 65,536-byte payload takes the header and two buffers.
+    /// assert_eq!(cfg.descs_at_least::<Advanced>(Order::new(4)?, 65_536), 3);
+    /// // 4 KiB chunks: 16 data descriptors.
+    /// assert_eq!(cfg.descs_at_least::<Advanced>(Order::new(0)?, 65_536), 17);
+    /// # Ok::<(), pfrag::Error>(())
+    /// ```
+    pub fn descs_at_least<F: Format>(&self, order: Order, len: usize) -> usize {
+        let per = order
+            .size()
+            .min(F::MAX_BUF)
+            .min(self.boundary.unwrap_or(usize::MAX));
+        1 + len.div_ceil(per)
+    }
+
+    /// Refuses a packet that needs at least `descs` descriptors if the
+    /// whole ring holds fewer ([`capacity`](Self::capacity)):
+    /// [`Error::PacketTooLarge`], which no retry mends.
+    pub fn check_capacity(&self, descs: usize) -> Result<()> {
+        let capacity = self.capacity();
+        if descs > capacity {
+            return Err(Error::PacketTooLarge {
+                needed: descs,
+                capacity,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a packet of `len` payload bytes with `offload` can fit the
+    /// ring of a queue with these settings that writes format `F` over
+    /// chunks of `order`, checked without a queue: the least descriptors
+    /// it takes ([`descs_at_least`](Self::descs_at_least), plus a context
+    /// descriptor for an offload on a format that keeps one, as the first
+    /// packet with that offload needs), which it returns, against the
+    /// ring's [`capacity`](Self::capacity).
+    ///
+    /// [`Error::PacketTooLarge`] means such a queue refuses the packet
+    /// whenever its device does not hold the packet's context already, the
+    /// first time in any case: settings to refuse before building the
+    /// queue. `Ok` means it may fit; the exact count, known once the
+    /// packet's frags are, decides.
+    ///
+    /// ```
+    /// use pfrag::Order;
+    /// use vfio_nic::format::igb::Advanced;
+    /// use vfio_nic::offload::Offload;
+    /// use vfio_nic::tx::Config;
+    /// use vfio_nic::Error;
+    ///
+    /// let tso = Offload::Tso { mss: 1448 };
+    /// let ring = Config { ring: 8, ..Config::default() };
+    /// // The 82576's largest payload in 4 KiB chunks: a context, the
+    /// // header and 64 data descriptors, past the 7 a ring of 8 holds.
+    /// let r = ring.check_fits::<Advanced>(Order::new(0)?, 262_143, tso);
+    /// assert!(matches!(r, Err(Error::PacketTooLarge { needed: 66, capacity: 7 })));
+    /// assert_eq!(Config::default().check_fits::<Advanced>(Order::new(0)?, 262_143, tso)?, 66);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check_fits<F: Format>(
+        &self,
+        order: Order,
+        len: usize,
+        offload: Offload,
+    ) -> Result<usize> {
+        let descs = context_descs::<F>(offload) + self.descs_at_least::<F>(order, len);
+        self.check_capacity(descs)?;
+        Ok(descs)
+    }
+
+    /// The most buffers (the header's and the data descriptors, no
+    /// context) a packet of `len` payload bytes takes on a queue with these
+    /// settings that writes format `F`, its payload carved from chunks of
+    /// `order` (the queue's pool's): counted before its frags exist, never
+    /// below what they take. One frag per chunk the payload spans (one more
+    /// without [`fit_whole`](Self::fit_whole), for the tail of the chunk
+    /// being carved), each cut where it passes the format's largest buffer
+    /// ([`Format::MAX_BUF`]) or the [`boundary`](Self::boundary).
+    ///
+    /// The queue refuses a packet whose count passes
+    /// [`max_bufs`](Self::max_bufs) with [`Error::TooManyBuffers`] before
+    /// allocating anything ([`Queue::room_for`], [`Queue::send`]); no queue
+    /// is needed to compute it.
+    ///
+    /// ```
+    /// use pfrag::Order;
+    /// use vfio_nic::format::igb::Advanced;
+    /// use vfio_nic::tx::Config;
+    ///
+    /// let cfg = Config::default();
+    /// // 4 KiB chunks: the header and 16 data buffers.
+    /// assert_eq!(cfg.bufs_at_most::<Advanced>(Order::new(0)?, 65_536), 17);
+    /// // Without fit-whole the carved chunk's tail may hold the first bytes.
+    /// let tails = Config { fit_whole: false, ..cfg };
+    /// assert_eq!(tails.bufs_at_most::<Advanced>(Order::new(0)?, 65_536), 18);
+    /// # Ok::<(), pfrag::Error>(())
+    /// ```
+    pub fn bufs_at_most<F: Format>(&self, order: Order, len: usize) -> usize {
+        1 + self.data_descs_at_most::<F>(order.size(), len)
+    }
+
+    /// The data descriptors of the frags of a `len`-byte payload over
+    /// chunks of `chunk` bytes, at most.
+    ///
+    /// Each frag ends one descriptor; the others end where a frag is cut.
+    /// Every frag but one starts a chunk (with fit-whole, all but the last
+    /// fill a chunk; without it, all but the first, the carved chunk's
+    /// tail, start a fresh one), and a chunk starts on a page in IOVA
+    /// space, so at most one frag starts off a boundary of at most a page.
+    /// A frag of `l` bytes that starts on a boundary `b` is cut at most
+    /// `(l - 1) / b` times, once more if it starts off one; summed over
+    /// the frags (whose lengths add up to `len`), the cuts are at most
+    /// `(len - 1) / b` plus one per frag that starts off a boundary. Within
+    /// a stretch no longer than the format's largest buffer nothing is cut
+    /// at it; otherwise those cuts are at most `(len - 1) / MAX_BUF`, by the
+    /// same sum over stretches (a payload of exactly `k` boundaries or
+    /// largest buffers is cut `k - 1` times, not `k`).
+    fn data_descs_at_most<F: Format>(&self, chunk: usize, len: usize) -> usize {
+        if len == 0 {
+            return 0;
+        }
+        let frags = len.div_ceil(chunk) + usize::from(!self.fit_whole);
+        let mut n = frags;
+        let stretch = match self.boundary {
+            None => chunk,
+            Some(b) => {
+                let off = if b <= PAGE_SIZE as usize { 1 } else { frags };
+                n += (len - 1) / b + off;
+                b.min(chunk)
+            }
+        };
+        if stretch > F::MAX_BUF {
+            n += (len - 1) / F::MAX_BUF;
+        }
+        n
+    }
+
+    /// Refuses a packet of `bufs` buffers (the header's and the data
+    /// descriptors, no context) if the device takes fewer per packet
+    /// ([`max_bufs`](Self::max_bufs)): [`Error::TooManyBuffers`], which no
+    /// retry mends.
+    pub fn check_max_bufs(&self, bufs: usize) -> Result<()> {
+        if bufs > self.max_bufs {
+            return Err(Error::TooManyBuffers {
+                needed: bufs,
+                max: self.max_bufs,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a packet of `len` payload bytes stays within the buffers
+    /// the device takes per packet on a queue with these settings that
+    /// writes format `F` over chunks of `order`, checked without a queue:
+    /// the most buffers it takes ([`bufs_at_most`](Self::bufs_at_most)),
+    /// which it returns, against [`max_bufs`](Self::max_bufs).
+    ///
+    /// [`Error::TooManyBuffers`] means such a queue's
+    /// [`send`](Queue::send) refuses every packet of that size with that
+    /// error before carving any frag (unless it goes inline, headers and
+    /// payload in one bounce slot: a packet of a few hundred bytes at
+    /// most): settings to refuse before building the queue. `Ok` means
+    /// `send` never refuses it for its buffers.
+    ///
+    /// ```
+    /// use pfrag::Order;
+    /// use vfio_nic::format::igb::Advanced;
+    /// use vfio_nic::tx::Config;
+    /// use vfio_nic::Error;
+    ///
+    /// let cfg = Config::default();
+    /// // The 82576's largest payload in 4 KiB chunks: the header and 64
+    /// // data buffers, one more than the 64 a packet may have.
+    /// let r = cfg.check_bufs::<Advanced>(Order::new(0)?, 262_143);
+    /// assert!(matches!(r, Err(Error::TooManyBuffers { needed: 65, max: 64 })));
+    /// assert_eq!(cfg.check_bufs::<Advanced>(Order::new(0)?, 63 * 4096)?, 64);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check_bufs<F: Format>(&self, order: Order, len: usize) -> Result<usize> {
+        let bufs = self.bufs_at_most::<F>(order, len);
+        self.check_max_bufs(bufs)?;
+        Ok(bufs)
+    }
+}
+
+/// The most payload one packet may carry on a queue that writes format
+/// `F` over a pool with settings `pool`: the format's limit
+/// ([`Format::MAX_PAYLOAD`]: 262,143 bytes on the 82576, whose PAYLEN is 18
+/// bits; 65,535 on virtio-net, whose GSO packet is an IP packet) and the
+/// pool's ([`max_payload`](pool::Config::max_payload)), whichever is less.
+/// [`Queue::max_payload`] is this for the queue's own format and pool; no
+/// queue is needed to compute it.
+///
+/// ```
+/// use pfrag::pool::{Config, Policy};
+/// use pfrag::Order;
+/// use vfio_nic::format::{igb::Advanced, virtio::Split};
+/// use vfio_nic::tx;
+///
+/// let pool = Config::new(Order::new(4)?, Policy::Persistent);
+/// assert_eq!(tx::max_payload::<Advanced>(&pool), 262_143);
+/// assert_eq!(tx::max_payload::<Split>(&pool), 65_535);
+/// # Ok::<(), pfrag::Error>(())
+/// ```
+pub fn max_payload<F: Format>(pool: &pool::Config) -> usize {
+    pool.max_payload.min(F::MAX_PAYLOAD)
+}
+
+/// Refuses a payload of `len` bytes past what one packet may carry on a
+/// queue that writes format `F` over a pool with settings `pool`
+/// ([`max_payload`]): [`Error::PayloadTooLarge`], the error the queue's
+/// [`send`](Queue::send) and [`frags`](Queue::frags) give such a payload
+/// before anything is allocated.
+pub fn check_payload<F: Format>(pool: &pool::Config, len: usize) -> Result<()> {
+    let max = max_payload::<F>(pool);
+    if len > max {
+        return Err(Error::PayloadTooLarge { len, max });
+    }
+    Ok(())
 }
 
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
@@ -34,7 +299,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// empty, and `post` then tells whether it fits
     /// ([`Error::PacketTooLarge`] if it never can).
     pub fn room_for(&mut self, len: usize, offload: Offload) -> Result<()> {
-        let ctx = usize::from(Fmt::<D>::HAS_CONTEXT && offload != Offload::None);
+        let ctx = context_descs::<Fmt<D>>(offload);
         // The device may hold the context already: at least no context.
         self.check_capacity(self.descs_at_least(len))?;
         self.check_room(self.descs_at_most(len, ctx), ctx, Need::AtMost)
@@ -54,70 +319,26 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.descs_at_most(len, usize::from(Fmt::<D>::HAS_CONTEXT))
     }
 
-    /// [`descs_needed`](Self::descs_needed) with `ctx` context descriptors.
+    /// [`descs_needed`](Self::descs_needed) with `ctx` context descriptors:
+    /// `ctx` + [`Config::bufs_at_most`] over the chunks of the queue's pool.
     pub(super) fn descs_at_most(&self, len: usize, ctx: usize) -> usize {
-        ctx + 1 + self.data_descs_at_most(len)
-    }
-
-    /// The data descriptors of the frags of a `len`-byte payload, at most.
-    ///
-    /// Each frag ends one descriptor; the others end where a frag is cut.
-    /// Every frag but one starts a chunk (with fit-whole, all but the last
-    /// fill a chunk; without it, all but the first, the carved chunk's
-    /// tail, start a fresh one), and a chunk starts on a page in IOVA
-    /// space, so at most one frag starts off a boundary of at most a page.
-    /// A frag of `l` bytes that starts on a boundary `b` is cut at most
-    /// `(l - 1) / b` times, once more if it starts off one; summed over
-    /// the frags (whose lengths add up to `len`), the cuts are at most
-    /// `(len - 1) / b` plus one per frag that starts off a boundary. Within
-    /// a stretch no longer than the format's largest buffer nothing is cut
-    /// at it; otherwise those cuts are at most `(len - 1) / MAX_BUF`, by the
-    /// same sum over stretches (a payload of exactly `k` boundaries or
-    /// largest buffers is cut `k - 1` times, not `k`).
-    fn data_descs_at_most(&self, len: usize) -> usize {
-        if len == 0 {
-            return 0;
-        }
-        let chunk = self.cache.pool().chunk_size();
-        let frags = len.div_ceil(chunk) + usize::from(!self.cfg.fit_whole);
-        let mut n = frags;
-        let stretch = match self.cfg.boundary {
-            None => chunk,
-            Some(b) => {
-                let off = if b <= PAGE_SIZE as usize { 1 } else { frags };
-                n += (len - 1) / b + off;
-                b.min(chunk)
-            }
-        };
-        if stretch > Fmt::<D>::MAX_BUF {
-            n += (len - 1) / Fmt::<D>::MAX_BUF;
-        }
-        n
+        let order = self.cache.pool().config().order;
+        ctx + self.cfg.bufs_at_most::<Fmt<D>>(order, len)
     }
 
     /// Descriptors a payload of `len` bytes needs at least (header + data,
-    /// no context): no data descriptor carries more than a chunk,
-    /// the format's largest buffer or the boundary.
+    /// no context), over the chunks of the queue's pool:
+    /// [`Config::descs_at_least`].
     pub(super) fn descs_at_least(&self, len: usize) -> usize {
-        let chunk = self.cache.pool().chunk_size();
-        let per = chunk
-            .min(Fmt::<D>::MAX_BUF)
-            .min(self.cfg.boundary.unwrap_or(usize::MAX));
-        1 + len.div_ceil(per)
+        let order = self.cache.pool().config().order;
+        self.cfg.descs_at_least::<Fmt<D>>(order, len)
     }
 
     /// Refuses a packet that needs at least `descs` descriptors if the
-    /// whole ring holds fewer: [`Error::PacketTooLarge`], before anything
-    /// is allocated.
+    /// whole ring holds fewer: [`Error::PacketTooLarge`]
+    /// ([`Config::check_capacity`]), before anything is allocated.
     pub(super) fn check_capacity(&self, descs: usize) -> Result<()> {
-        let capacity = self.capacity();
-        if descs > capacity {
-            return Err(Error::PacketTooLarge {
-                needed: descs,
-                capacity,
-            });
-        }
-        Ok(())
+        self.cfg.check_capacity(descs)
     }
 
     /// Whether `descs` descriptors, `ctx` of them context descriptors, fit
@@ -132,13 +353,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// ring whose lower bound fits asks for an empty ring instead
     /// ([`Error::RingFull`] until then), where the exact count decides.
     pub(super) fn check_room(&mut self, descs: usize, ctx: usize, need: Need) -> Result<()> {
-        let bufs = descs - ctx;
-        if bufs > self.cfg.max_bufs {
-            return Err(Error::TooManyBuffers {
-                needed: bufs,
-                max: self.cfg.max_bufs,
-            });
-        }
+        self.cfg.check_max_bufs(descs - ctx)?;
         if need == Need::Exact {
             self.check_capacity(descs)?;
         }

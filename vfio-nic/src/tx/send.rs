@@ -24,13 +24,11 @@ const ETH_HLEN: usize = 14;
 
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// The most payload one packet may carry: the pool's limit, and the
-    /// format's ([`Format::MAX_PAYLOAD`]; the 82576's PAYLEN is 18 bits).
+    /// format's ([`Format::MAX_PAYLOAD`]; the 82576's PAYLEN is 18 bits):
+    /// [`tx::max_payload`](super::max_payload) of the queue's format and
+    /// pool.
     pub fn max_payload(&self) -> usize {
-        self.cache
-            .pool()
-            .config()
-            .max_payload
-            .min(Fmt::<D>::MAX_PAYLOAD)
+        super::max_payload::<Fmt<D>>(self.cache.pool().config())
     }
 
     /// Sends one packet: `headers` (Ethernet + IPv4 + TCP/UDP for an
@@ -257,12 +255,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// the queue's cache (fit-whole as the queue is configured). A memory
     /// limit is counted as a back-off (`mem_backoffs`).
     pub fn frags(&mut self, len: usize, out: &mut Vec<Frag<M>>) -> Result<()> {
-        if len > self.max_payload() {
-            return Err(Error::PayloadTooLarge {
-                len,
-                max: self.max_payload(),
-            });
-        }
+        super::check_payload::<Fmt<D>>(self.cache.pool().config(), len)?;
         let small = self.cfg.split.is_some_and(|t| len <= t);
         let cache = match self.small.as_mut() {
             Some(c) if small => c,
@@ -288,12 +281,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         if len == 0 {
             return Err(pfrag::Error::ZeroLength.into());
         }
-        if len > self.max_payload() {
-            return Err(Error::PayloadTooLarge {
-                len,
-                max: self.max_payload(),
-            });
-        }
+        super::check_payload::<Fmt<D>>(self.cache.pool().config(), len)?;
         let unsupported = || Error::UnsupportedOffload {
             offload: offload.name(),
             format: Fmt::<D>::NAME,

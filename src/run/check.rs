@@ -1,0 +1,165 @@
+//! The checks a run makes of its settings before it builds anything, which
+//! a driver of many runs can make of them all before starting any: ranges,
+//! the pool's own checks, and whether the run's largest packet is one its
+//! queues can ever send in the descriptor format its device reads (its
+//! payload, descriptors and buffers).
+
+use vfio_nic::format::{igb, virtio, Format};
+
+use super::*;
+
+/// Settings every backend needs in range, and that the run's largest packet
+/// is one its queues send on the software device models, in the format the
+/// model reads (the 82576's for `soft` and `null`, virtio-net's for
+/// `virtio`): a payload within the format's limit
+/// ([`tx::check_payload`](vfio_nic::tx::check_payload), else
+/// [`RunError::PayloadTooLarge`]), no more descriptors, at least, than the
+/// ring holds ([`tx::Config::check_fits`](vfio_nic::tx::Config::check_fits),
+/// else [`RunError::PacketTooLarge`]) and no more buffers, as the queue
+/// counts them before carving, than a packet may have
+/// ([`tx::Config::check_bufs`](vfio_nic::tx::Config::check_bufs), else
+/// [`RunError::TooManyBuffers`]). Every run checks them first, and a driver
+/// of many runs can check them all before starting any. A VFIO run checks
+/// more ([`check_vfio`](super::check_vfio)).
+pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
+    let chunk = Order::new(cfg.order)?.size();
+    if cfg.mss == 0 {
+        return Err(RunError::Setting("mss must be > 0".into()));
+    }
+    check_flows(cfg.flows)?;
+    // The pool's own checks (queues, hysteresis sizes against the chunk):
+    // the chunk size is not in the pool's message, so it is added here.
+    cfg.pool_config()?.check().map_err(|e| {
+        RunError::Setting(format!(
+            "order {} (chunks of {chunk} B), queues {}, reclaim {}: {e}",
+            cfg.order,
+            cfg.queues,
+            cfg.reclaim.name()
+        ))
+    })?;
+    cfg.device.check(cfg.queues)?;
+    if cfg.payload == 0 || cfg.packets == 0 || cfg.burst == 0 {
+        return Err(RunError::Setting(format!(
+            "payload {}, packets {} and burst {} must be > 0",
+            cfg.payload, cfg.packets, cfg.burst
+        )));
+    }
+    // The software models' queues split no data buffer (`soft::run`).
+    match cfg.model {
+        DeviceModel::Soft | DeviceModel::Null => check_packet::<igb::Advanced>(cfg, None)?,
+        DeviceModel::Virtio => check_packet::<virtio::Split>(cfg, None)?,
+    }
+    check_wire(cfg)
+}
+
+/// With a line rate, one packet's frames, with their gaps, must leave
+/// before the run gives up waiting for a completion.
+fn check_wire(cfg: &RunConfig) -> Result<(), RunError> {
+    let Some(g) = cfg.device.line_rate_gbit else {
+        return Ok(());
+    };
+    let segs = cfg.payload.div_ceil(usize::from(cfg.mss)).max(1) as u64;
+    let wire = softnic::wire_bytes(segs, HDR_LEN, cfg.payload) + segs * softnic::WIRE_GAP;
+    let secs = wire as f64 * 8.0 / g / 1e9;
+    if secs >= STALL.as_secs_f64() {
+        return Err(RunError::Setting(format!(
+            "a {}-byte packet at mss {} takes {secs:.1} s on the wire at {g} Gbit/s; \
+             a run gives up after {} s without a completion",
+            cfg.payload,
+            cfg.mss,
+            STALL.as_secs()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a flow count against the traffic generator's range
+/// (1..=[`MAX_FLOWS`](vfio_nic::gen::flow::MAX_FLOWS), one source port
+/// each).
+pub fn check_flows(flows: usize) -> Result<(), RunError> {
+    let max = vfio_nic::gen::flow::MAX_FLOWS;
+    if flows == 0 || flows > max {
+        return Err(RunError::Setting(format!(
+            "flows {flows} out of range (1..={max})"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a run whose largest packet (the payload, or the small-sends
+/// workload's largest) its queues (format `F`, data buffers cut at
+/// `boundary`) refuse every time, by the checks they make before
+/// allocating, made here without a queue:
+///
+/// - a payload past what one packet carries on `F` or the run's pool
+///   allows ([`tx::check_payload`](vfio_nic::tx::check_payload)):
+///   [`RunError::PayloadTooLarge`];
+/// - more descriptors, at least, than the ring holds
+///   ([`tx::Config::check_fits`](vfio_nic::tx::Config::check_fits): a
+///   context descriptor for the generator's offload where `F` keeps one,
+///   the header, and the payload's data descriptors over the run's
+///   chunks): [`RunError::PacketTooLarge`];
+/// - more buffers, as the queue counts them before carving, than a packet
+///   may have ([`tx::Config::check_bufs`](vfio_nic::tx::Config::check_bufs)):
+///   [`RunError::TooManyBuffers`].
+///
+/// A run that passes may still find a packet's exact descriptor count too
+/// large once its frags are carved (the same error, from the queue).
+pub(super) fn check_packet<F: Format>(
+    cfg: &RunConfig,
+    boundary: Option<usize>,
+) -> Result<(), RunError> {
+    let len = match cfg.workload {
+        Workload::Fixed => cfg.payload,
+        Workload::Small { max, .. } => max,
+    };
+    let order = Order::new(cfg.order)?;
+    // Every generated packet asks for an offload (checksum, or TSO past
+    // the MSS): either takes a context descriptor where `F` keeps one.
+    let offload = vfio_nic::offload::Offload::Checksum;
+    let tx = cfg.tx_config(0, boundary);
+    tx::check_payload::<F>(&cfg.pool_config()?, len)
+        .and_then(|()| tx.check_fits::<F>(order, len, offload))
+        .and_then(|_| tx.check_bufs::<F>(order, len))
+        .map(|_| ())
+        .map_err(|e| refused::<F>(cfg, &tx, len, e))
+}
+
+/// The error of run `cfg` for a `len`-byte packet that a queue with
+/// settings `tx` writing format `F` refused with `e`: a packet no retry
+/// sends (too large a payload, more descriptors than the ring holds, more
+/// buffers than a packet may have) with the run's numbers, anything else
+/// as the queue said it.
+pub(super) fn refused<F: Format>(
+    cfg: &RunConfig,
+    tx: &tx::Config,
+    len: usize,
+    e: vfio_nic::Error,
+) -> RunError {
+    match e {
+        vfio_nic::Error::PayloadTooLarge { max, .. } => RunError::PayloadTooLarge {
+            payload: len,
+            max,
+            format: F::NAME,
+        },
+        vfio_nic::Error::PacketTooLarge { needed, capacity } => RunError::PacketTooLarge {
+            payload: len,
+            needed,
+            format: F::NAME,
+            order: cfg.order,
+            boundary: tx.boundary,
+            ring: tx.ring,
+            capacity,
+        },
+        vfio_nic::Error::TooManyBuffers { needed, max } => RunError::TooManyBuffers {
+            payload: len,
+            needed,
+            max,
+            format: F::NAME,
+            order: cfg.order,
+            boundary: tx.boundary,
+            fit_whole: tx.fit_whole,
+        },
+        e => RunError::Nic(e),
+    }
+}

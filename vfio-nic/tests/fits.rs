@@ -1,0 +1,309 @@
+//! The bounds a caller checks without a queue are the queue's own: a packet
+//! at the largest payload each lets through is sent, one byte more is
+//! refused by `send` with the same error, before anything is allocated, on
+//! either format, with or without a context descriptor or a boundary. The
+//! descriptors against the ring (`tx::Config::check_fits`,
+//! `descs_at_least`: `PacketTooLarge`), the buffers against the device's
+//! limit (`tx::Config::check_bufs`, `bufs_at_most`: `TooManyBuffers`) and
+//! the payload against the format's and the pool's limit
+//! (`tx::check_payload`, `tx::max_payload`: `PayloadTooLarge`).
+
+mod common;
+
+use std::sync::Arc;
+
+use etherparse::PacketBuilder;
+use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
+use pfrag::pool::{self, Policy, Pool};
+use pfrag::Order;
+use vfio_nic::device::TxDevice;
+use vfio_nic::format::igb::Advanced;
+use vfio_nic::format::virtio::Split;
+use vfio_nic::model::null::NullNic;
+use vfio_nic::model::softnic;
+use vfio_nic::model::virtio::VirtioNet;
+use vfio_nic::offload::Offload;
+use vfio_nic::{tx, Error};
+
+type Iommu = Arc<SoftIommu>;
+
+const TSO: Offload = Offload::Tso { mss: 1448 };
+
+/// Ethernet + IPv4 + TCP headers (54 bytes).
+fn tcp_headers() -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+        .tcp(1000, 2000, 7, 65535)
+        .write(&mut v, &[0u8; 8])
+        .unwrap();
+    v.truncate(54);
+    v
+}
+
+/// Queue settings: a ring of `ring`, payloads fit whole into chunks of the
+/// queue's pool (no size-class split), cut at `boundary`, any frame length.
+fn config(ring: u16, boundary: Option<usize>) -> tx::Config {
+    tx::Config {
+        ring,
+        boundary,
+        split: None,
+        mtu: u16::MAX,
+        ..tx::Config::default()
+    }
+}
+
+/// The largest payload `fits` lets through: found by bisection over the
+/// function alone.
+fn largest_fitting(cfg: &tx::Config, order: Order, offload: Offload, fits: Fit) -> usize {
+    let (mut lo, mut hi) = (1usize, 1 << 20);
+    assert!(fits(cfg, order, 1, offload).is_ok());
+    assert!(fits(cfg, order, hi, offload).is_err());
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if fits(cfg, order, mid, offload).is_ok() {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// `tx::Config::check_fits` on one format.
+type Fit = fn(&tx::Config, Order, usize, Offload) -> vfio_nic::Result<usize>;
+
+/// Builds a queue of `cfg` over a fresh pool of `order` chunks on the
+/// device `make` builds, for each send: the first packet of a queue always
+/// needs its context descriptor, as `check_fits` counts.
+fn fresh<D: TxDevice>(
+    cfg: tx::Config,
+    order: Order,
+    make: &dyn Fn(Iommu) -> D,
+) -> tx::Queue<Iommu, D> {
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let pool = Pool::new(domain.clone(), pool::Config::new(order, Policy::Persistent)).unwrap();
+    // SAFETY: every device here translates through `iommu`, which the
+    // domain maps through.
+    unsafe { tx::Queue::new(domain, pool, make(iommu), cfg) }.unwrap()
+}
+
+/// The queue agrees with `check_fits` at its edge: the largest payload it
+/// lets through takes exactly the ring's capacity and is sent; one byte
+/// more is refused by `send` with the error `check_fits` gives. Returns
+/// that payload.
+fn agrees<D: TxDevice>(
+    cfg: tx::Config,
+    order: Order,
+    offload: Offload,
+    fits: Fit,
+    make: &dyn Fn(Iommu) -> D,
+) -> usize {
+    let len = largest_fitting(&cfg, order, offload, fits);
+    let hdr = tcp_headers();
+    assert_eq!(fits(&cfg, order, len, offload).unwrap(), cfg.capacity());
+    let mut q = fresh(cfg, order, make);
+    q.send(&hdr, &vec![7u8; len], offload, 1)
+        .unwrap_or_else(|e| panic!("{len} bytes, at the bound, refused: {e}"));
+    assert_eq!(q.stats().descs, cfg.capacity() as u64, "{len} bytes");
+
+    let past = fits(&cfg, order, len + 1, offload).unwrap_err();
+    assert!(
+        matches!(past, Error::PacketTooLarge { needed, capacity }
+            if needed == cfg.capacity() + 1 && capacity == cfg.capacity()),
+        "{past:?}"
+    );
+    let mut q = fresh(cfg, order, make);
+    let chunks = q.cache().pool().stats().chunks;
+    match q.send(&hdr, &vec![7u8; len + 1], offload, 2) {
+        Err(e @ Error::PacketTooLarge { .. }) => assert_eq!(e.to_string(), past.to_string()),
+        other => panic!("{} bytes, past the bound: {other:?}", len + 1),
+    }
+    // Refused before anything was allocated.
+    assert_eq!(q.cache().pool().stats().chunks, chunks, "the pool grew");
+    assert_eq!(q.in_flight(), 0);
+    len
+}
+
+fn igb(cfg: &tx::Config, order: Order, len: usize, offload: Offload) -> vfio_nic::Result<usize> {
+    cfg.check_fits::<Advanced>(order, len, offload)
+}
+
+fn virtio(cfg: &tx::Config, order: Order, len: usize, offload: Offload) -> vfio_nic::Result<usize> {
+    cfg.check_fits::<Split>(order, len, offload)
+}
+
+fn order(o: u32) -> Order {
+    Order::new(o).unwrap()
+}
+
+/// On the 82576's format with 4 KiB chunks and a ring of 8 (7
+/// descriptors): without an offload, the header and six pages of payload
+/// fit, a byte more does not.
+#[test]
+fn igb_without_context_at_and_past_the_bound() {
+    let len = agrees(config(8, None), order(0), Offload::None, igb, &NullNic::new);
+    assert_eq!(len, 6 * 4096);
+    assert_eq!(config(8, None).descs_at_least::<Advanced>(order(0), len), 7);
+}
+
+/// With TSO the first packet takes a context descriptor too: one page
+/// fewer fits.
+#[test]
+fn igb_with_context_at_and_past_the_bound() {
+    let len = agrees(config(8, None), order(0), TSO, igb, &NullNic::new);
+    assert_eq!(len, 5 * 4096);
+    let len = agrees(config(32, None), order(1), TSO, igb, &NullNic::new);
+    assert_eq!(len, 29 * 8192);
+}
+
+/// A boundary cuts each 8 KiB chunk's frag in two: the bound counts the
+/// pieces, as the queue writes them.
+#[test]
+fn igb_with_a_boundary_at_and_past_the_bound() {
+    let nic = |m| softnic::SoftNic::new(m, softnic::Config::default());
+    let len = agrees(config(8, Some(4096)), order(1), TSO, igb, &nic);
+    assert_eq!(len, 5 * 4096);
+}
+
+/// virtio-net keeps no context: TSO costs no descriptor.
+#[test]
+fn virtio_at_and_past_the_bound() {
+    let nic = |m| VirtioNet::new(m, softnic::Config::default()).unwrap();
+    let len = agrees(config(8, None), order(0), TSO, virtio, &nic);
+    assert_eq!(len, 6 * 4096);
+}
+
+/// The queue agrees with `check_bufs` at its edge: the largest payload it
+/// lets through takes at most `max_bufs` buffers and is sent; one byte more
+/// is refused by `send` with the `TooManyBuffers` `check_bufs` gives,
+/// before any chunk is taken. Returns that payload.
+fn bufs_agree<D: TxDevice>(
+    cfg: tx::Config,
+    order: Order,
+    offload: Offload,
+    bufs: Fit,
+    make: &dyn Fn(Iommu) -> D,
+) -> usize {
+    let len = largest_fitting(&cfg, order, offload, bufs);
+    let hdr = tcp_headers();
+    assert!(bufs(&cfg, order, len, offload).unwrap() <= cfg.max_bufs);
+    let mut q = fresh(cfg, order, make);
+    q.send(&hdr, &vec![7u8; len], offload, 1)
+        .unwrap_or_else(|e| panic!("{len} bytes, within the buffers, refused: {e}"));
+
+    let past = bufs(&cfg, order, len + 1, offload).unwrap_err();
+    assert!(
+        matches!(past, Error::TooManyBuffers { needed, max }
+            if needed > cfg.max_bufs && max == cfg.max_bufs),
+        "{past:?}"
+    );
+    let mut q = fresh(cfg, order, make);
+    let chunks = q.cache().pool().stats().chunks;
+    match q.send(&hdr, &vec![7u8; len + 1], offload, 2) {
+        Err(e @ Error::TooManyBuffers { .. }) => assert_eq!(e.to_string(), past.to_string()),
+        other => panic!("{} bytes, past the buffers: {other:?}", len + 1),
+    }
+    assert_eq!(q.cache().pool().stats().chunks, chunks, "the pool grew");
+    assert_eq!(q.in_flight(), 0);
+    len
+}
+
+fn igb_bufs(cfg: &tx::Config, order: Order, len: usize, _: Offload) -> vfio_nic::Result<usize> {
+    cfg.check_bufs::<Advanced>(order, len)
+}
+
+fn virtio_bufs(cfg: &tx::Config, order: Order, len: usize, _: Offload) -> vfio_nic::Result<usize> {
+    cfg.check_bufs::<Split>(order, len)
+}
+
+/// The 82576 over 4 KiB chunks, 64 buffers a packet: the header and 63
+/// pages fit, a byte more does not, well within a ring of 256; its largest
+/// payload takes 65.
+#[test]
+fn igb_buffers_at_and_past_the_limit() {
+    let cfg = config(256, None);
+    let len = bufs_agree(cfg, order(0), TSO, igb_bufs, &NullNic::new);
+    assert_eq!(len, 63 * 4096);
+    assert_eq!(cfg.bufs_at_most::<Advanced>(order(0), len), 64);
+    assert!(matches!(
+        igb_bufs(&cfg, order(0), 262_143, TSO),
+        Err(Error::TooManyBuffers {
+            needed: 65,
+            max: 64
+        })
+    ));
+    // The ring would hold it: only the buffers refuse it.
+    assert_eq!(igb(&cfg, order(0), 262_143, TSO).unwrap(), 66);
+}
+
+/// Without fit-whole the first bytes may go in the carved chunk's tail:
+/// one frag more, so one page fewer fits 8 buffers.
+#[test]
+fn igb_buffers_without_fit_whole() {
+    let cfg = tx::Config {
+        fit_whole: false,
+        max_bufs: 8,
+        ..config(16, None)
+    };
+    let len = bufs_agree(cfg, order(0), TSO, igb_bufs, &NullNic::new);
+    assert_eq!(len, 6 * 4096);
+}
+
+/// virtio-net with its buffers cut at 1 KiB: the cuts count too.
+#[test]
+fn virtio_buffers_with_a_boundary() {
+    let nic = |m| VirtioNet::new(m, softnic::Config::default()).unwrap();
+    let cfg = config(256, Some(1024));
+    let len = bufs_agree(cfg, order(0), TSO, virtio_bufs, &nic);
+    // 50 KiB: the header, 13 chunks' frags, 49 cuts at 1 KiB and one for a
+    // frag that may start off one.
+    assert_eq!(len, 50 * 1024);
+    assert_eq!(cfg.bufs_at_most::<Split>(order(0), len), 64);
+}
+
+/// The queue's payload limit is `tx::max_payload` of its format and pool:
+/// a payload at it is sent, one byte more is refused by `send` and by
+/// `check_payload` with the same `PayloadTooLarge`, before any chunk is
+/// taken. Returns the limit.
+fn payload_agrees<D: TxDevice>(order: Order, make: &dyn Fn(Iommu) -> D) -> usize {
+    let pool = pool::Config::new(order, Policy::Persistent);
+    let max = tx::max_payload::<D::Format>(&pool);
+    let cfg = config(256, None);
+    let hdr = tcp_headers();
+    let mut q = fresh(cfg, order, make);
+    assert_eq!(q.max_payload(), max);
+    tx::check_payload::<D::Format>(&pool, max).unwrap();
+    q.send(&hdr, &vec![7u8; max], TSO, 1)
+        .unwrap_or_else(|e| panic!("{max} bytes, at the limit, refused: {e}"));
+
+    let past = tx::check_payload::<D::Format>(&pool, max + 1).unwrap_err();
+    assert!(
+        matches!(past, Error::PayloadTooLarge { len, max: m } if len == max + 1 && m == max),
+        "{past:?}"
+    );
+    let mut q = fresh(cfg, order, make);
+    let chunks = q.cache().pool().stats().chunks;
+    match q.send(&hdr, &vec![7u8; max + 1], TSO, 2) {
+        Err(e @ Error::PayloadTooLarge { .. }) => assert_eq!(e.to_string(), past.to_string()),
+        other => panic!("{} bytes, past the limit: {other:?}", max + 1),
+    }
+    assert_eq!(q.cache().pool().stats().chunks, chunks, "the pool grew");
+    max
+}
+
+/// The 82576 carries 18 bits of PAYLEN, virtio-net a 64 KiB packet.
+#[test]
+fn payload_limits_per_format() {
+    assert_eq!(payload_agrees(order(4), &NullNic::new), 262_143);
+    let nic = |m| VirtioNet::new(m, softnic::Config::default()).unwrap();
+    assert_eq!(payload_agrees(order(0), &nic), 65_535);
+    // A pool's smaller limit wins.
+    let small = pool::Config {
+        max_payload: 1000,
+        ..pool::Config::new(order(0), Policy::Persistent)
+    };
+    assert_eq!(tx::max_payload::<Advanced>(&small), 1000);
+    assert_eq!(tx::max_payload::<Split>(&small), 1000);
+}
