@@ -18,6 +18,7 @@ pub mod null;
 mod ring;
 mod segment;
 pub mod softnic;
+mod stats;
 pub mod thread;
 pub mod virtio;
 
