@@ -5,7 +5,9 @@ use super::segment::Outcome;
 /// Counters of the model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NicStats {
-    /// Packets (EOP-terminated descriptor chains) seen.
+    /// Packets seen: descriptor chains ended by EOP, and chains dropped
+    /// before their end (longer than [`MAX_BUFS`](super::softnic::MAX_BUFS),
+    /// or cut by a descriptor that could not be read).
     pub packets: u64,
     /// Frames put on the (modelled) wire.
     pub frames: u64,
