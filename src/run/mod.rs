@@ -393,8 +393,7 @@ pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
     if let Some(g) = cfg.device.line_rate_gbit {
         // One packet's frames, with their gaps, must leave before the run
         // gives up waiting for a completion.
-        let segs = cfg.payload.div_ceil(usize::from(cfg.mss)).max(1) as u64;
-        let wire = softnic::wire_bytes(segs, HDR_LEN, cfg.payload) + segs * softnic::WIRE_GAP;
+        let wire = softnic::line_bytes(HDR_LEN, cfg.payload, usize::from(cfg.mss));
         let secs = wire as f64 * 8.0 / g / 1e9;
         if secs >= STALL.as_secs_f64() {
             return Err(RunError::Setting(format!(

@@ -17,7 +17,7 @@ use pfrag::Iova;
 
 use super::ring::{read_desc, write_back, Ring};
 use super::segment::{read_range, segment_pages, segments, Outcome, Packet, Segmenter, MAX_HDR};
-pub use super::stats::{wire_bytes, NicStats, WIRE_GAP};
+pub use super::stats::{frame_bytes, frames, line_bytes, wire_bytes, NicStats, WIRE_GAP};
 use crate::desc::{Context, Data, Dcmd, Desc};
 use crate::device::TxDevice;
 use crate::error::Result;
@@ -287,7 +287,7 @@ impl<T: Translate> SoftNic<T> {
         };
         let pages = self.count_pages();
         let seg = segment_pages(&self.bufs, hlen, &pkt);
-        self.stats.count_sent(&out, hlen, pkt.paylen, pages, seg);
+        self.stats.count_sent(&out, hlen, &pkt, pages, seg);
         self.frames.extend(frames);
     }
 
