@@ -190,6 +190,71 @@ fn test(console: &Path, pcap: &Path, virtio_pcap: Option<&Path>) -> Result<bool,
     Ok(failed == 0)
 }
 
+/// What each CSV row sent (a field missing or unparsable counts 0).
+fn rows_sent(headers: &csv::StringRecord, rows: &[csv::StringRecord]) -> Vec<vm::RowSent> {
+    let col = |name: &str| headers.iter().position(|h| h == name);
+    let (packets, warmup, payload) = (col("packets"), col("warmup"), col("payload_bytes"));
+    let sent = |row: &csv::StringRecord| {
+        let field = |c: Option<usize>| -> u64 {
+            c.and_then(|i| row.get(i))
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0)
+        };
+        vm::RowSent {
+            packets: field(packets),
+            warmup: field(warmup),
+            payload: field(payload),
+        }
+    };
+    rows.iter().map(sent).collect()
+}
+
+/// Prints the columns of `table` worth a glance.
+fn print_table(headers: &csv::StringRecord, table: &[csv::StringRecord]) {
+    let show = [
+        "order",
+        "policy",
+        "header",
+        "maps_per_pkt",
+        "unmaps_per_pkt",
+        "vtd_inv_per_pkt",
+        "vtd_iotlb_fills_per_pkt",
+        "vtd_iotlb_hits_per_pkt",
+        "descs_per_pkt",
+        "gbit_s",
+    ];
+    let idx: Vec<usize> = show
+        .iter()
+        .filter_map(|s| headers.iter().position(|h| h == *s))
+        .collect();
+    let line = |r: &csv::StringRecord| -> String {
+        idx.iter()
+            .map(|&i| format!("{:>14}", r.get(i).unwrap_or("")))
+            .collect()
+    };
+    println!("{}", line(headers));
+    for r in table {
+        println!("{}", line(r));
+    }
+}
+
+/// The frames of the capture and how many of them are bad, checked as
+/// `nic` puts them there.
+fn capture_counts(pcap: &Path, nic: Nic) -> Result<(u64, u64), String> {
+    Ok(match nic {
+        Nic::Igb => {
+            let cap = vm::check_pcap(pcap, &vm::Console::default()).map_err(|e| e.to_string())?;
+            pcap_lines(&cap).iter().for_each(|l| println!("{l}"));
+            (cap.report.frames, cap.report.bad_frames)
+        }
+        Nic::Virtio => {
+            let cap = vm::check_virtio_pcap(pcap, &[]).map_err(|e| e.to_string())?;
+            virtio_lines(&cap).iter().for_each(|l| println!("{l}"));
+            (cap.segments, cap.bad() + cap.truncated)
+        }
+    })
+}
+
 fn sweep(console: &Path, trace: &Path, pcap: &Path, nic: Nic, out: &Path) -> Result<bool, String> {
     let c = vm::parse_console(&read(console)?);
     if c.csv.is_empty() {
@@ -217,6 +282,10 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, nic: Nic, out: &Path) -> Res
             windows.len()
         )
     })?;
+    // Checked before anything is written: the numbers come from the guest.
+    let mss = u64::from(pfrag_lab::run::MSS);
+    let expect_frames =
+        vm::expected_frames(&rows_sent(&headers, &rows), reps, mss).map_err(|e| e.to_string())?;
     for h in [
         "vtd_inv_per_pkt",
         "vtd_iotlb_fills_per_pkt",
@@ -227,18 +296,7 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, nic: Nic, out: &Path) -> Res
     let mut w = csv::Writer::from_path(out).map_err(|e| format!("{}: {e}", out.display()))?;
     w.write_record(&headers).map_err(|e| e.to_string())?;
     let mut table = Vec::new();
-    let col_of = |name: &str| headers.iter().position(|h| h == name);
-    let (warm_col, pay_col) = (col_of("warmup"), col_of("payload_bytes"));
-    let mut expect_frames = 0u64;
     for (row, win) in rows.iter().zip(&per_row) {
-        let field = |c: Option<usize>| -> u64 {
-            c.and_then(|i| row.get(i))
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0)
-        };
-        let payload = field(pay_col);
-        expect_frames +=
-            reps * (field(Some(packets_col)) + field(warm_col)) * payload.div_ceil(1448);
         let p: f64 = row
             .get(packets_col)
             .and_then(|s| s.parse().ok())
@@ -253,50 +311,12 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, nic: Nic, out: &Path) -> Res
         table.push(r);
     }
     w.flush().map_err(|e| e.to_string())?;
-    let col = |name: &str| headers.iter().position(|h| h == name);
-    let show = [
-        "order",
-        "policy",
-        "header",
-        "maps_per_pkt",
-        "unmaps_per_pkt",
-        "vtd_inv_per_pkt",
-        "vtd_iotlb_fills_per_pkt",
-        "vtd_iotlb_hits_per_pkt",
-        "descs_per_pkt",
-        "gbit_s",
-    ];
-    let idx: Vec<usize> = show.iter().filter_map(|s| col(s)).collect();
-    println!(
-        "{}",
-        idx.iter()
-            .map(|&i| format!("{:>14}", &headers[i]))
-            .collect::<String>()
-    );
-    for r in &table {
-        println!(
-            "{}",
-            idx.iter()
-                .map(|&i| format!("{:>14}", r.get(i).unwrap_or("")))
-                .collect::<String>()
-        );
-    }
+    print_table(&headers, &table);
     println!("wrote {}", out.display());
-    let (frames, bad) = match nic {
-        Nic::Igb => {
-            let cap = vm::check_pcap(pcap, &vm::Console::default()).map_err(|e| e.to_string())?;
-            pcap_lines(&cap).iter().for_each(|l| println!("{l}"));
-            (cap.report.frames, cap.report.bad_frames)
-        }
-        Nic::Virtio => {
-            let cap = vm::check_virtio_pcap(pcap, &[]).map_err(|e| e.to_string())?;
-            virtio_lines(&cap).iter().for_each(|l| println!("{l}"));
-            (cap.segments, cap.bad() + cap.truncated)
-        }
-    };
+    let (frames, bad) = capture_counts(pcap, nic)?;
     let count_ok = frames == expect_frames;
     println!(
-        "pcap: {} frames, {} expected from the rows (packets + warm-up, 1448-byte segments): {}",
+        "pcap: {} frames, {} expected from the rows (packets + warm-up, {mss}-byte segments): {}",
         frames,
         expect_frames,
         if count_ok { "ok" } else { "MISMATCH" }

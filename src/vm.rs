@@ -3,6 +3,7 @@
 //! wire; a virtio-net NIC's as the driver posted them, [`virtio`]), and
 //! QEMU's IOMMU trace.
 
+mod frames;
 pub mod virtio;
 
 use std::io::Read;
@@ -11,6 +12,7 @@ use std::path::Path;
 use pcap_file::pcap::PcapReader;
 use vfio_nic::check::wire::{WireCheck, WireReport};
 
+pub use frames::{expected_frames, FrameCountError, RowSent};
 pub use virtio::{check_virtio_pcap, VirtioCapture, VIRTIO_MSS};
 
 /// Source MAC of every frame a pfrag flow sends.

@@ -205,10 +205,11 @@ impl FlowsConfig {
             ));
         }
         let largest = self.bulk_payload.max(self.small.1);
-        let segs = largest.div_ceil(usize::from(crate::run::MSS)) as u64;
-        let wire =
-            vfio_nic::model::softnic::wire_bytes(segs, vfio_nic::gen::flow::HDR_LEN, largest)
-                + segs * vfio_nic::model::softnic::WIRE_GAP;
+        let wire = vfio_nic::model::softnic::line_bytes(
+            vfio_nic::gen::flow::HDR_LEN,
+            largest,
+            usize::from(crate::run::MSS),
+        );
         let sends = (self.packets + self.warmup) as f64 * wire as f64 * 8.0 / self.line_rate_gbit;
         let total = sends + self.flows as f64 * self.stall_ms * 1e6 + self.rtt_max_ms * 1e6;
         if total > MAX_SIM_NS {

@@ -12,7 +12,7 @@ use pfrag::pool::{self, Pool};
 use pfrag::Order;
 use vfio_nic::gen::flow::{Flow, HDR_LEN};
 use vfio_nic::gen::pattern;
-use vfio_nic::model::softnic::{self, SoftNic, WIRE_GAP};
+use vfio_nic::model::softnic::{self, SoftNic};
 use vfio_nic::offload::Offload;
 use vfio_nic::tx;
 
@@ -282,8 +282,7 @@ impl<'a> Sim<'a> {
         let st = &mut self.flows[f];
         st.inflight += len;
         st.sent += 1;
-        let segs = len.div_ceil(usize::from(MSS)) as u64;
-        let wire = softnic::wire_bytes(segs, HDR_LEN, len) + segs * WIRE_GAP;
+        let wire = softnic::line_bytes(HDR_LEN, len, usize::from(MSS));
         self.now_ns += wire as f64 * 8.0 / self.cfg.line_rate_gbit;
         let (rtt, stall) = (st.rtt_ns, st.stall_after == Some(st.sent));
         if stall {

@@ -58,8 +58,7 @@ fn check_wire(cfg: &RunConfig) -> Result<(), RunError> {
     let Some(g) = cfg.device.line_rate_gbit else {
         return Ok(());
     };
-    let segs = cfg.payload.div_ceil(usize::from(cfg.mss)).max(1) as u64;
-    let wire = softnic::wire_bytes(segs, HDR_LEN, cfg.payload) + segs * softnic::WIRE_GAP;
+    let wire = softnic::line_bytes(HDR_LEN, cfg.payload, usize::from(cfg.mss));
     let secs = wire as f64 * 8.0 / g / 1e9;
     if secs >= STALL.as_secs_f64() {
         return Err(RunError::Setting(format!(

@@ -168,3 +168,26 @@ fn nic_stats_since_with_the_arguments_swapped_is_zero() {
     assert_eq!(before.since(&after), NicStats::default());
     assert_eq!(after.since(&before).frames, 1);
 }
+
+/// The software NIC counts every frame it puts on the wire at least the
+/// 64-byte Ethernet minimum on its own: a TSO packet whose last segment
+/// carries a few bytes pays a whole minimum frame for it, not a share of
+/// the packet's.
+#[test]
+fn wire_bytes_pad_each_segment_to_the_minimum_frame() {
+    let q = common::capture_queue(4, tx::Config::default()).unwrap();
+    let mut q = common::Gen::new(q, 1);
+    // One full segment and 1, 2 or 6 bytes more (54 header bytes: frames
+    // of 59, 60 and 64 bytes with the FCS), and two full segments.
+    let plan = [(0, 1449), (0, 1450), (0, 1454), (0, 2 * 1448)];
+    q.send_all(&plan);
+    let st = q.device().stats();
+    let frames = q.take_frames();
+    assert_eq!(frames.len(), 8, "{st:?}");
+    // A captured frame has its headers and payload, without the FCS.
+    let lens: Vec<usize> = frames.iter().map(Vec::len).collect();
+    assert_eq!(lens, [1502, 55, 1502, 56, 1502, 60, 1502, 1502]);
+    let want: u64 = lens.iter().map(|&l| (l as u64 + 4).max(64)).sum();
+    assert_eq!(st.wire_bytes, want, "{st:?}");
+    assert_eq!(st.frames, 8);
+}

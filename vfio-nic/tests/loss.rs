@@ -292,8 +292,59 @@ fn endless_chain_without_eop_is_dropped() {
         // the CPU reaches through atomic accessors; anything else faults.
         unsafe { nic.kick((k * 5 + 5) % 8) }.unwrap();
     }
-    assert!(nic.stats().bad_desc >= 1);
-    assert_eq!(nic.stats().packets, 0);
+    let st = nic.stats();
+    assert!(st.bad_desc >= 1);
+    assert_eq!((st.packets, st.frames), (st.bad_desc, 0), "only drops");
+}
+
+/// A chain one buffer longer than a packet may be (`MAX_BUFS` + 1, its last
+/// descriptor asking for a report) is dropped as malformed, and its report
+/// is still written back, as for any dropped packet: a driver waiting on it
+/// sees it done. The packet after it starts afresh and is sent.
+#[test]
+fn a_chain_past_max_bufs_is_dropped_and_still_reported_done() {
+    let id = Arc::new(Identity::new());
+    let domain = Arc::new(Domain::new(id.clone()));
+    let ring = Coherent::new(domain.clone(), 128 * 16, Dir::BIDIRECTIONAL).unwrap();
+    let buf = Coherent::new(domain, 4096, Dir::BIDIRECTIONAL).unwrap();
+    let mut nic = SoftNic::new(id, softnic::Config::default());
+    // SAFETY: the ring is this test's, kept as long as the NIC.
+    unsafe { nic.attach(ring.iova(), 128) }.unwrap();
+    let n = softnic::MAX_BUFS + 1;
+    let put = |i: usize, cmd: Dcmd, paylen: usize| {
+        let cmd = Dcmd::IFCS | cmd;
+        let d = Data::new(buf.iova().raw(), 100, cmd, paylen as u32, Popts::empty());
+        let w = Desc::Data(d).encode();
+        ring.write_u64(i * 16, w[0]).unwrap();
+        ring.write_u64(i * 16 + 8, w[1]).unwrap();
+    };
+    put(0, Dcmd::empty(), 100 * n);
+    for i in 1..n - 1 {
+        put(i, Dcmd::empty(), 0);
+    }
+    put(n - 1, Dcmd::EOP | Dcmd::RS, 0);
+    put(n, Dcmd::EOP | Dcmd::RS, 100);
+    // SAFETY: this test's own mapper maps only `ring` and `buf`, coherent
+    // memory the CPU reaches through atomic accessors.
+    unsafe { nic.kick((n + 1) as u16) }.unwrap();
+    let done = |i: usize| {
+        let status = ring.read_u32(i * 16 + desc::STATUS_OFFSET).unwrap();
+        status & desc::Sta::DD.bits() != 0
+    };
+    assert!(done(n - 1), "the dropped chain's report is written back");
+    assert!(done(n), "and the next packet's");
+    let st = nic.stats();
+    assert_eq!(
+        (st.packets, st.bad_desc, st.write_backs),
+        (2, 1, 2),
+        "{st:?}"
+    );
+    assert_eq!(
+        (st.frames, st.delivered_bytes),
+        (1, 100),
+        "only the next sent"
+    );
+    assert_eq!((st.faults, st.bad_payload), (0, 0), "{st:?}");
 }
 
 /// Without an IOMMU every per-frag mapping is made at the frag's own

@@ -381,3 +381,40 @@ fn a_payload_of_exactly_the_largest_buffer_is_one_buffer() {
     assert!(r.is_ok(), "refused: {r:?}");
     assert_eq!(q.stats().descs, 3, "context, headers and one data buffer");
 }
+
+/// The traffic generator refuses a payload no packet carries before it
+/// builds a header or stages a byte: any length is a typed error naming
+/// the limit (a length past the address space used to overflow the IPv4
+/// length, and a terabyte one to abort on the staging buffer), and the
+/// flow does not advance.
+#[test]
+fn the_generator_refuses_a_payload_too_large_before_staging_it() {
+    use vfio_nic::gen::flow::{Flow, HDR_LEN};
+    use vfio_nic::gen::Traffic;
+    let (iommu, domain, pool) = parts(2);
+    let nic = SoftNic::new(iommu, capture());
+    // SAFETY: the device is a model on the very IOMMU object `domain` maps through.
+    let mut q = unsafe { tx::Queue::new(domain, pool, nic, tx::Config::default()) }.unwrap();
+    let mut gen = Traffic::new(1, 1448).unwrap();
+    let max = q.max_payload();
+    for len in [max + 1, 1 << 44, usize::MAX] {
+        for copied in [false, true] {
+            let r = if copied {
+                gen.send_copied(&mut q, 0, len)
+            } else {
+                gen.send(&mut q, 0, len)
+            };
+            assert!(
+                matches!(r, Err(Error::PayloadTooLarge { len: l, max: m }) if l == len && m == max),
+                "{len} copied {copied}: {r:?}"
+            );
+        }
+    }
+    assert_eq!((gen.posted(), q.in_flight(), q.stats().packets), (0, 0, 0));
+    gen.send_copied(&mut q, 0, 100).unwrap();
+    assert_eq!(gen.posted(), 1);
+    // A header for any length: the IPv4 length saturates.
+    let mut h = [0u8; HDR_LEN];
+    Flow::new(0).unwrap().header(usize::MAX, &mut h);
+    assert_eq!(u16::from_be_bytes([h[16], h[17]]), u16::MAX);
+}

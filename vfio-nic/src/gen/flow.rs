@@ -104,10 +104,11 @@ impl Flow {
     /// Writes the header of the next packet (carrying `payload` bytes)
     /// without advancing the flow: call [`advance`](Self::advance) once the
     /// packet was posted. Returns the stream offset of the packet's first
-    /// payload byte.
+    /// payload byte. The IPv4 total length saturates at 65,535 (a TSO
+    /// packet's device writes each segment's own).
     pub fn header(&self, payload: usize, out: &mut [u8; HDR_LEN]) -> u32 {
         *out = self.template;
-        let total = (IPLEN + L4LEN + payload).min(u16::MAX as usize) as u16;
+        let total = payload.saturating_add(IPLEN + L4LEN).min(u16::MAX as usize) as u16;
         out[IP_TOTAL_LEN..IP_TOTAL_LEN + 2].copy_from_slice(&total.to_be_bytes());
         out[IP_ID..IP_ID + 2].copy_from_slice(&self.ip_id.to_be_bytes());
         let seq = isn(self.id).wrapping_add(self.next);

@@ -83,6 +83,21 @@ impl<M: DmaMapper> Traffic<M> {
         self.flows.get(flow).ok_or(Error::BadFlow { flow, flows })
     }
 
+    /// Refuses, before anything is staged or built, a payload no packet
+    /// of `q` carries: empty, or longer than
+    /// [`max_payload`](tx::Queue::max_payload) (a send of any length is
+    /// then a typed error, never an allocation of that many bytes).
+    fn check_len<D: TxDevice>(q: &tx::Queue<M, D>, len: usize) -> Result<()> {
+        if len == 0 {
+            return Err(pfrag::Error::ZeroLength.into());
+        }
+        let max = q.max_payload();
+        if len > max {
+            return Err(Error::PayloadTooLarge { len, max });
+        }
+        Ok(())
+    }
+
     fn offload(&self, len: usize) -> Offload {
         if len > usize::from(self.mss) {
             Offload::Tso { mss: self.mss }
@@ -102,6 +117,7 @@ impl<M: DmaMapper> Traffic<M> {
         len: usize,
     ) -> Result<()> {
         let fl = self.flow(flow)?;
+        Self::check_len(q, len)?;
         let mut hdr = [0u8; HDR_LEN];
         let off = fl.header(len, &mut hdr);
         self.buf.resize(len, 0);
@@ -153,9 +169,7 @@ impl<M: DmaMapper> Traffic<M> {
         len: usize,
     ) -> Result<()> {
         let fl = self.flow(flow)?;
-        if len == 0 {
-            return Err(pfrag::Error::ZeroLength.into());
-        }
+        Self::check_len(q, len)?;
         let offload = self.offload(len);
         q.room_for(len, offload)?;
         let mut hdr = [0u8; HDR_LEN];

@@ -138,7 +138,7 @@ impl<T: Translate> NullNic<T> {
                 self.stats.frames += 1;
                 self.stats.pages += pages;
                 self.stats.payload_bytes += payload;
-                self.stats.wire_bytes += softnic::wire_bytes(1, 0, bytes as usize);
+                self.stats.wire_bytes += softnic::frame_bytes(bytes);
                 self.stats.delivered_bytes += payload;
             }
             self.bufs = 0;

@@ -45,7 +45,7 @@ impl Packet {
 
     /// Frames the packet goes out as: one per MSS segment, at least one.
     pub(super) fn frames(&self) -> usize {
-        self.paylen.div_ceil(self.mss).max(1)
+        super::stats::frames(self.paylen, self.mss) as usize
     }
 }
 

@@ -20,13 +20,12 @@ use pfrag::Iova;
 use super::resync::Resync;
 use super::ring::{read_desc, report, Ring};
 use super::segment::{read_range, segment_pages, segments, Outcome, Packet, Segmenter, MAX_HDR};
+pub use super::stats::{frame_bytes, frames, line_bytes, wire_bytes, NicStats, WIRE_GAP};
 use crate::desc::{Context, Data, Dcmd, Desc};
 use crate::device::TxDevice;
 use crate::error::Result;
 use crate::gen::flow;
 use crate::gen::pattern;
-
-pub use super::stats::{wire_bytes, NicStats, WIRE_GAP};
 
 /// How much of each payload the model reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -294,7 +293,7 @@ impl<T: Translate> SoftNic<T> {
         };
         let pages = self.count_pages();
         let seg = segment_pages(&self.bufs, hlen, &pkt);
-        self.stats.count_sent(&out, hlen, pkt.paylen, pages, seg);
+        self.stats.count_sent(&out, hlen, &pkt, pages, seg);
         self.frames.extend(frames);
     }
 
@@ -471,12 +470,14 @@ impl<T: Translate> TxDevice for SoftNic<T> {
                     }
                     if self.bufs.len() > MAX_BUFS {
                         // More buffers than one packet may have: a broken
-                        // chain (no EOP). Drop it rather than grow forever.
+                        // chain (EOP missing or late). Dropped as malformed
+                        // rather than grown forever; its descriptor's report
+                        // is still written back, below, as for any dropped
+                        // packet, so a driver waiting on it sees it done.
+                        self.stats.packets += 1;
                         self.stats.bad_desc += 1;
                         self.forget_packet();
-                        continue;
-                    }
-                    if d.cmd().contains(Dcmd::EOP) {
+                    } else if d.cmd().contains(Dcmd::EOP) {
                         // SAFETY: every buffer in `self.bufs` was named by
                         // a descriptor of this doorbell or an earlier one
                         // of the same attachment (`attach` and `detach`

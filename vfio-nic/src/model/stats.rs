@@ -1,15 +1,17 @@
 //! The counters every device model keeps ([`NicStats`]), and the wire
 //! arithmetic they use.
 
-use super::segment::Outcome;
+use super::segment::{Outcome, Packet};
 
 /// Counters of a device model (the software NIC, the null device, the
 /// virtio-net model: each counts the same events in the same units).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NicStats {
     /// Packets seen, whatever became of them: descriptor chains ended by
-    /// `EOP`, and those a fault cut short (each counted once, in
-    /// [`faulted_packets`](Self::faulted_packets) too).
+    /// `EOP`, chains dropped before their end for being longer than
+    /// [`MAX_BUFS`](super::softnic::MAX_BUFS) (in
+    /// [`bad_desc`](Self::bad_desc) too), and those a fault cut short (each
+    /// counted once, in [`faulted_packets`](Self::faulted_packets) too).
     pub packets: u64,
     /// Frames put on the (modelled) wire.
     pub frames: u64,
@@ -58,20 +60,21 @@ pub struct NicStats {
 }
 
 impl NicStats {
-    /// Counts an offloaded packet sent as `out`: `hlen` header bytes per
-    /// frame, `paylen` payload bytes, `pages` and `segment_pages` read.
+    /// Counts the offloaded packet `pkt` sent as `out`: `hlen` header bytes
+    /// per frame, `pages` and `segment_pages` read.
     pub(super) fn count_sent(
         &mut self,
         out: &Outcome,
         hlen: usize,
-        paylen: usize,
+        pkt: &Packet,
         pages: u64,
         segment_pages: u64,
     ) {
+        let paylen = pkt.paylen;
         self.pages += pages;
         self.segment_pages += segment_pages;
         self.payload_bytes += paylen as u64;
-        self.wire_bytes += wire_bytes(out.frames, hlen, paylen);
+        self.wire_bytes += wire_bytes(hlen, paylen, pkt.mss);
         self.frames += out.frames;
         self.bytes_verified += out.verified;
         if out.ok {
@@ -92,7 +95,7 @@ impl NicStats {
     pub(super) fn count_raw(&mut self, len: usize, pages: u64) {
         self.pages += pages;
         self.payload_bytes += len as u64;
-        self.wire_bytes += wire_bytes(1, 0, len);
+        self.wire_bytes += frame_bytes(len as u64);
         self.delivered_bytes += len as u64;
         self.frames += 1;
     }
@@ -134,9 +137,70 @@ impl NicStats {
 /// and start delimiter (8) and the inter-frame gap (12).
 pub const WIRE_GAP: u64 = 20;
 
-/// Ethernet bytes of `frames` frames carrying `hlen` header bytes each and
-/// `paylen` payload bytes in all, with their FCS (4) and the 64-byte
-/// minimum frame.
-pub fn wire_bytes(frames: u64, hlen: usize, paylen: usize) -> u64 {
-    (paylen as u64 + frames * (hlen as u64 + 4)).max(frames * 64)
+/// Ethernet bytes of one frame of `len` bytes (headers and payload): with
+/// its FCS (4), and at least the 64-byte minimum frame.
+pub fn frame_bytes(len: u64) -> u64 {
+    len.saturating_add(4).max(64)
+}
+
+/// Frames a packet of `paylen` payload bytes goes out as, cut at `mss`
+/// payload bytes a frame: one per segment, at least one (a packet without
+/// payload is one frame of headers). An `mss` of 0 counts as 1.
+pub fn frames(paylen: usize, mss: usize) -> u64 {
+    paylen.div_ceil(mss.max(1)).max(1) as u64
+}
+
+/// Ethernet bytes of the [`frames`] a packet of `paylen` payload bytes goes
+/// out as, cut at `mss` payload bytes a frame, each with `hlen` header
+/// bytes: each frame is counted on its own ([`frame_bytes`]), so a last
+/// segment of a few bytes costs a whole minimum frame. The preamble and
+/// the gap after each frame ([`WIRE_GAP`]) are not included: see
+/// [`line_bytes`].
+pub fn wire_bytes(hlen: usize, paylen: usize, mss: usize) -> u64 {
+    let mss = mss.max(1);
+    let (full, rest) = (paylen / mss, paylen % mss);
+    let hlen = hlen as u64;
+    let last = if rest > 0 || paylen == 0 {
+        frame_bytes(hlen.saturating_add(rest as u64))
+    } else {
+        0
+    };
+    (full as u64)
+        .saturating_mul(frame_bytes(hlen.saturating_add(mss as u64)))
+        .saturating_add(last)
+}
+
+/// Bytes of line time a packet as for [`wire_bytes`] takes: its frames
+/// and, for each, the preamble and inter-frame gap ([`WIRE_GAP`]). At
+/// `g` Gbit/s it takes `line_bytes * 8 / g` ns.
+pub fn line_bytes(hlen: usize, paylen: usize, mss: usize) -> u64 {
+    let gaps = frames(paylen, mss).saturating_mul(WIRE_GAP);
+    wire_bytes(hlen, paylen, mss).saturating_add(gaps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_frame_is_padded_to_the_minimum_on_its_own() {
+        // A TSO packet of one full segment and a 2-byte one: the last
+        // frame (54 + 2 + 4 = 60 bytes) is padded to 64.
+        assert_eq!(wire_bytes(54, 1450, 1448), (54 + 1448 + 4) + 64);
+        assert_eq!(line_bytes(54, 1450, 1448), (54 + 1448 + 4) + 64 + 2 * 20);
+        // Segments that fill their frames: no padding.
+        assert_eq!(wire_bytes(54, 3 * 1448, 1448), 3 * (54 + 1448 + 4));
+        assert_eq!(wire_bytes(54, 2 * 1448 + 6, 1448), 2 * 1506 + 64);
+        assert_eq!(wire_bytes(54, 2 * 1448 + 7, 1448), 2 * 1506 + 65);
+        // Tiny segments each take a minimum frame.
+        assert_eq!(wire_bytes(14, 10, 1), 10 * 64);
+        // No payload: one frame of headers.
+        assert_eq!((frames(0, 1448), wire_bytes(54, 0, 1448)), (1, 64));
+        // A frame sent as given (no headers of its own, one segment).
+        assert_eq!(wire_bytes(0, 1000, 1000), frame_bytes(1000));
+        assert_eq!((frame_bytes(40), frame_bytes(1000)), (64, 1004));
+        // Nothing overflows.
+        assert_eq!(wire_bytes(54, usize::MAX, 1), u64::MAX);
+        assert_eq!(frames(7, 0), 7);
+    }
 }

@@ -62,6 +62,10 @@ pub const TX_QUEUE: u16 = 1;
 /// address carries [`VirtioNetPci::mark`]s.
 pub const RX_QUEUE: u16 = 0;
 
+/// The device status once features are negotiated and before a queue runs.
+const NEGOTIATED: u32 =
+    VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK;
+
 /// Offsets in `struct virtio_pci_common_cfg` (virtio 1.x, 4.1.4.3).
 pub mod common {
     /// Selects which 32 bits `DEVICE_FEATURE` shows.
@@ -177,14 +181,24 @@ impl<T: Transport> VirtioNetPci<T> {
     }
 
     /// Writes 0 to the device status and waits until it reads back 0:
-    /// the device then no longer touches any ring or buffer.
+    /// the device then no longer touches any ring or buffer, and the
+    /// driver forgets the ring and the negotiated features.
+    ///
+    /// A status that does not read back 0 within
+    /// [`VirtioConfig::reset_timeout`] is [`Error::DeviceTimeout`], and
+    /// the driver keeps the ring and the features as they were: the device
+    /// may still be using the ring, so its memory must stay the device's
+    /// (a [`tx::Queue`](crate::tx::Queue) whose detach fails comes back
+    /// whole, ring included). A reset can be tried again; the next
+    /// [`attach_parts`](Self::attach_parts) negotiates again unless the
+    /// device reads back as negotiation left it.
     pub fn reset(&mut self) -> Result<()> {
-        self.ready = false;
-        self.ring = None;
         self.write::<u8>(common::DEVICE_STATUS, 0)?;
         wait_for("virtio reset", self.cfg.reset_timeout, || {
             Ok(self.status()? == 0)
         })?;
+        self.ready = false;
+        self.ring = None;
         Ok(())
     }
 
@@ -231,6 +245,20 @@ impl<T: Transport> VirtioNetPci<T> {
         self.fmt = fmt;
         self.ready = true;
         Ok(())
+    }
+
+    /// Whether the device is as [`init`](Self::init) left it, so that a
+    /// ring can be set up without a reset: features negotiated, no ring,
+    /// the status `FEATURES_OK` without `DRIVER_OK`, the TX queue off (and
+    /// selected). A reset that did not read back 0 in time may still
+    /// complete later, with the driver's state kept: the status read here
+    /// tells.
+    fn negotiated(&self) -> Result<bool> {
+        if !self.ready || self.ring.is_some() {
+            return Ok(false);
+        }
+        self.write::<u16>(common::QUEUE_SELECT, TX_QUEUE)?;
+        Ok(u32::from(self.status()?) == NEGOTIATED && self.read::<u16>(common::QUEUE_ENABLE)? == 0)
     }
 
     /// The features the device offered.
@@ -294,9 +322,7 @@ impl<T: Transport> VirtioNetPci<T> {
         if !len.is_power_of_two() || len > self.max {
             return Err(Error::VirtqueueSize { len, max: self.max });
         }
-        self.write::<u16>(common::QUEUE_SELECT, TX_QUEUE)?;
-        let enabled = self.ready && self.read::<u16>(common::QUEUE_ENABLE)? != 0;
-        if !self.ready || enabled || self.ring.is_some() {
+        if !self.negotiated()? {
             self.init()?;
         }
         // SAFETY: the caller's promise for the three parts is passed on.
@@ -370,6 +396,11 @@ impl<T: Transport> TxDevice for VirtioNetPci<T> {
         unsafe { self.t.notify(self.notify[usize::from(TX_QUEUE)], TX_QUEUE) }
     }
 
+    /// A reset ([`reset`](VirtioNetPci::reset)). One that fails keeps the
+    /// ring attached: unlike the 82576's transmitter, a virtio device's
+    /// reset cannot be taken back once the 0 is written, so the device may
+    /// be running, resetting or stopped; the ring stays its until a reset
+    /// reads back 0.
     fn detach(&mut self) -> Result<()> {
         self.reset()
     }
@@ -378,7 +409,10 @@ impl<T: Transport> TxDevice for VirtioNetPci<T> {
 impl<T: Transport> Drop for VirtioNetPci<T> {
     fn drop(&mut self) {
         // Stop DMA before the rings and buffers the device may still use
-        // are unmapped and freed.
+        // are unmapped and freed. A reset that fails has nothing left to
+        // try here: the transport, dropped next, closes the VFIO device,
+        // and the kernel turns off its bus mastering when the last file of
+        // the device closes.
         let _ = self.reset();
     }
 }

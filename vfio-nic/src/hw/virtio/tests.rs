@@ -23,6 +23,9 @@ struct Fake {
     refuse_driver_ok: std::cell::Cell<bool>,
     /// Bytes between two queues' notification addresses.
     mult: u32,
+    /// Ignore a write of 0 to the status: a reset that never reads back 0,
+    /// the device going on as it was.
+    stuck: std::cell::Cell<bool>,
 }
 
 impl Fake {
@@ -38,7 +41,13 @@ impl Fake {
             statuses: RefCell::new(Vec::new()),
             refuse_driver_ok: std::cell::Cell::new(false),
             mult: 4,
+            stuck: std::cell::Cell::new(false),
         }
+    }
+    /// Resets as a write of 0 does: every field 0.
+    fn clear(&self) {
+        *self.common.borrow_mut() = [0; 0x38];
+        *self.queues.borrow_mut() = [[0; 0x38]; 2];
     }
     fn sel(&self) -> usize {
         let c = self.common.borrow();
@@ -113,8 +122,9 @@ impl Transport for &Fake {
         }
         match off {
             common::DEVICE_STATUS if v == 0 => {
-                *self.common.borrow_mut() = [0; 0x38];
-                *self.queues.borrow_mut() = [[0; 0x38]; 2];
+                if !self.stuck.get() {
+                    self.clear();
+                }
                 return Ok(());
             }
             common::DEVICE_STATUS if !self.accept_features => {
@@ -269,4 +279,59 @@ fn a_ring_the_device_cannot_take_is_refused_before_it_is_enabled() {
     unsafe { nic.attach(Iova(0x30_0000), 16) }.unwrap();
     // SAFETY: as above.
     unsafe { nic.attach(Iova(0x40_0000), 32) }.unwrap();
+}
+
+/// A bring-up whose resets give up after a few milliseconds.
+fn quick() -> VirtioConfig {
+    VirtioConfig {
+        reset_timeout: Duration::from_millis(20),
+    }
+}
+
+#[test]
+fn a_reset_that_does_not_read_back_0_keeps_the_ring_until_one_does() {
+    let dev = Fake::new(ALL);
+    let mut nic = VirtioNetPci::over(&dev, quick()).unwrap();
+    // SAFETY: the fake device reads no memory.
+    unsafe { nic.attach(Iova(0x10_0000), 64) }.unwrap();
+    dev.stuck.set(true);
+    for e in [nic.detach().unwrap_err(), nic.reset().unwrap_err()] {
+        assert!(
+            matches!(
+                e,
+                Error::DeviceTimeout {
+                    what: "virtio reset",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    assert_eq!((nic.ready, nic.ring), (true, Some(64)), "state kept");
+    // The device may still be using the ring: it is still attached.
+    // SAFETY: as above.
+    unsafe { nic.kick(1) }.unwrap();
+    assert_eq!(dev.notes.borrow().last(), Some(&(4, 1)));
+    dev.stuck.set(false);
+    nic.detach().unwrap();
+    assert_eq!((nic.ready, nic.ring), (false, None), "cleared once reset");
+    // SAFETY: as above.
+    assert!(matches!(unsafe { nic.kick(0) }, Err(Error::NotAttached)));
+}
+
+#[test]
+fn a_reset_that_completes_late_is_negotiated_again_before_a_ring() {
+    let dev = Fake::new(ALL);
+    let mut nic = VirtioNetPci::over(&dev, quick()).unwrap();
+    dev.stuck.set(true);
+    assert!(nic.detach().is_err());
+    // The device finishes its reset after the driver gave up waiting.
+    dev.stuck.set(false);
+    dev.clear();
+    *dev.driver_features.borrow_mut() = 0;
+    // SAFETY: the fake device reads no memory.
+    unsafe { nic.attach(Iova(0x10_0000), 64) }.unwrap();
+    assert_eq!(*dev.driver_features.borrow(), features::USED);
+    let want = NEGOTIATED | VIRTIO_CONFIG_S_DRIVER_OK;
+    assert_eq!(u32::from(nic.device_status().unwrap()), want);
 }

@@ -188,7 +188,7 @@ impl Engine {
         let (out, frames) = (seg.out, seg.frames);
         let pages = range_pages(&self.bufs, 0, total);
         let seg = segment_pages(&self.bufs, HDR_LEN + hlen, &pkt);
-        self.stats.count_sent(&out, hlen, pkt.paylen, pages, seg);
+        self.stats.count_sent(&out, hlen, &pkt, pages, seg);
         self.frames.extend(frames);
     }
 
