@@ -520,3 +520,28 @@ fn check_vfio_counts_buffers_with_the_nics_own_cut() {
     );
     assert!(e.to_string().contains("buffers cut at 4096 B"), "{e}");
 }
+
+/// A ring the queue does not take (a multiple of 8 in 8..=4096) is
+/// refused by `run::check` with the queue's own error and number, before
+/// anything runs, on either format; a ring of 0 once panicked there,
+/// counting what it holds.
+#[test]
+fn check_refuses_a_ring_the_queue_does_not_take() {
+    use pfrag_lab::run::{check, check_vfio, RunError};
+    for model in [DeviceModel::Soft, DeviceModel::Virtio] {
+        for ring in [0, 1, 4, 12, 4104] {
+            let mut c = config(1, Reclaim::Eager, Workload::Fixed, 100);
+            (c.model, c.ring) = (model, ring);
+            for e in [check(&c).unwrap_err(), check_vfio(&c).unwrap_err()] {
+                assert!(
+                    matches!(
+                        e,
+                        RunError::Nic(vfio_nic::Error::BadConfig { value, .. })
+                            if value == u64::from(ring)
+                    ),
+                    "ring {ring}: {e:?}"
+                );
+            }
+        }
+    }
+}

@@ -307,3 +307,42 @@ fn payload_limits_per_format() {
     assert_eq!(tx::max_payload::<Advanced>(&small), 1000);
     assert_eq!(tx::max_payload::<Split>(&small), 1000);
 }
+
+/// Settings a queue refuses (`Queue::new`'s `BadConfig`) are refused by
+/// the checks made without a queue too, with the same error, and the
+/// bounds themselves never panic or wrap on them: a ring of 0, a boundary
+/// of 0 or 1, any payload length.
+#[test]
+fn settings_no_queue_takes_are_refused_without_a_queue_too() {
+    let bad = [
+        config(0, None),
+        config(12, None),
+        config(8, Some(0)),
+        config(8, Some(1)),
+        tx::Config {
+            max_bufs: 1,
+            ..config(8, None)
+        },
+    ];
+    for cfg in bad {
+        let refused = |r: vfio_nic::Result<usize>| matches!(r, Err(Error::BadConfig { .. }));
+        assert!(refused(igb(&cfg, order(0), 100, TSO)), "{cfg:?}");
+        assert!(refused(igb_bufs(&cfg, order(0), 100, TSO)), "{cfg:?}");
+        for len in [0, 1, 4096, usize::MAX] {
+            let _ = cfg.capacity();
+            let _ = cfg.descs_at_least::<Advanced>(order(0), len);
+            let _ = cfg.bufs_at_most::<Split>(order(0), len);
+        }
+    }
+    assert_eq!(config(0, None).capacity(), 0);
+    let one = config(8, Some(1));
+    assert_eq!(one.descs_at_least::<Advanced>(order(0), 10), 11);
+    assert_eq!(
+        one.descs_at_least::<Advanced>(order(0), usize::MAX),
+        usize::MAX
+    );
+    assert_eq!(
+        one.bufs_at_most::<Advanced>(order(0), usize::MAX),
+        usize::MAX
+    );
+}

@@ -13,7 +13,7 @@ use pfrag::dma::DmaMapper;
 use pfrag::pool;
 use pfrag::{Order, PAGE_SIZE};
 
-use super::{Config, Fmt, Queue};
+use super::{check_config, Config, Fmt, Queue};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
 use crate::format::Format;
@@ -39,8 +39,9 @@ impl Config {
     /// Descriptors a ring of [`ring`](Self::ring) descriptors holds at
     /// once: one fewer than its size (a full ring would look empty to the
     /// device). A packet that needs more is [`Error::PacketTooLarge`].
+    /// (0 for a ring of 0, which no queue takes.)
     pub fn capacity(&self) -> usize {
-        usize::from(self.ring) - 1
+        usize::from(self.ring).saturating_sub(1)
     }
 
     /// The least descriptors a packet of `len` payload bytes takes on a
@@ -52,7 +53,8 @@ impl Config {
     /// context descriptor (the device may hold the packet's context
     /// already). A packet's exact count, known once its frags are, is never
     /// less. (A packet small enough to go inline, headers and payload in
-    /// one bounce slot, takes one data descriptor and no frag.)
+    /// one bounce slot, takes one data descriptor and no frag.) A boundary
+    /// of 0, which no queue takes, counts as 1, and the count saturates.
     ///
     /// The queue refuses a packet whose bound passes the ring's
     /// [`capacity`](Self::capacity) with [`Error::PacketTooLarge`] before
@@ -76,8 +78,9 @@ impl Config {
         let per = order
             .size()
             .min(F::MAX_BUF)
-            .min(self.boundary.unwrap_or(usize::MAX));
-        1 + len.div_ceil(per)
+            .min(self.boundary.unwrap_or(usize::MAX))
+            .max(1);
+        len.div_ceil(per).saturating_add(1)
     }
 
     /// Refuses a packet that needs at least `descs` descriptors if the
@@ -100,7 +103,8 @@ impl Config {
     /// it takes ([`descs_at_least`](Self::descs_at_least), plus a context
     /// descriptor for an offload on a format that keeps one, as the first
     /// packet with that offload needs), which it returns, against the
-    /// ring's [`capacity`](Self::capacity).
+    /// ring's [`capacity`](Self::capacity). Settings no queue takes are
+    /// [`Error::BadConfig`], as [`Queue::new`] refuses them.
     ///
     /// [`Error::PacketTooLarge`] means such a queue refuses the packet
     /// whenever its device does not hold the packet's context already, the
@@ -130,6 +134,7 @@ impl Config {
         len: usize,
         offload: Offload,
     ) -> Result<usize> {
+        check_config(self)?;
         let descs = context_descs::<F>(offload) + self.descs_at_least::<F>(order, len);
         self.check_capacity(descs)?;
         Ok(descs)
@@ -142,7 +147,9 @@ impl Config {
     /// below what they take. One frag per chunk the payload spans (one more
     /// without [`fit_whole`](Self::fit_whole), for the tail of the chunk
     /// being carved), each cut where it passes the format's largest buffer
-    /// ([`Format::MAX_BUF`]) or the [`boundary`](Self::boundary).
+    /// ([`Format::MAX_BUF`]) or the [`boundary`](Self::boundary). A
+    /// boundary of 0, which no queue takes, counts as 1, and the count
+    /// saturates.
     ///
     /// The queue refuses a packet whose count passes
     /// [`max_bufs`](Self::max_bufs) with [`Error::TooManyBuffers`] before
@@ -163,7 +170,8 @@ impl Config {
     /// # Ok::<(), pfrag::Error>(())
     /// ```
     pub fn bufs_at_most<F: Format>(&self, order: Order, len: usize) -> usize {
-        1 + self.data_descs_at_most::<F>(order.size(), len)
+        self.data_descs_at_most::<F>(order.size(), len)
+            .saturating_add(1)
     }
 
     /// The data descriptors of the frags of a `len`-byte payload over
@@ -191,13 +199,14 @@ impl Config {
         let stretch = match self.boundary {
             None => chunk,
             Some(b) => {
+                let b = b.max(1);
                 let off = if b <= PAGE_SIZE as usize { 1 } else { frags };
-                n += (len - 1) / b + off;
+                n = n.saturating_add((len - 1) / b).saturating_add(off);
                 b.min(chunk)
             }
         };
         if stretch > F::MAX_BUF {
-            n += (len - 1) / F::MAX_BUF;
+            n = n.saturating_add((len - 1) / F::MAX_BUF);
         }
         n
     }
@@ -220,7 +229,8 @@ impl Config {
     /// the device takes per packet on a queue with these settings that
     /// writes format `F` over chunks of `order`, checked without a queue:
     /// the most buffers it takes ([`bufs_at_most`](Self::bufs_at_most)),
-    /// which it returns, against [`max_bufs`](Self::max_bufs).
+    /// which it returns, against [`max_bufs`](Self::max_bufs). Settings no
+    /// queue takes are [`Error::BadConfig`], as [`Queue::new`] refuses them.
     ///
     /// [`Error::TooManyBuffers`] means such a queue's
     /// [`send`](Queue::send) refuses every packet of that size with that
@@ -244,6 +254,7 @@ impl Config {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_bufs<F: Format>(&self, order: Order, len: usize) -> Result<usize> {
+        check_config(self)?;
         let bufs = self.bufs_at_most::<F>(order, len);
         self.check_max_bufs(bufs)?;
         Ok(bufs)
