@@ -347,6 +347,57 @@ fn a_chain_past_max_bufs_is_dropped_and_still_reported_done() {
     assert_eq!((st.faults, st.bad_payload), (0, 0), "{st:?}");
 }
 
+/// A chain two buffers past `MAX_BUFS` (so its last descriptors come after
+/// the drop) is one malformed packet on either ring model: its tail is
+/// skipped up to the next packet's first descriptor, neither counted as a
+/// packet of its own nor sent as one, and the report its last descriptor
+/// asked for is still written back. The packet after it is sent.
+#[test]
+fn the_tail_of_a_chain_past_max_bufs_is_not_a_packet_of_its_own() {
+    use vfio_nic::model::{null::NullNic, Model};
+    fn chain<D: TxDevice + Model>(make: impl FnOnce(Arc<Identity>) -> D) {
+        let id = Arc::new(Identity::new());
+        let domain = Arc::new(Domain::new(id.clone()));
+        let ring = Coherent::new(domain.clone(), 128 * 16, Dir::BIDIRECTIONAL).unwrap();
+        let buf = Coherent::new(domain, 4096, Dir::BIDIRECTIONAL).unwrap();
+        let mut nic = make(id);
+        // SAFETY: the ring is this test's, kept as long as the NIC.
+        unsafe { nic.attach(ring.iova(), 128) }.unwrap();
+        let n = softnic::MAX_BUFS + 3;
+        let put = |i: usize, cmd: Dcmd, paylen: usize| {
+            let cmd = Dcmd::IFCS | cmd;
+            let d = Data::new(buf.iova().raw(), 100, cmd, paylen as u32, Popts::empty());
+            let w = Desc::Data(d).encode();
+            ring.write_u64(i * 16, w[0]).unwrap();
+            ring.write_u64(i * 16 + 8, w[1]).unwrap();
+        };
+        put(0, Dcmd::empty(), 100 * n);
+        for i in 1..n - 1 {
+            put(i, Dcmd::empty(), 0);
+        }
+        put(n - 1, Dcmd::EOP | Dcmd::RS, 0);
+        put(n, Dcmd::EOP | Dcmd::RS, 100);
+        // SAFETY: this test's own mapper maps only `ring` and `buf`,
+        // coherent memory the CPU reaches through atomic accessors.
+        unsafe { nic.kick((n + 1) as u16) }.unwrap();
+        let done = |i: usize| {
+            let status = ring.read_u32(i * 16 + desc::STATUS_OFFSET).unwrap();
+            status & desc::Sta::DD.bits() != 0
+        };
+        assert!(done(n - 1) && done(n), "both reports written back");
+        let st = nic.counters();
+        assert_eq!(
+            (st.packets, st.bad_desc, st.write_backs),
+            (2, 1, 2),
+            "{st:?}"
+        );
+        assert_eq!((st.frames, st.delivered_bytes), (1, 100), "{st:?}");
+        assert_eq!((st.faults, st.faulted_packets), (0, 0), "{st:?}");
+    }
+    chain(|id| SoftNic::new(id, softnic::Config::default()));
+    chain(NullNic::new);
+}
+
 /// Without an IOMMU every per-frag mapping is made at the frag's own
 /// address, so the mapped headers of packets in flight (and their small
 /// payloads) share pages. Each maps the whole page; the page stays mapped

@@ -131,7 +131,9 @@ impl<T: Translate> NullNic<T> {
             };
             self.stats.packets += 1;
             if self.bufs > MAX_BUFS {
+                // A broken chain: dropped, its rest skipped.
                 self.stats.bad_desc += 1;
+                self.resync.dropped(d);
             } else if faulted {
                 self.stats.count_read_fault();
             } else {

@@ -1,6 +1,7 @@
 //! What both descriptor-ring models (the software NIC, the null device) do
-//! after descriptors they could not read: the one home of how such a fault
-//! is counted and where reading packets resumes.
+//! after descriptors they could not read, or a chain they dropped before
+//! its end: the one home of how such a loss is counted and where reading
+//! packets resumes.
 //!
 //! Each unreadable descriptor is one fault ([`NicStats::faults`]). The
 //! packet being gathered when the fault came is lost: counted once in
@@ -12,7 +13,9 @@
 //! descriptor the fault hid, but whose tail was read, is lost too, and
 //! counted once when its tail ends (its `EOP`). A packet whose every
 //! descriptor lay among the unreadable ones is never seen: only `faults`
-//! shows it.
+//! shows it. A chain dropped for more buffers than a packet may have is
+//! counted where it is dropped, and its rest skipped the same way, never
+//! counted or sent as a packet of its own.
 
 use super::softnic::NicStats;
 use crate::desc::{Data, Dcmd};
@@ -29,7 +32,8 @@ pub(super) enum Resync {
     /// Skipping: descriptors of a packet whose start was lost were seen;
     /// that packet is not counted yet.
     Seen,
-    /// Skipping the rest of a packet already counted as lost.
+    /// Skipping the rest of a packet already counted as lost (to a fault,
+    /// or dropped as too long).
     Counted,
 }
 
@@ -54,6 +58,17 @@ impl Resync {
         }
         // `Unseen` and `Counted` stay: what comes next may be the rest of
         // the same packet, which must not be counted twice.
+    }
+
+    /// The packet being gathered was dropped at data descriptor `last`
+    /// and counted (a chain longer than a packet may be): unless `last`
+    /// ended it (`EOP`), its rest is skipped up to the next packet's first
+    /// descriptor and not counted again.
+    #[cold]
+    pub(super) fn dropped(&mut self, last: Data) {
+        if !last.cmd().contains(Dcmd::EOP) {
+            *self = Resync::Counted;
+        }
     }
 
     /// A context descriptor: it starts a packet, which ends any skipping.

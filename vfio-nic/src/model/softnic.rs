@@ -471,12 +471,14 @@ impl<T: Translate> TxDevice for SoftNic<T> {
                     if self.bufs.len() > MAX_BUFS {
                         // More buffers than one packet may have: a broken
                         // chain (EOP missing or late). Dropped as malformed
-                        // rather than grown forever; its descriptor's report
+                        // rather than grown forever, its rest skipped up to
+                        // the next packet's start; its descriptor's report
                         // is still written back, below, as for any dropped
                         // packet, so a driver waiting on it sees it done.
                         self.stats.packets += 1;
                         self.stats.bad_desc += 1;
                         self.forget_packet();
+                        self.resync.dropped(d);
                     } else if d.cmd().contains(Dcmd::EOP) {
                         // SAFETY: every buffer in `self.bufs` was named by
                         // a descriptor of this doorbell or an earlier one

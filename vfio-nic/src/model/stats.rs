@@ -10,7 +10,8 @@ pub struct NicStats {
     /// Packets seen, whatever became of them: descriptor chains ended by
     /// `EOP`, chains dropped before their end for being longer than
     /// [`MAX_BUFS`](super::softnic::MAX_BUFS) (in
-    /// [`bad_desc`](Self::bad_desc) too), and those a fault cut short (each
+    /// [`bad_desc`](Self::bad_desc) too; the rest of such a chain is
+    /// skipped, not counted again), and those a fault cut short (each
     /// counted once, in [`faulted_packets`](Self::faulted_packets) too).
     pub packets: u64,
     /// Frames put on the (modelled) wire.
