@@ -150,6 +150,19 @@ fn bad_settings_are_refused() {
     c.queues = 1;
     c.workload = Workload::Small { min: 10, max: 5 };
     assert!(run(&c, &mut |_| {}).is_err());
+    // The up-front check refuses them too, as a driver of many runs (the
+    // sweep) calls it before any run: a range upside down or from 0, and
+    // more queues than packets.
+    let e = pfrag_lab::run::check(&c).unwrap_err().to_string();
+    assert!(e.contains("10..=5"), "{e}");
+    c.workload = Workload::Small { min: 0, max: 5 };
+    assert!(pfrag_lab::run::check(&c).is_err());
+    c.workload = Workload::Fixed;
+    c.queues = 101;
+    let e = pfrag_lab::run::check(&c).unwrap_err().to_string();
+    assert!(e.contains("queues 101") && e.contains("packets 100"), "{e}");
+    c.queues = 1;
+    pfrag_lab::run::check(&c).unwrap();
 }
 
 /// The device thread consumes the ring beside the driver: every byte is

@@ -44,6 +44,19 @@ pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
             cfg.payload, cfg.packets, cfg.burst
         )));
     }
+    if cfg.queues == 0 || (cfg.packets as usize) < cfg.queues {
+        return Err(RunError::Setting(format!(
+            "queues {} must be >= 1 and <= packets {}",
+            cfg.queues, cfg.packets
+        )));
+    }
+    if let Workload::Small { min, max } = cfg.workload {
+        if min == 0 || min > max {
+            return Err(RunError::Setting(format!(
+                "send sizes {min}..={max} are not a range of positive sizes"
+            )));
+        }
+    }
     // The software models' queues split no data buffer (`soft::run`).
     match cfg.model {
         DeviceModel::Soft | DeviceModel::Null => check_packet::<igb::Advanced>(cfg, None)?,

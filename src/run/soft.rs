@@ -17,19 +17,6 @@ mod warm_up_tests;
 /// called with packet counts as they are sent (for progress).
 pub fn run(cfg: &RunConfig, tick: &mut dyn FnMut(u64)) -> Result<Vec<Row>, RunError> {
     check(cfg)?;
-    if cfg.queues == 0 || (cfg.packets as usize) < cfg.queues {
-        return Err(RunError::Setting(format!(
-            "queues {} must be >= 1 and <= packets {}",
-            cfg.queues, cfg.packets
-        )));
-    }
-    if let Workload::Small { min, max } = cfg.workload {
-        if min == 0 || min > max {
-            return Err(RunError::Setting(format!(
-                "send sizes {min}..={max} are not a range of positive sizes"
-            )));
-        }
-    }
     match cfg.iommu {
         IommuMode::Off => measure(cfg, Arc::new(Identity::new()), tick),
         mode => {
