@@ -57,24 +57,7 @@ fn touch(m: &M, f: &Frag<M>) {
 /// One random run of `STEPS` steps on a pool of order-`order` chunks.
 fn one(seed: u64, order: u32, map_rate: f64, unmap_rate: f64) {
     let mut r = Rng(seed * 2 + 1);
-    let m: M = Arc::new(
-        Faulty::new(
-            SoftIommu::new(SoftIommuConfig {
-                invalidation: Invalidation::Lazy,
-                flush_queue: 1 << 16,
-                iotlb_entries: 1 << 16,
-                ..SoftIommuConfig::default()
-            })
-            .unwrap(),
-            FaultyConfig {
-                seed,
-                map_rate,
-                unmap_rate,
-                ..FaultyConfig::default()
-            },
-        )
-        .unwrap(),
-    );
+    let m = mapper(seed, map_rate, unmap_rate);
     let d = Arc::new(Domain::new(m.clone()));
     let mut cfg = pool::Config::new(Order::new(order).unwrap(), Policy::PerFrag);
     cfg.grow_batch = 1;
@@ -94,22 +77,7 @@ fn one(seed: u64, order: u32, map_rate: f64, unmap_rate: f64) {
         }
         let mut new: Vec<Frag<M>> = Vec::new();
         match r.below(10) {
-            0..=2 => {
-                let len = 1 + r.below(3 * P) as usize;
-                let fw = r.below(2) == 0;
-                if let Ok(f) = c.refill(len.min(chunk), fw) {
-                    new.push(f);
-                }
-            }
-            3 => {
-                let len = 1 + r.below(2 * P) as usize;
-                let n = 1 + r.below(8) as usize;
-                let _ = c.refill_bulk(len.min(chunk), n, &mut new);
-            }
-            4 => {
-                let len = 1 + r.below(3 * chunk as u64) as usize;
-                let _ = c.frags(len, r.below(2) == 0, &mut new);
-            }
+            k @ 0..=4 => carve(k, &mut r, &mut c, chunk, &mut new),
             _ => {
                 if live.is_empty() {
                     continue;
@@ -137,20 +105,7 @@ fn one(seed: u64, order: u32, map_rate: f64, unmap_rate: f64) {
         // The waste count (carved minus handed out) must not underflow.
         let _ = c.stats();
         for f in &new {
-            let (lo, hi) = pages(f);
-            assert!(!f.is_empty());
-            for &(a, b) in stale.iter().chain(stuck.iter()) {
-                for ip in a..=b {
-                    if let Ok(t) = m.translate(Iova(ip * P), Dir::TO_DEVICE) {
-                        let pp = t.addr.raw() as u64 / P;
-                        assert!(
-                            pp < lo || pp > hi,
-                            "seed {seed} order {order} step {step}: new frag {:?}+{} in page {pp:#x} still reached by a completed frag's iova page {ip:#x}",
-                            f.addr(), f.len()
-                        );
-                    }
-                }
-            }
+            unreached(&m, f, stale.iter().chain(stuck.iter()), (seed, order, step));
             touch(&m, f);
         }
         live.extend(new);
@@ -169,5 +124,78 @@ fn no_frag_is_handed_out_in_a_page_a_completed_frag_still_reaches() {
         one(1, order, 0.0, 0.0);
         one(2, order, 0.05, 0.0);
         one(3, order, 0.05, 0.05);
+    }
+}
+
+/// The lazy software IOMMU of a run, with map and unmap failures injected
+/// at the given rates.
+fn mapper(seed: u64, map_rate: f64, unmap_rate: f64) -> M {
+    Arc::new(
+        Faulty::new(
+            SoftIommu::new(SoftIommuConfig {
+                invalidation: Invalidation::Lazy,
+                flush_queue: 1 << 16,
+                iotlb_entries: 1 << 16,
+                ..SoftIommuConfig::default()
+            })
+            .unwrap(),
+            FaultyConfig {
+                seed,
+                map_rate,
+                unmap_rate,
+                ..FaultyConfig::default()
+            },
+        )
+        .unwrap(),
+    )
+}
+
+/// Carves frags into `new` one of three ways (`k`: 0..=2 one refill, 3 a
+/// bulk refill, 4 a payload over several chunks); a refused carve adds
+/// none.
+fn carve(k: u64, r: &mut Rng, c: &mut FragCache<M>, chunk: usize, new: &mut Vec<Frag<M>>) {
+    match k {
+        0..=2 => {
+            let len = 1 + r.below(3 * P) as usize;
+            let fw = r.below(2) == 0;
+            if let Ok(f) = c.refill(len.min(chunk), fw) {
+                new.push(f);
+            }
+        }
+        3 => {
+            let len = 1 + r.below(2 * P) as usize;
+            let n = 1 + r.below(8) as usize;
+            let _ = c.refill_bulk(len.min(chunk), n, new);
+        }
+        _ => {
+            let len = 1 + r.below(3 * chunk as u64) as usize;
+            let _ = c.frags(len, r.below(2) == 0, new);
+        }
+    }
+}
+
+/// Asserts that no IOVA page in `spans` (completed frags' pages that may
+/// still translate) reaches the pages of the new frag `f`.
+/// `(seed, order, step)` name the run in a failure.
+fn unreached<'a>(
+    m: &M,
+    f: &Frag<M>,
+    spans: impl Iterator<Item = &'a (u64, u64)>,
+    (seed, order, step): (u64, u32, usize),
+) {
+    let (lo, hi) = pages(f);
+    assert!(!f.is_empty());
+    for &(a, b) in spans {
+        for ip in a..=b {
+            if let Ok(t) = m.translate(Iova(ip * P), Dir::TO_DEVICE) {
+                let pp = t.addr.raw() as u64 / P;
+                assert!(
+                    pp < lo || pp > hi,
+                    "seed {seed} order {order} step {step}: new frag {:?}+{} in page {pp:#x} still reached by a completed frag's iova page {ip:#x}",
+                    f.addr(),
+                    f.len()
+                );
+            }
+        }
     }
 }
