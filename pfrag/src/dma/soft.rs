@@ -72,8 +72,10 @@ struct Slot {
 
 struct State {
     /// Radix nodes; node 0 is the root. Invariant: table entries point at
-    /// existing nodes.
+    /// existing nodes, none of them in `spare`.
     nodes: Vec<Box<[u64; 512]>>,
+    /// Empty nodes no table entry points at, for the next table.
+    spare: Vec<usize>,
     iotlb: Iotlb,
     /// Ranges unmapped but maybe still in the IOTLB (lazy mode).
     flush_queue: Vec<(Iova, u64)>,
@@ -112,6 +114,7 @@ impl SoftIommu {
         cfg.validate()?;
         let state = State {
             nodes: vec![Box::new([0; 512])],
+            spare: Vec::new(),
             iotlb: Iotlb::new(cfg.iotlb_entries),
             flush_queue: Vec::with_capacity(cfg.flush_queue),
             gen: 1,
@@ -208,8 +211,10 @@ impl State {
             if e & PTE_TABLE != 0 {
                 node = (e >> 12) as usize;
             } else if e == 0 && create {
-                self.nodes.push(Box::new([0; 512]));
-                let child = self.nodes.len() - 1;
+                let child = self.spare.pop().unwrap_or_else(|| {
+                    self.nodes.push(Box::new([0; 512]));
+                    self.nodes.len() - 1
+                });
                 self.nodes[node][idx] = ((child as u64) << 12) | PTE_TABLE;
                 node = child;
             } else {
@@ -217,6 +222,23 @@ impl State {
             }
         }
         None
+    }
+
+    /// Whether slot `s` is free for a leaf: empty, or (for a 2 MiB leaf)
+    /// holding a table of 4 KiB entries that are all empty, which then
+    /// goes to `spare` (4 KiB mappings unmapped since left it).
+    fn vacant(&mut self, s: Slot, huge: bool) -> bool {
+        let e = self.nodes[s.node][s.idx];
+        if e == 0 {
+            return true;
+        }
+        let child = (e >> 12) as usize;
+        if !huge || e & PTE_TABLE == 0 || self.nodes[child].iter().any(|&c| c != 0) {
+            return false;
+        }
+        self.nodes[s.node][s.idx] = 0;
+        self.spare.push(child);
+        true
     }
 
     /// The leaf covering `iova`: (entry, is 2 MiB, slot).
@@ -282,7 +304,7 @@ impl DmaMapper for SoftIommu {
                 (3, PAGE_SIZE, p)
             };
             match st.slot(iova, depth, true) {
-                Some(s) if st.nodes[s.node][s.idx] == 0 => {
+                Some(s) if st.vacant(s, huge) => {
                     st.nodes[s.node][s.idx] = addr | flags;
                     written.push(s);
                 }
