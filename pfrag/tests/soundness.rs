@@ -420,3 +420,68 @@ fn a_refused_batch_leaves_no_stale_translation_of_its_undone_runs() {
         assert_eq!(unsafe { device_sum(&*iommu, iova, 64) }, None);
     }
 }
+
+/// Lazy invalidation: a flush made the new generation visible before it
+/// waited for the device accesses that translated through the old IOTLB
+/// entries, so a caller that saw `flushed_seq` reach its unmap freed the
+/// memory while a device model still held a translation into it (found by
+/// review: a use after free, three threads, no `unsafe` promise broken).
+#[test]
+fn a_flush_is_seen_only_after_the_device_accesses_it_waits_for() {
+    use pfrag::dma::{Dir, Mapping, Unmapped};
+    use pfrag::mem::Region;
+    use std::sync::mpsc::channel;
+    let iommu = Arc::new(soft(Invalidation::Lazy));
+    let mut region = Some(Region::new(4096, 4096, false).unwrap());
+    let r = region.as_mut().unwrap();
+    r.write(0, &[7]).unwrap();
+    let iova = Iova(0x10_0000);
+    let m = Mapping {
+        iova,
+        addr: r.addr(),
+        len: 4096,
+        dir: Dir::TO_DEVICE,
+        huge: false,
+    };
+    // SAFETY: the region is freed only once the unmap's flush completed.
+    unsafe { iommu.map(&m) }.unwrap();
+    iommu.translate(iova, Dir::TO_DEVICE).unwrap(); // in the IOTLB now
+    let Unmapped::Deferred { seq } = iommu.unmap(iova, 4096).unwrap() else {
+        panic!("lazy unmaps are deferred");
+    };
+    let (held, holding) = channel();
+    let (go, going) = channel::<()>();
+    std::thread::scope(|s| {
+        let device = iommu.clone();
+        s.spawn(move || {
+            // SAFETY: this thread neither unmaps, flushes nor accesses
+            // through the mapper while it holds the fence.
+            let hold = unsafe { device.hold() };
+            let t = device.translate(iova, Dir::TO_DEVICE).unwrap(); // stale
+            held.send(()).unwrap();
+            going.recv().unwrap();
+            // SAFETY: the translation names allocated memory while the
+            // hold lives (the `Translate` contract); nothing writes it.
+            let b = unsafe { std::ptr::read_volatile(t.addr.raw() as *const u8) };
+            drop(hold);
+            assert_eq!(b, 7);
+        });
+        holding.recv().unwrap();
+        let flusher = iommu.clone();
+        s.spawn(move || flusher.flush().unwrap());
+        // Wait for the flush to complete, as a pool does, then free.
+        for _ in 0..200 {
+            if iommu.flushed_seq() >= seq {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let done = iommu.flushed_seq() >= seq;
+        if done {
+            region = None; // the unmap and its flush completed
+        }
+        go.send(()).unwrap();
+        assert!(!done, "the flush was seen before the device let go");
+    });
+    drop(region); // the flush has returned
+}

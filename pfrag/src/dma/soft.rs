@@ -81,7 +81,8 @@ struct State {
     flush_queue: Vec<(Iova, u64)>,
     /// The generation the queued ranges belong to.
     gen: u64,
-    /// The newest completed generation.
+    /// The newest completed generation: invalidated, and every device
+    /// access that translated before waited for ([`SoftIommu::settle`]).
     flushed: u64,
     stats: MapStats,
     faults: VecDeque<FaultRecord>,
@@ -253,16 +254,19 @@ impl State {
         (e1 != 0).then_some((e1, false, s1))
     }
 
-    fn flush(&mut self, cost: Option<CostModel>) {
+    /// Invalidates the queued ranges; returns their generation, complete
+    /// once [`SoftIommu::settle`] has waited for the device (`None`: the
+    /// queue was empty).
+    fn flush(&mut self, cost: Option<CostModel>) -> Option<u64> {
         if self.flush_queue.is_empty() {
-            return;
+            return None;
         }
         self.iotlb.clear();
         self.flush_queue.clear();
         self.stats.invalidations += 1;
         self.cost(cost, 0, 0, 1, 0);
-        self.flushed = self.gen;
         self.gen += 1;
+        Some(self.gen - 1)
     }
 
     fn fault(&mut self, iova: Iova, access: Dir, reason: FaultReason) -> Fault {
@@ -393,29 +397,26 @@ impl DmaMapper for SoftIommu {
         let n = leaves.len() as u64;
         st.live -= len / PAGE_SIZE;
         st.stats.unmap_calls += 1;
-        let out = match self.cfg.invalidation {
+        let (out, done) = match self.cfg.invalidation {
             Invalidation::Strict => {
                 st.iotlb.invalidate(iova.raw(), len);
                 st.stats.invalidations += 1;
                 st.cost(self.cfg.cost, 1, n, 1, 0);
-                Unmapped::Flushed
+                (Unmapped::Flushed, None)
             }
             Invalidation::Lazy => {
                 st.cost(self.cfg.cost, 1, n, 0, 0);
                 st.flush_queue.push((iova, len));
                 let seq = st.gen;
-                if st.flush_queue.len() >= self.cfg.flush_queue.max(1) {
-                    st.flush(self.cfg.cost);
-                }
-                Unmapped::Deferred { seq }
+                let full = st.flush_queue.len() >= self.cfg.flush_queue.max(1);
+                let done = if full { st.flush(self.cfg.cost) } else { None };
+                (Unmapped::Deferred { seq }, done)
             }
         };
         drop(st);
-        // A device access that translated before the invalidation may still
-        // be running: wait for it before the caller frees anything. (Under
-        // lazy invalidation the memory waits for the flush, which does the
-        // same.)
-        self.fence.quiesce();
+        // (Under lazy invalidation the memory waits for the flush, which
+        // waits for the device as well.)
+        self.settle(done);
         latency::pay();
         Ok(out)
     }
@@ -437,8 +438,8 @@ impl DmaMapper for SoftIommu {
     }
 
     fn flush(&self) -> Result<()> {
-        self.lock().flush(self.cfg.cost);
-        self.fence.quiesce();
+        let done = self.lock().flush(self.cfg.cost);
+        self.settle(done);
         latency::pay();
         Ok(())
     }
@@ -476,6 +477,18 @@ unsafe impl Translate for SoftIommu {
 }
 
 impl SoftIommu {
+    /// Waits until every device access that translated before an
+    /// invalidation just made has ended, then publishes the flush
+    /// generation `done` (if a flush made one) as complete. A caller that
+    /// sees the generation frees the memory, so never before the wait.
+    fn settle(&self, done: Option<u64>) {
+        self.fence.quiesce();
+        if let Some(g) = done {
+            let mut st = self.lock();
+            st.flushed = st.flushed.max(g);
+        }
+    }
+
     /// Translates through the IOTLB or, on a miss, the page table.
     fn walk(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
         let mut st = self.lock();
