@@ -254,19 +254,18 @@ impl State {
         (e1 != 0).then_some((e1, false, s1))
     }
 
-    /// Invalidates the queued ranges; returns their generation, complete
-    /// once [`SoftIommu::settle`] has waited for the device (`None`: the
-    /// queue was empty).
-    fn flush(&mut self, cost: Option<CostModel>) -> Option<u64> {
-        if self.flush_queue.is_empty() {
-            return None;
+    /// Invalidates the queued ranges (if any); returns the newest
+    /// generation invalidated, theirs or an earlier one, complete once
+    /// [`SoftIommu::settle`] has waited for the device.
+    fn flush(&mut self, cost: Option<CostModel>) -> u64 {
+        if !self.flush_queue.is_empty() {
+            self.iotlb.clear();
+            self.flush_queue.clear();
+            self.stats.invalidations += 1;
+            self.cost(cost, 0, 0, 1, 0);
+            self.gen += 1;
         }
-        self.iotlb.clear();
-        self.flush_queue.clear();
-        self.stats.invalidations += 1;
-        self.cost(cost, 0, 0, 1, 0);
-        self.gen += 1;
-        Some(self.gen - 1)
+        self.gen - 1
     }
 
     fn fault(&mut self, iova: Iova, access: Dir, reason: FaultReason) -> Fault {
@@ -409,7 +408,7 @@ impl DmaMapper for SoftIommu {
                 st.flush_queue.push((iova, len));
                 let seq = st.gen;
                 let full = st.flush_queue.len() >= self.cfg.flush_queue.max(1);
-                let done = if full { st.flush(self.cfg.cost) } else { None };
+                let done = full.then(|| st.flush(self.cfg.cost));
                 (Unmapped::Deferred { seq }, done)
             }
         };
@@ -438,8 +437,10 @@ impl DmaMapper for SoftIommu {
     }
 
     fn flush(&self) -> Result<()> {
+        // Also with nothing queued: the generation a concurrent flush
+        // invalidated shows once this one has waited for the device.
         let done = self.lock().flush(self.cfg.cost);
-        self.settle(done);
+        self.settle(Some(done));
         latency::pay();
         Ok(())
     }
