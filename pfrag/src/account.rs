@@ -218,19 +218,20 @@ impl<H: PressureHooks> MemAccount<H> {
     }
 
     /// Adds `bytes`, entering pressure if usage passes `pressure`; fails
-    /// with [`Error::MemoryLimit`] (and changes nothing) past `max`.
+    /// with [`Error::MemoryLimit`] (and changes nothing) past `max`, or
+    /// past `u64::MAX` (even without a limit).
     pub fn charge(&self, bytes: u64) -> Result<()> {
         let mut cur = self.bytes.load(Ordering::Relaxed);
         let new = loop {
-            let new = cur.saturating_add(bytes);
-            if new > self.limits.max {
+            let sum = cur.checked_add(bytes).filter(|&n| n <= self.limits.max);
+            let Some(new) = sum else {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 return Err(Error::MemoryLimit {
                     allocated: cur,
                     requested: bytes,
                     max: self.limits.max,
                 });
-            }
+            };
             match self
                 .bytes
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
@@ -379,5 +380,25 @@ mod tests {
         // Still usable: the next charge goes through.
         a.charge(4096).unwrap();
         assert_eq!(a.bytes(), 4096);
+    }
+
+    /// A charge whose total would pass `u64::MAX` is refused, even without
+    /// a limit (it used to saturate the usage at `u64::MAX` and succeed,
+    /// so the charges it counted were no longer the charges made).
+    #[test]
+    fn charge_past_u64_max_is_refused() {
+        let a = MemAccount::new(Limits::UNLIMITED, NoHooks).unwrap();
+        a.charge(1).unwrap();
+        match a.charge(u64::MAX) {
+            Err(Error::MemoryLimit {
+                allocated: 1,
+                requested: u64::MAX,
+                max: u64::MAX,
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!((a.bytes(), a.stats().refused), (1, 1));
+        a.uncharge(1);
+        assert_eq!(a.stats().over_uncharged, 0);
     }
 }

@@ -93,7 +93,9 @@ impl<M: DmaMapper> Ring<M> {
     /// Copies `parts` one after another into slot `i` (a small packet's
     /// headers and payload, so that the whole frame goes out as one
     /// buffer); returns the IOVA the device reads it at. Errors as for
-    /// [`fill`](Self::fill), with the parts' total as the length.
+    /// [`fill`](Self::fill), the length being the bytes the parts reach at
+    /// the first part that passes the slot (the total when that is the
+    /// last: the parts after it are not read).
     pub fn fill_parts<'a>(
         &mut self,
         i: usize,

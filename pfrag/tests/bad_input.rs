@@ -207,3 +207,35 @@ fn since_of_a_later_snapshot_saturates_at_zero() {
     };
     assert_eq!(MapStats::default().since(&later), MapStats::default());
 }
+
+/// Ranges that touch but whose merged length would pass `u64::MAX` are
+/// left as runs of their own: `coalesce_ranges`, `coalesce` and the
+/// mappers' safe `unmap_batch` added the lengths unchecked (a panic in a
+/// debug build, a wrapped run in a release one).
+#[test]
+fn touching_ranges_past_u64_max_stay_apart() {
+    use pfrag::dma::{coalesce, coalesce_ranges, DmaMapper, Mapping, SoftIommu};
+    let half = 1u64 << 63;
+    let ranges = [(Iova(0), half), (Iova(half), half)];
+    assert_eq!(coalesce_ranges(&ranges), ranges.to_vec());
+    let m = |at: u64| Mapping {
+        iova: Iova(at),
+        addr: VirtAddr(at as usize),
+        len: half,
+        dir: Dir::TO_DEVICE,
+        huge: false,
+    };
+    assert_eq!(coalesce(&[m(0), m(half)]), vec![m(0), m(half)]);
+    let soft = SoftIommu::new(pfrag::dma::SoftIommuConfig::default()).unwrap();
+    for out in [
+        Identity::new().unmap_batch(&ranges),
+        soft.unmap_batch(&ranges),
+    ] {
+        assert_eq!(out.failed, ranges.to_vec());
+        assert!(
+            matches!(out.error, Some(Error::Unmap { .. })),
+            "{:?}",
+            out.error
+        );
+    }
+}

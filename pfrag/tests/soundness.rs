@@ -338,3 +338,150 @@ fn a_fresh_mapping_never_sees_a_stale_translation_of_its_iova() {
     );
     b.as_mut_slice()[0] = 1;
 }
+
+/// A mapper whose device reads each mapping as soon as it is installed (a
+/// device on a thread of its own may, at any time): the translation is
+/// then in the IOTLB. It records the IOVAs it read.
+struct Eager(Arc<SoftIommu>, std::sync::Mutex<Vec<Iova>>);
+
+impl DmaMapper for Eager {
+    unsafe fn map(&self, m: &pfrag::dma::Mapping) -> pfrag::Result<()> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.0.map(m) }?;
+        self.0
+            .translate(m.iova, pfrag::dma::Dir::TO_DEVICE)
+            .unwrap();
+        self.1.lock().unwrap().push(m.iova);
+        Ok(())
+    }
+    fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<pfrag::dma::Unmapped> {
+        self.0.unmap(iova, len)
+    }
+    fn page_sizes(&self) -> pfrag::dma::PageSizes {
+        self.0.page_sizes()
+    }
+    fn iova_space(&self) -> pfrag::dma::IovaSpace {
+        self.0.iova_space()
+    }
+    fn flushed_seq(&self) -> u64 {
+        self.0.flushed_seq()
+    }
+    fn flush(&self) -> pfrag::Result<()> {
+        self.0.flush()
+    }
+    fn stats(&self) -> pfrag::dma::MapStats {
+        self.0.stats()
+    }
+}
+
+/// Lazy invalidation: a batch whose second run is refused undoes the
+/// first, and says nothing stayed mapped, so its caller frees the memory.
+/// The undo was deferred, so the IOTLB still translated the first run
+/// into that freed memory until some later flush (found by review: a
+/// device read there was a use after free). If that flush fails, the
+/// batch's error says a run may still be reached, and the domain keeps it.
+#[test]
+fn a_refused_batch_leaves_no_stale_translation_of_its_undone_runs() {
+    use pfrag::dma::Dir;
+    use pfrag::mem::Region;
+    use pfrag::Error;
+    for flush_fails in [false, true] {
+        let iommu = Arc::new(soft(Invalidation::Lazy));
+        let cfg = FaultyConfig {
+            fail_nth: flush_fails.then_some((Op::Flush, 1)),
+            ..FaultyConfig::default()
+        };
+        let eager = Eager(iommu.clone(), Default::default());
+        let d = Domain::new(Faulty::new(eager, cfg).unwrap());
+        let region = Region::new(3 * 4096, 4096, false).unwrap();
+        // Two runs; the second is not page aligned, so the mapper refuses
+        // it after the first one went in.
+        let addrs = [region.addr(), region.addr().offset(4096 + 1)];
+        // SAFETY: the region outlives every mapping of it: the batch
+        // fails, and it is freed only if nothing of it can be reached.
+        let err = unsafe { d.map_many(&addrs, 4096, 4096, Dir::TO_DEVICE, false) }.unwrap_err();
+        let iova = d.mapper().inner().1.lock().unwrap()[0];
+        if flush_fails {
+            assert!(matches!(err, Error::Unmap { .. }), "{err}");
+            assert_eq!(err.errno(), Some(libc::EIO));
+            assert_eq!(d.pinned().iova_bytes, 2 * 4096);
+            assert!(iommu.translate(iova, Dir::TO_DEVICE).is_ok());
+            std::mem::forget(region); // a device may still reach it
+            continue;
+        }
+        assert!(!matches!(err, Error::Unmap { .. }), "{err}");
+        assert_eq!(d.iova_in_use(), 0);
+        drop(region); // nothing stayed mapped: the memory goes
+        assert!(
+            iommu.translate(iova, Dir::TO_DEVICE).is_err(),
+            "a stale translation into freed memory"
+        );
+        // SAFETY: nothing writes the bytes (there are none: the read faults).
+        assert_eq!(unsafe { device_sum(&*iommu, iova, 64) }, None);
+    }
+}
+
+/// Lazy invalidation: a flush made the new generation visible before it
+/// waited for the device accesses that translated through the old IOTLB
+/// entries, so a caller that saw `flushed_seq` reach its unmap freed the
+/// memory while a device model still held a translation into it (found by
+/// review: a use after free, three threads, no `unsafe` promise broken).
+#[test]
+fn a_flush_is_seen_only_after_the_device_accesses_it_waits_for() {
+    use pfrag::dma::{Dir, Mapping, Unmapped};
+    use pfrag::mem::Region;
+    use std::sync::mpsc::channel;
+    let iommu = Arc::new(soft(Invalidation::Lazy));
+    let mut region = Some(Region::new(4096, 4096, false).unwrap());
+    let r = region.as_mut().unwrap();
+    r.write(0, &[7]).unwrap();
+    let iova = Iova(0x10_0000);
+    let m = Mapping {
+        iova,
+        addr: r.addr(),
+        len: 4096,
+        dir: Dir::TO_DEVICE,
+        huge: false,
+    };
+    // SAFETY: the region is freed only once the unmap's flush completed.
+    unsafe { iommu.map(&m) }.unwrap();
+    iommu.translate(iova, Dir::TO_DEVICE).unwrap(); // in the IOTLB now
+    let Unmapped::Deferred { seq } = iommu.unmap(iova, 4096).unwrap() else {
+        panic!("lazy unmaps are deferred");
+    };
+    let (held, holding) = channel();
+    let (go, going) = channel::<()>();
+    std::thread::scope(|s| {
+        let device = iommu.clone();
+        s.spawn(move || {
+            // SAFETY: this thread neither unmaps, flushes nor accesses
+            // through the mapper while it holds the fence.
+            let hold = unsafe { device.hold() };
+            let t = device.translate(iova, Dir::TO_DEVICE).unwrap(); // stale
+            held.send(()).unwrap();
+            going.recv().unwrap();
+            // SAFETY: the translation names allocated memory while the
+            // hold lives (the `Translate` contract); nothing writes it.
+            let b = unsafe { std::ptr::read_volatile(t.addr.raw() as *const u8) };
+            drop(hold);
+            assert_eq!(b, 7);
+        });
+        holding.recv().unwrap();
+        let flusher = iommu.clone();
+        s.spawn(move || flusher.flush().unwrap());
+        // Wait for the flush to complete, as a pool does, then free.
+        for _ in 0..200 {
+            if iommu.flushed_seq() >= seq {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let done = iommu.flushed_seq() >= seq;
+        if done {
+            region = None; // the unmap and its flush completed
+        }
+        go.send(()).unwrap();
+        assert!(!done, "the flush was seen before the device let go");
+    });
+    drop(region); // the flush has returned
+}

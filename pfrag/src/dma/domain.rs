@@ -153,9 +153,11 @@ impl<M: DmaMapper> Domain<M> {
     /// memory is backed by 2 MiB huge pages, so the mapper may use
     /// superpages.
     ///
-    /// On an [`Error::Unmap`] (the batch failed and undoing it failed too)
-    /// part of the block stays mapped: its IOVA stays allocated and pinned,
-    /// and the caller must keep all the buffers' memory for good.
+    /// On an [`Error::Unmap`] (the batch failed, and undoing it or
+    /// flushing the undo failed too) part of the block may still be
+    /// reached: its IOVA stays allocated and pinned, and the caller must
+    /// keep all the buffers' memory for good. On any other error nothing
+    /// of the block can be reached, and the memory may go.
     ///
     /// # Safety
     /// As [`map`](Self::map), for every buffer.

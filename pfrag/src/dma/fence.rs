@@ -5,7 +5,10 @@
 //! a read guard of the mapper's [`Fence`] is held, and a mapper's unmap (or
 //! flush) calls [`Fence::quiesce`] after the translation is gone and before
 //! it returns. So when an unmap returns, no device access through the old
-//! translation is still running, and the caller may free the memory.
+//! translation is still running, and the caller may free the memory. A
+//! lazy mapper makes a flush generation visible
+//! ([`flushed_seq`](super::DmaMapper::flushed_seq)) only after that wait
+//! too, since a caller that sees it frees the memory.
 //!
 //! The translations themselves only ever cover memory whose mapping was
 //! installed by an `unsafe` [`DmaMapper::map`](super::DmaMapper::map), whose

@@ -214,9 +214,12 @@ pub trait DmaMapper: Send + Sync {
     /// it) leaves the rest mapped: the front, the back, or both.
     fn unmap(&self, iova: Iova, len: u64) -> Result<Unmapped>;
     /// Installs many translations, one call per contiguous run (see
-    /// [`coalesce`]). On error nothing of the batch stays mapped, unless
-    /// removing an already installed run failed too: then that error is
-    /// returned and the runs that could not be removed stay mapped.
+    /// [`coalesce`]). On error nothing of the batch stays mapped, nor in
+    /// an IOTLB (an undo deferred by lazy invalidation is flushed before
+    /// the error returns), so the caller may free the memory; unless
+    /// removing an already installed run failed too, or its flush did:
+    /// then an [`Error::Unmap`] is returned, and the runs installed may
+    /// still be reached, so their memory must stay allocated for good.
     ///
     /// # Safety
     /// As for [`map`](Self::map), for every mapping of the batch.
@@ -226,7 +229,7 @@ pub trait DmaMapper: Send + Sync {
             // SAFETY: the caller's promise covers every mapping of the batch.
             if let Err(e) = unsafe { self.map(run) } {
                 let undo: Vec<(Iova, u64)> = runs[..i].iter().map(|d| (d.iova, d.len)).collect();
-                return Err(self.unmap_batch(&undo).error.unwrap_or(e));
+                return Err(undo_runs(self, &undo).unwrap_or(e));
             }
         }
         Ok(())
@@ -261,6 +264,30 @@ pub trait DmaMapper: Send + Sync {
     fn flush(&self) -> Result<()>;
     /// A snapshot of the counters.
     fn stats(&self) -> MapStats;
+}
+
+/// Removes the runs a failed [`DmaMapper::map_batch`] installed, and
+/// completes their invalidation: the caller frees the memory on that error.
+/// `None` once nothing of them can be reached; else an [`Error::Unmap`]
+/// (a failed flush becomes one, with the flush's cause, for the first run).
+fn undo_runs<M: DmaMapper + ?Sized>(m: &M, runs: &[(Iova, u64)]) -> Option<Error> {
+    let out = m.unmap_batch(runs);
+    if out.error.is_some() {
+        return out.error;
+    }
+    let Unmapped::Deferred { seq } = out.how else {
+        return None;
+    };
+    if m.flushed_seq() >= seq {
+        return None;
+    }
+    let source = match m.flush() {
+        Ok(()) => return None,
+        Err(Error::Flush { source }) => source,
+        Err(other) => std::io::Error::other(other),
+    };
+    let (iova, len) = runs[0];
+    Some(Error::Unmap { iova, len, source })
 }
 
 /// Why a device access was refused.
@@ -450,17 +477,20 @@ impl<M: DmaMapper + ?Sized> DmaMapper for std::sync::Arc<M> {
 }
 
 /// Merges mappings that continue each other in IOVA and host space with the
-/// same direction, in the order given.
+/// same direction, in the order given (unless the merged length would pass
+/// `u64::MAX`: then they stay two runs).
 pub fn coalesce(ms: &[Mapping]) -> Vec<Mapping> {
     let mut out: Vec<Mapping> = Vec::with_capacity(ms.len());
     for m in ms {
         if let Some(last) = out.last_mut() {
-            if last.dir == m.dir
-                && last.huge == m.huge
-                && last.iova.raw().checked_add(last.len) == Some(m.iova.raw())
-                && last.addr.raw().checked_add(last.len as usize) == Some(m.addr.raw())
-            {
-                last.len += m.len;
+            let merged = last.len.checked_add(m.len);
+            if let Some(len) = merged.filter(|_| {
+                last.dir == m.dir
+                    && last.huge == m.huge
+                    && last.iova.raw().checked_add(last.len) == Some(m.iova.raw())
+                    && last.addr.raw().checked_add(last.len as usize) == Some(m.addr.raw())
+            }) {
+                last.len = len;
                 continue;
             }
         }
@@ -469,15 +499,18 @@ pub fn coalesce(ms: &[Mapping]) -> Vec<Mapping> {
     out
 }
 
-/// Sorts IOVA ranges and merges those that touch.
+/// Sorts IOVA ranges and merges those that touch (unless the merged length
+/// would pass `u64::MAX`: then they stay two runs).
 pub fn coalesce_ranges(ranges: &[(Iova, u64)]) -> Vec<(Iova, u64)> {
     let mut v = ranges.to_vec();
     v.sort_unstable_by_key(|r| r.0);
     let mut out: Vec<(Iova, u64)> = Vec::with_capacity(v.len());
     for (iova, len) in v {
         if let Some(last) = out.last_mut() {
-            if last.0.raw().checked_add(last.1) == Some(iova.raw()) {
-                last.1 += len;
+            let merged = last.1.checked_add(len);
+            if let Some(l) = merged.filter(|_| last.0.raw().checked_add(last.1) == Some(iova.raw()))
+            {
+                last.1 = l;
                 continue;
             }
         }

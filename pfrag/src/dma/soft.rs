@@ -72,14 +72,17 @@ struct Slot {
 
 struct State {
     /// Radix nodes; node 0 is the root. Invariant: table entries point at
-    /// existing nodes.
+    /// existing nodes, none of them in `spare`.
     nodes: Vec<Box<[u64; 512]>>,
+    /// Empty nodes no table entry points at, for the next table.
+    spare: Vec<usize>,
     iotlb: Iotlb,
     /// Ranges unmapped but maybe still in the IOTLB (lazy mode).
     flush_queue: Vec<(Iova, u64)>,
     /// The generation the queued ranges belong to.
     gen: u64,
-    /// The newest completed generation.
+    /// The newest completed generation: invalidated, and every device
+    /// access that translated before waited for ([`SoftIommu::settle`]).
     flushed: u64,
     stats: MapStats,
     faults: VecDeque<FaultRecord>,
@@ -112,6 +115,7 @@ impl SoftIommu {
         cfg.validate()?;
         let state = State {
             nodes: vec![Box::new([0; 512])],
+            spare: Vec::new(),
             iotlb: Iotlb::new(cfg.iotlb_entries),
             flush_queue: Vec::with_capacity(cfg.flush_queue),
             gen: 1,
@@ -208,8 +212,10 @@ impl State {
             if e & PTE_TABLE != 0 {
                 node = (e >> 12) as usize;
             } else if e == 0 && create {
-                self.nodes.push(Box::new([0; 512]));
-                let child = self.nodes.len() - 1;
+                let child = self.spare.pop().unwrap_or_else(|| {
+                    self.nodes.push(Box::new([0; 512]));
+                    self.nodes.len() - 1
+                });
                 self.nodes[node][idx] = ((child as u64) << 12) | PTE_TABLE;
                 node = child;
             } else {
@@ -217,6 +223,23 @@ impl State {
             }
         }
         None
+    }
+
+    /// Whether slot `s` is free for a leaf: empty, or (for a 2 MiB leaf)
+    /// holding a table of 4 KiB entries that are all empty, which then
+    /// goes to `spare` (4 KiB mappings unmapped since left it).
+    fn vacant(&mut self, s: Slot, huge: bool) -> bool {
+        let e = self.nodes[s.node][s.idx];
+        if e == 0 {
+            return true;
+        }
+        let child = (e >> 12) as usize;
+        if !huge || e & PTE_TABLE == 0 || self.nodes[child].iter().any(|&c| c != 0) {
+            return false;
+        }
+        self.nodes[s.node][s.idx] = 0;
+        self.spare.push(child);
+        true
     }
 
     /// The leaf covering `iova`: (entry, is 2 MiB, slot).
@@ -231,16 +254,18 @@ impl State {
         (e1 != 0).then_some((e1, false, s1))
     }
 
-    fn flush(&mut self, cost: Option<CostModel>) {
-        if self.flush_queue.is_empty() {
-            return;
+    /// Invalidates the queued ranges (if any); returns the newest
+    /// generation invalidated, theirs or an earlier one, complete once
+    /// [`SoftIommu::settle`] has waited for the device.
+    fn flush(&mut self, cost: Option<CostModel>) -> u64 {
+        if !self.flush_queue.is_empty() {
+            self.iotlb.clear();
+            self.flush_queue.clear();
+            self.stats.invalidations += 1;
+            self.cost(cost, 0, 0, 1, 0);
+            self.gen += 1;
         }
-        self.iotlb.clear();
-        self.flush_queue.clear();
-        self.stats.invalidations += 1;
-        self.cost(cost, 0, 0, 1, 0);
-        self.flushed = self.gen;
-        self.gen += 1;
+        self.gen - 1
     }
 
     fn fault(&mut self, iova: Iova, access: Dir, reason: FaultReason) -> Fault {
@@ -282,7 +307,7 @@ impl DmaMapper for SoftIommu {
                 (3, PAGE_SIZE, p)
             };
             match st.slot(iova, depth, true) {
-                Some(s) if st.nodes[s.node][s.idx] == 0 => {
+                Some(s) if st.vacant(s, huge) => {
                     st.nodes[s.node][s.idx] = addr | flags;
                     written.push(s);
                 }
@@ -371,29 +396,26 @@ impl DmaMapper for SoftIommu {
         let n = leaves.len() as u64;
         st.live -= len / PAGE_SIZE;
         st.stats.unmap_calls += 1;
-        let out = match self.cfg.invalidation {
+        let (out, done) = match self.cfg.invalidation {
             Invalidation::Strict => {
                 st.iotlb.invalidate(iova.raw(), len);
                 st.stats.invalidations += 1;
                 st.cost(self.cfg.cost, 1, n, 1, 0);
-                Unmapped::Flushed
+                (Unmapped::Flushed, None)
             }
             Invalidation::Lazy => {
                 st.cost(self.cfg.cost, 1, n, 0, 0);
                 st.flush_queue.push((iova, len));
                 let seq = st.gen;
-                if st.flush_queue.len() >= self.cfg.flush_queue.max(1) {
-                    st.flush(self.cfg.cost);
-                }
-                Unmapped::Deferred { seq }
+                let full = st.flush_queue.len() >= self.cfg.flush_queue.max(1);
+                let done = full.then(|| st.flush(self.cfg.cost));
+                (Unmapped::Deferred { seq }, done)
             }
         };
         drop(st);
-        // A device access that translated before the invalidation may still
-        // be running: wait for it before the caller frees anything. (Under
-        // lazy invalidation the memory waits for the flush, which does the
-        // same.)
-        self.fence.quiesce();
+        // (Under lazy invalidation the memory waits for the flush, which
+        // waits for the device as well.)
+        self.settle(done);
         latency::pay();
         Ok(out)
     }
@@ -415,8 +437,10 @@ impl DmaMapper for SoftIommu {
     }
 
     fn flush(&self) -> Result<()> {
-        self.lock().flush(self.cfg.cost);
-        self.fence.quiesce();
+        // Also with nothing queued: the generation a concurrent flush
+        // invalidated shows once this one has waited for the device.
+        let done = self.lock().flush(self.cfg.cost);
+        self.settle(Some(done));
         latency::pay();
         Ok(())
     }
@@ -454,6 +478,18 @@ unsafe impl Translate for SoftIommu {
 }
 
 impl SoftIommu {
+    /// Waits until every device access that translated before an
+    /// invalidation just made has ended, then publishes the flush
+    /// generation `done` (if a flush made one) as complete. A caller that
+    /// sees the generation frees the memory, so never before the wait.
+    fn settle(&self, done: Option<u64>) {
+        self.fence.quiesce();
+        if let Some(g) = done {
+            let mut st = self.lock();
+            st.flushed = st.flushed.max(g);
+        }
+    }
+
     /// Translates through the IOTLB or, on a miss, the page table.
     fn walk(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
         let mut st = self.lock();

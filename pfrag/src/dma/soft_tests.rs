@@ -162,6 +162,36 @@ fn superpage_is_one_pte_and_one_iotlb_entry() {
     assert!(m.translate(Iova(0x20_0000), Dir::TO_DEVICE).is_err());
 }
 
+/// An IOVA block once mapped with 4 KiB pages, now free, takes a
+/// superpage mapping (the empty table the 4 KiB pages left used to make
+/// it fail with `EEXIST`, though nothing was mapped there).
+#[test]
+fn a_free_block_once_mapped_in_4k_pages_takes_a_superpage() {
+    let m = SoftIommu::new(SoftIommuConfig {
+        superpages: true,
+        ..SoftIommuConfig::default()
+    })
+    .unwrap();
+    map(&m, 0x20_0000, 0x4000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+    m.unmap(Iova(0x20_0000), 0x1000).unwrap();
+    assert_eq!(m.mapped_pages(), 0);
+    // SAFETY: as in `map`: this test only translates.
+    unsafe {
+        m.map(&Mapping {
+            iova: Iova(0x20_0000),
+            addr: VirtAddr(0x4000_0000),
+            len: HUGE_PAGE_SIZE,
+            dir: Dir::TO_DEVICE,
+            huge: true,
+        })
+    }
+    .unwrap();
+    let t = m.translate(Iova(0x3f_f000), Dir::TO_DEVICE).unwrap();
+    assert_eq!(t.addr, VirtAddr(0x401f_f000));
+    m.unmap(Iova(0x20_0000), HUGE_PAGE_SIZE).unwrap();
+    assert_eq!(m.mapped_pages(), 0);
+}
+
 #[test]
 fn cost_model_is_kept_apart() {
     let m = SoftIommu::new(SoftIommuConfig {
