@@ -25,7 +25,7 @@ use pfrag::account::Limits;
 use pfrag::bounce::SlotSize;
 use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
-use pfrag_lab::run::{run, DeviceModel, IommuMode, RunConfig, Workload};
+use pfrag_lab::run::{run, DeviceModel, IommuMode, Row, RunConfig, Workload};
 use pfrag_lab::{cli, report};
 use vfio_nic::model::softnic::Touch;
 use vfio_nic::tx::HeaderMode;
@@ -87,64 +87,99 @@ const COLUMNS: [(&str, &str); 11] = [
 
 fn main() -> ExitCode {
     let a = Args::parse();
+    let cfgs = match plan(&a) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(rows) = run_all(&a, &cfgs) else {
+        return ExitCode::FAILURE;
+    };
+    print_rows(&rows, &a.flows);
+    if let Some(path) = &a.csv {
+        let w = report::write_csv_columns(path, &rows, &COLUMNS);
+        if let Err(e) = w {
+            eprintln!("error: writing {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("wrote {}", path.display());
+    }
+    if rows_ok(&rows) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Checks the arguments and the output file, and gives the runs, one per
+/// (policy, flows), each checked; or what is wrong, in words.
+fn plan(a: &Args) -> Result<Vec<RunConfig>, String> {
     if a.min == 0 || a.min > a.max || a.queues == 0 {
-        eprintln!("error: need 0 < --min <= --max and --queues >= 1");
-        return ExitCode::from(2);
+        return Err("need 0 < --min <= --max and --queues >= 1".to_string());
     }
     if let Some(e) = a
         .flows
         .iter()
         .find_map(|&f| pfrag_lab::run::check_flows(f).err())
     {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
+        return Err(e.to_string());
     }
     let columns: Vec<String> = COLUMNS.iter().map(|c| c.0.to_string()).collect();
-    if let Err(e) = cli::outputs(a.csv.as_deref(), &columns, None) {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
+    cli::outputs(a.csv.as_deref(), &columns, None)?;
     let limits = a.mem_limits.unwrap_or(Limits::UNLIMITED);
     let mut cfgs = Vec::new();
     for &p in &a.policies {
         for &flows in &a.flows {
-            cfgs.push(RunConfig {
-                order: a.order,
-                policy: Policy::Persistent,
-                iommu: IommuMode::Strict,
-                header: HeaderMode::Bounce(SlotSize::B128),
-                fit_whole: true,
-                payload: a.max,
-                flows,
-                packets: a.packets,
-                warmup: 2 * u64::from(a.ring),
-                ring: a.ring,
-                burst: a.burst,
-                iotlb_entries: 128,
-                hugepages: false,
-                touch: Touch::Checksum,
-                cost: CostModel::default(),
-                queues: a.queues,
-                skew: None,
-                reclaim: match p {
-                    Reclaim::Eager => Reclaim::Eager,
-                    Reclaim::Hysteresis { .. } => Reclaim::HYSTERESIS,
-                },
-                workload: Workload::Small {
-                    min: a.min,
-                    max: a.max,
-                },
-                limits,
-                model: DeviceModel::Soft,
-                device: Default::default(),
-                mss: pfrag_lab::run::MSS,
-            });
+            cfgs.push(config(a, p, flows, limits));
         }
     }
     if let Some(e) = cfgs.iter().find_map(|c| pfrag_lab::run::check(c).err()) {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
+        return Err(e.to_string());
     }
+    Ok(cfgs)
+}
+
+/// The run of `flows` flows under reclaim policy `p` (a hysteresis policy
+/// at its default thresholds): small sends on the software NIC.
+fn config(a: &Args, p: Reclaim, flows: usize, limits: Limits) -> RunConfig {
+    RunConfig {
+        order: a.order,
+        policy: Policy::Persistent,
+        iommu: IommuMode::Strict,
+        header: HeaderMode::Bounce(SlotSize::B128),
+        fit_whole: true,
+        payload: a.max,
+        flows,
+        packets: a.packets,
+        warmup: 2 * u64::from(a.ring),
+        ring: a.ring,
+        burst: a.burst,
+        iotlb_entries: 128,
+        hugepages: false,
+        touch: Touch::Checksum,
+        cost: CostModel::default(),
+        queues: a.queues,
+        skew: None,
+        reclaim: match p {
+            Reclaim::Eager => Reclaim::Eager,
+            Reclaim::Hysteresis { .. } => Reclaim::HYSTERESIS,
+        },
+        workload: Workload::Small {
+            min: a.min,
+            max: a.max,
+        },
+        limits,
+        model: DeviceModel::Soft,
+        device: Default::default(),
+        mss: pfrag_lab::run::MSS,
+    }
+}
+
+/// Runs `cfgs` in turn under a progress bar and gives their rows; `None`
+/// (the error said) if a run fails.
+fn run_all(a: &Args, cfgs: &[RunConfig]) -> Option<Vec<Row>> {
     eprintln!(
         "reclaim: {} runs of {} sends of {}..={} B on the software NIC, {} queue(s), order-{} chunks",
         cfgs.len(),
@@ -161,23 +196,28 @@ fn main() -> ExitCode {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut rows = Vec::new();
-    for c in &cfgs {
+    for c in cfgs {
         bar.set_message(format!("{} {} flows", c.reclaim.name(), c.flows));
         match run(c, &mut |n| bar.inc(n)) {
             Ok(mut r) => rows.push(r.remove(0)),
             Err(e) => {
                 bar.abandon();
                 eprintln!("error: {} {} flows: {e}", c.reclaim.name(), c.flows);
-                return ExitCode::FAILURE;
+                return None;
             }
         }
     }
     bar.finish_and_clear();
+    Some(rows)
+}
 
+/// Prints the table, then per flow count the eager and hysteresis runs
+/// side by side.
+fn print_rows(rows: &[Row], flow_counts: &[usize]) {
     let mut out = std::io::stdout().lock();
-    let _ = report::print_columns(&mut out, &rows, &COLUMNS);
+    let _ = report::print_columns(&mut out, rows, &COLUMNS);
     let _ = writeln!(out);
-    for &flows in &a.flows {
+    for &flows in flow_counts {
         let find = |name: &str| rows.iter().find(|r| r.reclaim == name && r.flows == flows);
         if let (Some(e), Some(h)) = (find("eager"), find("hysteresis")) {
             let _ = writeln!(
@@ -192,16 +232,13 @@ fn main() -> ExitCode {
             );
         }
     }
-    if let Some(path) = &a.csv {
-        let w = report::write_csv_columns(path, &rows, &COLUMNS);
-        if let Err(e) = w {
-            eprintln!("error: writing {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
-        eprintln!("wrote {}", path.display());
-    }
+}
+
+/// Whether every run is sound: no device fault, one pressure hook call per
+/// transition, and about all the bytes sent verified (each error said).
+fn rows_ok(rows: &[Row]) -> bool {
     let mut bad = false;
-    for r in &rows {
+    for r in rows {
         let sent = r.packets * r.payload_bytes as u64;
         if r.faults > 0 || r.pressure_hook_calls != r.pressure_transitions {
             eprintln!(
@@ -218,9 +255,5 @@ fn main() -> ExitCode {
             bad = true;
         }
     }
-    if bad {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
+    !bad
 }

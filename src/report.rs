@@ -2,8 +2,11 @@
 //! and an SVG chart.
 
 use std::io::Write;
+use std::ops::Range;
 use std::path::Path;
 
+use plotters::coord::types::{RangedCoordf64, RangedCoordu32};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::run::Row;
@@ -258,6 +261,49 @@ impl Point {
 /// maps per packet against chunk order, one line per (policy, iommu,
 /// header) series, with the limit as a dashed level.
 pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), ReportError> {
+    let series = series_of(rows)?;
+    let limit = rows.iter().find(|r| r.policy == "limit").map(|r| r.gbit_s);
+    let e = Extent::of(&series, limit);
+
+    let root = SVGBackend::new(path, (1200, 520)).into_drawing_area();
+    root.fill(&WHITE).or_draw()?;
+    let (left, right) = root.split_horizontally(600);
+    let xs = e.min_order..e.max_order.max(e.min_order + 1);
+    let mut g = panel(
+        &left,
+        "Gbit/s (median; bars: range over repetitions)",
+        "Gbit/s",
+        xs.clone(),
+        e.gmax,
+    )?;
+    let mut m = panel(
+        &right,
+        "DMA map calls per packet",
+        "maps / packet",
+        xs,
+        e.mmax,
+    )?;
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        draw_gbit(&mut g, name, pts, color)?;
+        draw_maps(&mut m, pts, color)?;
+    }
+    if let Some(l) = limit {
+        draw_limit(&mut g, l, e.min_order, e.max_order)?;
+    }
+    g.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .or_draw()?;
+    root.present().or_draw()?;
+    Ok(())
+}
+
+/// The chart's series: the points of the rows for all queues that have an
+/// order, grouped by (policy, iommu, header) in the order first met.
+fn series_of(rows: &[Row]) -> Result<Vec<(String, Vec<Point>)>, ReportError> {
     let mut series: Vec<(String, Vec<Point>)> = Vec::new();
     for r in rows
         .iter()
@@ -270,103 +316,124 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), ReportError> {
             None => series.push((name, vec![p])),
         }
     }
-    let limit = rows.iter().find(|r| r.policy == "limit").map(|r| r.gbit_s);
-    let points = || series.iter().flat_map(|s| s.1.iter());
-    let max_order = points().map(|p| p.order).max().unwrap_or(4);
-    let min_order = points().map(|p| p.order).min().unwrap_or(0);
-    let gmax = points()
-        .map(|p| p.gbit_max)
-        .chain(limit)
-        .fold(1.0f64, f64::max)
-        * 1.1;
-    let mmax = points().map(|p| p.maps).fold(1.0f64, f64::max) * 1.1;
+    Ok(series)
+}
 
-    let root = SVGBackend::new(path, (1200, 520)).into_drawing_area();
-    root.fill(&WHITE).or_draw()?;
-    let (left, right) = root.split_horizontally(600);
-    let xs = min_order..max_order.max(min_order + 1);
-    let mut g = ChartBuilder::on(&left)
-        .caption(
-            "Gbit/s (median; bars: range over repetitions)",
-            ("sans-serif", 20),
-        )
+/// How far the axes reach: the orders plotted, and the tops of the two
+/// charts (a tenth above the highest point, and at least 1.1).
+struct Extent {
+    min_order: u32,
+    max_order: u32,
+    /// Top of the Gbit/s chart (the limit included).
+    gmax: f64,
+    /// Top of the maps-per-packet chart.
+    mmax: f64,
+}
+
+impl Extent {
+    fn of(series: &[(String, Vec<Point>)], limit: Option<f64>) -> Extent {
+        let points = || series.iter().flat_map(|s| s.1.iter());
+        Extent {
+            min_order: points().map(|p| p.order).min().unwrap_or(0),
+            max_order: points().map(|p| p.order).max().unwrap_or(4),
+            gmax: points()
+                .map(|p| p.gbit_max)
+                .chain(limit)
+                .fold(1.0f64, f64::max)
+                * 1.1,
+            mmax: points().map(|p| p.maps).fold(1.0f64, f64::max) * 1.1,
+        }
+    }
+}
+
+/// One of the two charts: chunk order across, a number up.
+type Panel<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordu32, RangedCoordf64>>;
+
+/// Builds a chart on `area` with its caption, orders `xs` across and
+/// 0..`ymax` up, and draws its mesh.
+fn panel<'a, 'b>(
+    area: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    caption: &str,
+    y_desc: &str,
+    xs: Range<u32>,
+    ymax: f64,
+) -> Result<Panel<'a, 'b>, ReportError> {
+    let mut c = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(56)
-        .build_cartesian_2d(xs.clone(), 0.0..gmax)
+        .build_cartesian_2d(xs, 0.0..ymax)
         .or_draw()?;
-    g.configure_mesh()
+    c.configure_mesh()
         .x_desc("chunk order")
-        .y_desc("Gbit/s")
+        .y_desc(y_desc)
         .x_labels(8)
         .draw()
         .or_draw()?;
-    let mut m = ChartBuilder::on(&right)
-        .caption("DMA map calls per packet", ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(56)
-        .build_cartesian_2d(xs, 0.0..mmax)
-        .or_draw()?;
-    m.configure_mesh()
-        .x_desc("chunk order")
-        .y_desc("maps / packet")
-        .x_labels(8)
-        .draw()
-        .or_draw()?;
-    for (i, (name, pts)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        g.draw_series(LineSeries::new(
-            pts.iter().map(|p| (p.order, p.gbit)),
-            color.stroke_width(2),
-        ))
-        .or_draw()?
-        .label(name.clone())
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
-        g.draw_series(pts.iter().map(|p| {
-            ErrorBar::new_vertical(
-                p.order,
-                p.gbit_min,
-                p.gbit,
-                p.gbit_max,
-                color.stroke_width(1),
-                8,
-            )
-        }))
-        .or_draw()?;
-        g.draw_series(
-            pts.iter()
-                .map(|p| Circle::new((p.order, p.gbit), 3, color.filled())),
+    Ok(c)
+}
+
+/// Draws one series on the Gbit/s chart: its line (with a legend entry
+/// `name`), the repetitions' range as error bars, and the points.
+fn draw_gbit(
+    g: &mut Panel<'_, '_>,
+    name: &str,
+    pts: &[Point],
+    color: RGBAColor,
+) -> Result<(), ReportError> {
+    g.draw_series(LineSeries::new(
+        pts.iter().map(|p| (p.order, p.gbit)),
+        color.stroke_width(2),
+    ))
+    .or_draw()?
+    .label(name)
+    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+    g.draw_series(pts.iter().map(|p| {
+        ErrorBar::new_vertical(
+            p.order,
+            p.gbit_min,
+            p.gbit,
+            p.gbit_max,
+            color.stroke_width(1),
+            8,
         )
-        .or_draw()?;
-        m.draw_series(LineSeries::new(
-            pts.iter().map(|p| (p.order, p.maps)),
-            color.stroke_width(2),
-        ))
-        .or_draw()?;
-        m.draw_series(
-            pts.iter()
-                .map(|p| Circle::new((p.order, p.maps), 3, color.filled())),
-        )
-        .or_draw()?;
-    }
-    if let Some(l) = limit {
-        g.draw_series(DashedLineSeries::new(
-            vec![(min_order, l), (max_order, l)],
-            6,
-            4,
-            BLACK.stroke_width(1),
-        ))
-        .or_draw()?
-        .label("limit (payload write + NIC read)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
-    }
-    g.configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .or_draw()?;
-    root.present().or_draw()?;
+    }))
+    .or_draw()?;
+    g.draw_series(
+        pts.iter()
+            .map(|p| Circle::new((p.order, p.gbit), 3, color.filled())),
+    )
+    .or_draw()?;
+    Ok(())
+}
+
+/// Draws one series on the maps-per-packet chart: its line and points.
+fn draw_maps(m: &mut Panel<'_, '_>, pts: &[Point], color: RGBAColor) -> Result<(), ReportError> {
+    m.draw_series(LineSeries::new(
+        pts.iter().map(|p| (p.order, p.maps)),
+        color.stroke_width(2),
+    ))
+    .or_draw()?;
+    m.draw_series(
+        pts.iter()
+            .map(|p| Circle::new((p.order, p.maps), 3, color.filled())),
+    )
+    .or_draw()?;
+    Ok(())
+}
+
+/// Draws the limit `l` as a dashed level across the Gbit/s chart, from
+/// order `from` to `to`, with its legend entry.
+fn draw_limit(g: &mut Panel<'_, '_>, l: f64, from: u32, to: u32) -> Result<(), ReportError> {
+    g.draw_series(DashedLineSeries::new(
+        vec![(from, l), (to, l)],
+        6,
+        4,
+        BLACK.stroke_width(1),
+    ))
+    .or_draw()?
+    .label("limit (payload write + NIC read)")
+    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
     Ok(())
 }

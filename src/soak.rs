@@ -129,42 +129,22 @@ pub fn run_phase(p: &Phase, index: u64, tick: &(dyn Fn(u64) + Sync)) -> Result<T
         leaked: 0,
         unexplained: false,
     };
-    let soft = SoftIommu::new(SoftIommuConfig {
-        invalidation: p.invalidation,
-        flush_queue: 64,
-        ..SoftIommuConfig::default()
-    })
-    .map_err(|e| fail(e.to_string()))?;
-    let untold = Faulty::new(soft, p.untold).map_err(|e| fail(e.to_string()))?;
-    let mapper = Arc::new(Faulty::new(untold, p.faults).map_err(|e| fail(e.to_string()))?);
-    let domain = Arc::new(Domain::new(mapper.clone()));
-    let account =
-        MemAccount::new(p.limits, CountHooks::default()).map_err(|e| fail(e.to_string()))?;
-    let cfg = pool_config(p).map_err(|e| fail(e.to_string()))?;
-    let pool = Pool::with_account(domain.clone(), cfg, account.clone())
-        .map_err(|e| fail(e.to_string()))?;
+    let Stack {
+        mapper,
+        domain,
+        account,
+        pool,
+    } = Stack::new(p).map_err(fail)?;
     let results = run_queues(p, &domain, &pool, &mapper, tick);
     let pool_stats = pool.stats();
     drop(pool);
-    let mut t = Tally {
-        phases: 1,
-        ..Tally::default()
-    };
-    for r in results {
-        let q = match r {
-            Ok(q) => q,
-            Err(Failure::Broken(why)) => return Err(fail(why)),
-            Err(Failure::Unexplained(why)) => {
-                return Err(Violation {
-                    unexplained: true,
-                    ..fail(why)
-                })
-            }
-        };
-        t.packets += q.packets;
-        t.refused.add(&q.refused);
-        t.bytes_verified += q.wire_bytes;
-    }
+    let mut t = sum_queues(results).map_err(|f| match f {
+        Failure::Broken(why) => fail(why),
+        Failure::Unexplained(why) => Violation {
+            unexplained: true,
+            ..fail(why)
+        },
+    })?;
     let inj = mapper.stats_injected();
     t.injected = inj.maps + inj.unmaps + inj.flushes;
     if t.refused.injected > t.injected {
@@ -178,13 +158,84 @@ pub fn run_phase(p: &Phase, index: u64, tick: &(dyn Fn(u64) + Sync)) -> Result<T
     }
     // Nothing of the phase is alive now: what is still mapped, allocated
     // or charged must be exactly what was pinned on purpose.
+    t.pinned_bytes =
+        check_leaks(&domain, &mapper, &account, &pool_stats).map_err(|(leaked, why)| {
+            Violation {
+                leaked,
+                ..fail(why)
+            }
+        })?;
+    Ok(t)
+}
+
+/// What a phase sends through: the software IOMMU under two failure
+/// injectors (the phase's `untold` failures inside, the counted `faults`
+/// outside), the domain over them, the memory account and the pool.
+struct Stack {
+    mapper: Mapper,
+    domain: Arc<Domain<Mapper>>,
+    account: Arc<MemAccount<CountHooks>>,
+    pool: Pool<Mapper>,
+}
+
+impl Stack {
+    /// Builds the phase's stack; an error is said in words.
+    fn new(p: &Phase) -> Result<Stack, String> {
+        let soft = SoftIommu::new(SoftIommuConfig {
+            invalidation: p.invalidation,
+            flush_queue: 64,
+            ..SoftIommuConfig::default()
+        })
+        .map_err(|e| e.to_string())?;
+        let untold = Faulty::new(soft, p.untold).map_err(|e| e.to_string())?;
+        let mapper = Arc::new(Faulty::new(untold, p.faults).map_err(|e| e.to_string())?);
+        let domain = Arc::new(Domain::new(mapper.clone()));
+        let account =
+            MemAccount::new(p.limits, CountHooks::default()).map_err(|e| e.to_string())?;
+        let cfg = pool_config(p).map_err(|e| e.to_string())?;
+        let pool =
+            Pool::with_account(domain.clone(), cfg, account.clone()).map_err(|e| e.to_string())?;
+        Ok(Stack {
+            mapper,
+            domain,
+            account,
+            pool,
+        })
+    }
+}
+
+/// One phase's tally of its queues' packets, refusals and verified bytes,
+/// or the failure of the first queue (in queue order) that failed.
+fn sum_queues(results: Vec<Result<QueueTally, Failure>>) -> Result<Tally, Failure> {
+    let mut t = Tally {
+        phases: 1,
+        ..Tally::default()
+    };
+    for r in results {
+        let q = r?;
+        t.packets += q.packets;
+        t.refused.add(&q.refused);
+        t.bytes_verified += q.wire_bytes;
+    }
+    Ok(t)
+}
+
+/// Checks that nothing leaked once a phase is over: mapped bytes, the
+/// IOVA still allocated and the bytes still charged must each be what was
+/// pinned on purpose (mapped bytes may be fewer: a batch map whose undo
+/// failed pins its whole IOVA block, of which only some runs stay mapped).
+/// Gives the host bytes pinned, or the first leak: the bytes beyond what
+/// was pinned, and what leaked, in words.
+fn check_leaks(
+    domain: &Domain<Mapper>,
+    mapper: &Mapper,
+    account: &MemAccount<CountHooks>,
+    pool_stats: &pool::Stats,
+) -> Result<u64, (u64, String)> {
     let pinned = domain.pinned();
     let mapped = mapper.inner().inner().mapped_pages() * PAGE_SIZE;
     let iova = domain.iova_in_use();
     let acct = account.stats();
-    t.pinned_bytes = pinned.host_bytes;
-    // A batch map whose undo failed pins its whole IOVA block, of which
-    // only some runs stay mapped: mapped bytes may be fewer than pinned.
     let leaks = [
         (
             "mapped bytes",
@@ -207,15 +258,13 @@ pub fn run_phase(p: &Phase, index: u64, tick: &(dyn Fn(u64) + Sync)) -> Result<T
     ];
     for (what, have, allowed, ok) in leaks {
         if !ok {
-            return Err(Violation {
-                leaked: have.abs_diff(allowed),
-                ..fail(format!(
-                    "{what}: {have} left, {allowed} pinned on purpose (pool {pool_stats:?})"
-                ))
-            });
+            return Err((
+                have.abs_diff(allowed),
+                format!("{what}: {have} left, {allowed} pinned on purpose (pool {pool_stats:?})"),
+            ));
         }
     }
-    Ok(t)
+    Ok(pinned.host_bytes)
 }
 
 /// The phase's pool settings.
