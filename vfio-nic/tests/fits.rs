@@ -12,7 +12,6 @@ mod common;
 
 use std::sync::Arc;
 
-use etherparse::PacketBuilder;
 use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
 use pfrag::pool::{self, Policy, Pool};
 use pfrag::Order;
@@ -28,18 +27,6 @@ use vfio_nic::{tx, Error};
 type Iommu = Arc<SoftIommu>;
 
 const TSO: Offload = Offload::Tso { mss: 1448 };
-
-/// Ethernet + IPv4 + TCP headers (54 bytes).
-fn tcp_headers() -> Vec<u8> {
-    let mut v = Vec::new();
-    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-        .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
-        .tcp(1000, 2000, 7, 65535)
-        .write(&mut v, &[0u8; 8])
-        .unwrap();
-    v.truncate(54);
-    v
-}
 
 /// Queue settings: a ring of `ring`, payloads fit whole into chunks of the
 /// queue's pool (no size-class split), cut at `boundary`, any frame length.
@@ -101,7 +88,7 @@ fn agrees<D: TxDevice>(
     make: &dyn Fn(Iommu) -> D,
 ) -> usize {
     let len = largest_fitting(&cfg, order, offload, fits);
-    let hdr = tcp_headers();
+    let hdr = common::tcp_headers();
     assert_eq!(fits(&cfg, order, len, offload).unwrap(), cfg.capacity());
     let mut q = fresh(cfg, order, make);
     q.send(&hdr, &vec![7u8; len], offload, 1)
@@ -187,7 +174,7 @@ fn bufs_agree<D: TxDevice>(
     make: &dyn Fn(Iommu) -> D,
 ) -> usize {
     let len = largest_fitting(&cfg, order, offload, bufs);
-    let hdr = tcp_headers();
+    let hdr = common::tcp_headers();
     assert!(bufs(&cfg, order, len, offload).unwrap() <= cfg.max_bufs);
     let mut q = fresh(cfg, order, make);
     q.send(&hdr, &vec![7u8; len], offload, 1)
@@ -271,7 +258,7 @@ fn payload_agrees<D: TxDevice>(order: Order, make: &dyn Fn(Iommu) -> D) -> usize
     let pool = pool::Config::new(order, Policy::Persistent);
     let max = tx::max_payload::<D::Format>(&pool);
     let cfg = config(256, None);
-    let hdr = tcp_headers();
+    let hdr = common::tcp_headers();
     let mut q = fresh(cfg, order, make);
     assert_eq!(q.max_payload(), max);
     tx::check_payload::<D::Format>(&pool, max).unwrap();

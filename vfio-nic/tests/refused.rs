@@ -9,7 +9,6 @@ mod common;
 
 use std::sync::Arc;
 
-use etherparse::PacketBuilder;
 use pfrag::dma::{Domain, Faulty, FaultyConfig, Op, SoftIommu, SoftIommuConfig};
 use pfrag::pool::{self, Policy, Pool};
 use pfrag::Order;
@@ -36,18 +35,6 @@ fn capture() -> softnic::Config {
         verify: false,
         ..softnic::Config::default()
     }
-}
-
-/// Ethernet + IPv4 + TCP headers (54 bytes) for a TSO packet.
-fn tcp_headers() -> Vec<u8> {
-    let mut v = Vec::new();
-    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-        .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
-        .tcp(1000, 2000, 7, 65535)
-        .write(&mut v, &[0u8; 8])
-        .unwrap();
-    v.truncate(54);
-    v
 }
 
 /// On virtio (no context descriptor) without fit-whole, a payload may be
@@ -125,7 +112,7 @@ fn igb_frags_longer_than_a_buffer_are_refused_before_carving() {
     let chunks = q.cache().pool().stats().chunks;
     let frags = q.cache_stats().frags;
     let r = q.send(
-        &tcp_headers(),
+        &common::tcp_headers(),
         &vec![7u8; len],
         Offload::Tso { mss: 1448 },
         1,
@@ -146,7 +133,7 @@ fn igb_frags_longer_than_a_buffer_go_out_in_the_counted_buffers() {
     let len = 3 * 65536;
     let mut q = igb_order4(7);
     q.send(
-        &tcp_headers(),
+        &common::tcp_headers(),
         &vec![7u8; len],
         Offload::Tso { mss: 1448 },
         1,
@@ -168,7 +155,7 @@ fn sends_within_the_count<D: vfio_nic::device::TxDevice>(
     max: usize,
     n: u64,
 ) {
-    let hdr = tcp_headers();
+    let hdr = common::tcp_headers();
     let payload = vec![3u8; max];
     let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ max as u64;
     for t in 0..n {
@@ -351,18 +338,18 @@ fn a_payload_of_whole_boundaries_that_fits_is_sent() {
     let mut worst = 0;
     for (i, pre) in [0usize, 100, 1000, 3000, 4000].into_iter().enumerate() {
         if pre > 0 {
-            q.send(&tcp_headers(), &vec![1u8; pre], tso, 100 + i as u64)
+            q.send(&common::tcp_headers(), &vec![1u8; pre], tso, 100 + i as u64)
                 .unwrap();
         }
         let before = q.stats().descs;
-        q.send(&tcp_headers(), &vec![7u8; len], tso, i as u64)
+        q.send(&common::tcp_headers(), &vec![7u8; len], tso, i as u64)
             .unwrap();
         worst = worst.max((q.stats().descs - before) as usize);
     }
     // Context, header and data descriptors: the buffers are all but one.
     assert!(worst - 1 <= 8, "took {} buffers", worst - 1);
     let mut q = igb_queue(4, 8, Some(4096));
-    let r = q.send(&tcp_headers(), &vec![7u8; len], tso, 1);
+    let r = q.send(&common::tcp_headers(), &vec![7u8; len], tso, 1);
     assert!(r.is_ok(), "a packet of at most 8 buffers refused: {r:?}");
 }
 
@@ -373,7 +360,7 @@ fn a_payload_of_whole_boundaries_that_fits_is_sent() {
 fn a_payload_of_exactly_the_largest_buffer_is_one_buffer() {
     let mut q = igb_queue(4, 2, None);
     let r = q.send(
-        &tcp_headers(),
+        &common::tcp_headers(),
         &vec![7u8; 65535],
         Offload::Tso { mss: 1448 },
         1,

@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use etherparse::PacketBuilder;
+
 use vfio_nic::device::TxDevice;
 use vfio_nic::tx;
 use vfio_nic::Error;
@@ -142,4 +144,16 @@ impl<D: vfio_nic::model::Model> vfio_nic::model::Model for Flaky<D> {
     fn take_frames(&mut self) -> Vec<Vec<u8>> {
         self.nic.take_frames()
     }
+}
+
+/// Ethernet + IPv4 + TCP headers (54 bytes) for a TSO packet.
+pub fn tcp_headers() -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+        .tcp(1000, 2000, 7, 65535)
+        .write(&mut v, &[0u8; 8])
+        .unwrap();
+    v.truncate(54);
+    v
 }
