@@ -1,88 +1,103 @@
 use super::*;
 
+/// A ring of 64 descriptors written by hand, with a page of 128-byte
+/// header slots: for posting what the TX queue never would.
+struct HandRing {
+    ring: Coherent<VfioMapper>,
+    hdrs: Coherent<VfioMapper>,
+}
+
+impl HandRing {
+    fn new(domain: &Dom) -> HandRing {
+        HandRing {
+            ring: Coherent::new(domain.clone(), 64 * desc::SIZE, Dir::BIDIRECTIONAL).unwrap(),
+            hdrs: Coherent::new(domain.clone(), 4096, Dir::TO_DEVICE).unwrap(),
+        }
+    }
+
+    fn put(&self, i: usize, d: Desc) {
+        let w = d.encode();
+        self.ring.write_u64(i * desc::SIZE, w[0]).unwrap();
+        self.ring.write_u64(i * desc::SIZE + 8, w[1]).unwrap();
+    }
+
+    fn dd(&self, i: usize) -> bool {
+        let status = self
+            .ring
+            .read_u32(i * desc::SIZE + desc::STATUS_OFFSET)
+            .unwrap();
+        status & Sta::DD.bits() != 0
+    }
+
+    /// A TSO packet of `flow` at descriptors `at..at + 3`: its context,
+    /// its header (from slot `at`) and `len` payload bytes at `buf`.
+    fn post(&self, flow: usize, at: usize, buf: pfrag::Iova, len: usize) {
+        let mut fl = Flow::new(flow).unwrap();
+        let mut hdr = [0u8; HDR_LEN];
+        fl.next_header(len, MSS, &mut hdr);
+        self.hdrs.write(at * 128, &hdr).unwrap();
+        let (maclen, iplen) = (flow::MACLEN as u8, flow::IPLEN as u16);
+        let ctx = Context::tcp_ipv4(maclen, iplen, flow::L4LEN as u8, MSS as u16);
+        self.put(at, Desc::Context(ctx));
+        let hdr_iova = self.hdrs.iova().raw() + (at * 128) as u64;
+        let paylen = (len + HDR_LEN) as u32;
+        let csum = Popts::IXSM | Popts::TXSM;
+        let head = Data::new(hdr_iova, HDR_LEN as u16, Dcmd::IFCS, paylen, csum);
+        self.put(at + 1, Desc::Data(head));
+        let end = Dcmd::IFCS | Dcmd::EOP | Dcmd::RS;
+        let body = Data::new(buf.raw(), len as u16, end, 0, Popts::empty());
+        self.put(at + 2, Desc::Data(body));
+    }
+}
+
+/// Memory that holds exactly what `flow`'s first 1,000 payload bytes
+/// should be, mapped and then unmapped (the IOTLB invalidated), and the
+/// IOVA it had: if the IOMMU let the device read there, the host would
+/// find a valid frame of that flow. The region must outlive the test's
+/// last device access.
+fn unmapped_copy(domain: &Dom, flow: usize) -> (pfrag::mem::Region, pfrag::Iova) {
+    let mut secret = pfrag::mem::Region::new(4096, 4096, false).unwrap();
+    let mut want = vec![0u8; 1000];
+    vfio_nic::gen::pattern::fill(flow as u32, 0, &mut want);
+    secret.write(0, &want).unwrap();
+    // SAFETY: `secret` outlives the mapping: it is unmapped (strictly, by
+    // VFIO) on the next line, and the caller keeps the region.
+    let bad = unsafe { domain.map(secret.addr(), 4096, 4096, Dir::TO_DEVICE) }.unwrap();
+    // SAFETY: the mapping was made on the line above, for this test alone.
+    unsafe { domain.unmap(bad, 4096) }.unwrap();
+    (secret, bad)
+}
+
 #[test]
 #[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
 fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
     const BLOCKED_FLOW: usize = 98;
     const GOOD_FLOW: usize = 99;
     let (domain, mut nic) = open();
-    let ring = Coherent::new(domain.clone(), 64 * desc::SIZE, Dir::BIDIRECTIONAL).unwrap();
-    let hdr_mem = Coherent::new(domain.clone(), 4096, Dir::TO_DEVICE).unwrap();
+    let r = HandRing::new(&domain);
     let payload = Coherent::new(domain.clone(), 4096, Dir::TO_DEVICE).unwrap();
-    // Memory that holds exactly what the blocked packet's payload should
-    // be, mapped and then unmapped (IOTLB invalidated): if the IOMMU let
-    // the device read it, the host would find a valid frame of that flow.
-    let mut secret = pfrag::mem::Region::new(4096, 4096, false).unwrap();
-    let mut want = vec![0u8; 1000];
-    vfio_nic::gen::pattern::fill(BLOCKED_FLOW as u32, 0, &mut want);
-    secret.write(0, &want).unwrap();
-    // SAFETY: `secret` outlives the mapping: it is unmapped (strictly, by
-    // VFIO) on the next line and the region dropped at the end of the test.
-    let bad = unsafe { domain.map(secret.addr(), 4096, 4096, Dir::TO_DEVICE) }.unwrap();
-    // SAFETY: the mapping was made on the line above, for this test alone.
-    unsafe { domain.unmap(bad, 4096) }.unwrap();
+    let (secret, bad) = unmapped_copy(&domain, BLOCKED_FLOW);
     // SAFETY: the ring is this test's, kept as long as the NIC.
-    unsafe { nic.attach(ring.iova(), 64) }.unwrap();
-    let put = |i: usize, d: Desc| {
-        let w = d.encode();
-        ring.write_u64(i * desc::SIZE, w[0]).unwrap();
-        ring.write_u64(i * desc::SIZE + 8, w[1]).unwrap();
-    };
-    let dd = |i: usize| {
-        ring.read_u32(i * desc::SIZE + desc::STATUS_OFFSET).unwrap() & Sta::DD.bits() != 0
-    };
-    let post = |flow: usize, at: usize, buf: pfrag::Iova, len: usize| {
-        let mut fl = Flow::new(flow).unwrap();
-        let mut hdr = [0u8; HDR_LEN];
-        fl.next_header(len, MSS, &mut hdr);
-        hdr_mem.write(at * 128, &hdr).unwrap();
-        let ctx = Context::tcp_ipv4(
-            flow::MACLEN as u8,
-            flow::IPLEN as u16,
-            flow::L4LEN as u8,
-            MSS as u16,
-        );
-        put(at, Desc::Context(ctx));
-        put(
-            at + 1,
-            Desc::Data(Data::new(
-                hdr_mem.iova().raw() + (at * 128) as u64,
-                HDR_LEN as u16,
-                Dcmd::IFCS,
-                (len + HDR_LEN) as u32,
-                Popts::IXSM | Popts::TXSM,
-            )),
-        );
-        put(
-            at + 2,
-            Desc::Data(Data::new(
-                buf.raw(),
-                len as u16,
-                Dcmd::IFCS | Dcmd::EOP | Dcmd::RS,
-                0,
-                Popts::empty(),
-            )),
-        );
-    };
+    unsafe { nic.attach(r.ring.iova(), 64) }.unwrap();
     println!("pcap-blocked-flow: {BLOCKED_FLOW}");
     let log_end = kmsg_end();
-    post(BLOCKED_FLOW, 0, bad, 1000);
-    // SAFETY: the descriptors name `hdr_mem` (coherent memory, which the
-    // CPU touches only through atomic accessors) and `bad`, which nothing
-    // maps any more; the device only reads.
+    r.post(BLOCKED_FLOW, 0, bad, 1000);
+    // SAFETY: the descriptors name the header slots (coherent memory, which
+    // the CPU touches only through atomic accessors) and `bad`, which
+    // nothing maps any more; the device only reads.
     unsafe { nic.kick(3) }.unwrap();
     let t0 = Instant::now();
-    while !dd(2) && t0.elapsed() < Duration::from_secs(3) {
+    while !r.dd(2) && t0.elapsed() < Duration::from_secs(3) {
         std::thread::sleep(Duration::from_millis(1));
     }
     println!(
         "blocked descriptor: written back {} after {:?}, device head {:?}",
-        dd(2),
+        r.dd(2),
         t0.elapsed(),
         nic.head()
     );
-    let faults = kmsg_records(log_end, WAIT, |r| {
-        dmar_fault_addr(r) == Some(bad.raw() & !0xfff)
+    let faults = kmsg_records(log_end, WAIT, |rec| {
+        dmar_fault_addr(rec) == Some(bad.raw() & !0xfff)
     });
     for f in &faults {
         println!("kernel: {f}");
@@ -96,12 +111,12 @@ fn descriptor_at_unmapped_iova_is_blocked_and_does_not_hang() {
     let mut data = vec![0u8; 1000];
     vfio_nic::gen::pattern::fill(GOOD_FLOW as u32, 0, &mut data);
     payload.write(0, &data).unwrap();
-    post(GOOD_FLOW, 3, payload.iova(), 1000);
-    // SAFETY: the new descriptors name `hdr_mem` and `payload`, coherent
-    // memory that the CPU leaves alone until the write-back.
+    r.post(GOOD_FLOW, 3, payload.iova(), 1000);
+    // SAFETY: the new descriptors name the header slots and `payload`,
+    // coherent memory that the CPU leaves alone until the write-back.
     unsafe { nic.kick(6) }.unwrap();
     let t0 = Instant::now();
-    while !dd(5) {
+    while !r.dd(5) {
         assert!(
             t0.elapsed() < WAIT,
             "good packet after a blocked one did not complete"
