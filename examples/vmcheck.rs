@@ -194,6 +194,8 @@ fn test(console: &Path, pcap: &Path, virtio_pcap: Option<&Path>) -> Result<bool,
 fn rows_sent(headers: &csv::StringRecord, rows: &[csv::StringRecord]) -> Vec<vm::RowSent> {
     let col = |name: &str| headers.iter().position(|h| h == name);
     let (packets, warmup, payload) = (col("packets"), col("warmup"), col("payload_bytes"));
+    // A CSV from before the `mss` column was cut at the lab's one MSS.
+    let mss = col("mss");
     let sent = |row: &csv::StringRecord| {
         let field = |c: Option<usize>| -> u64 {
             c.and_then(|i| row.get(i))
@@ -204,9 +206,20 @@ fn rows_sent(headers: &csv::StringRecord, rows: &[csv::StringRecord]) -> Vec<vm:
             packets: field(packets),
             warmup: field(warmup),
             payload: field(payload),
+            mss: mss.map_or(u64::from(pfrag_lab::run::MSS), |_| field(mss)),
         }
     };
     rows.iter().map(sent).collect()
+}
+
+/// The rows' segment sizes, for the summary line: "1448 B", or
+/// "1448, 8948 B".
+fn mss_list(rows: &[vm::RowSent]) -> String {
+    let mut m: Vec<u64> = rows.iter().map(|r| r.mss).collect();
+    m.sort_unstable();
+    m.dedup();
+    let m: Vec<String> = m.iter().map(u64::to_string).collect();
+    format!("{} B", m.join(", "))
 }
 
 /// Prints the columns of `table` worth a glance.
@@ -283,9 +296,8 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, nic: Nic, out: &Path) -> Res
         )
     })?;
     // Checked before anything is written: the numbers come from the guest.
-    let mss = u64::from(pfrag_lab::run::MSS);
-    let expect_frames =
-        vm::expected_frames(&rows_sent(&headers, &rows), reps, mss).map_err(|e| e.to_string())?;
+    let sent = rows_sent(&headers, &rows);
+    let expect_frames = vm::expected_frames(&sent, reps).map_err(|e| e.to_string())?;
     for h in [
         "vtd_inv_per_pkt",
         "vtd_iotlb_fills_per_pkt",
@@ -316,9 +328,10 @@ fn sweep(console: &Path, trace: &Path, pcap: &Path, nic: Nic, out: &Path) -> Res
     let (frames, bad) = capture_counts(pcap, nic)?;
     let count_ok = frames == expect_frames;
     println!(
-        "pcap: {} frames, {} expected from the rows (packets + warm-up, {mss}-byte segments): {}",
+        "pcap: {} frames, {} expected from the rows (packets + warm-up, in segments of {}): {}",
         frames,
         expect_frames,
+        mss_list(&sent),
         if count_ok { "ok" } else { "MISMATCH" }
     );
     Ok(bad == 0 && count_ok && c.exit == Some(0))

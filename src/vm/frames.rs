@@ -49,16 +49,18 @@ pub struct RowSent {
     pub warmup: u64,
     /// Payload bytes per packet.
     pub payload: u64,
+    /// Payload bytes per TSO segment (the row's TCP MSS); 0 counts as 1.
+    pub mss: u64,
 }
 
 /// Frames `rows` put on the wire over `reps` repetitions: each packet,
-/// measured or warm-up, cut into `payload.div_ceil(mss)` segments (an `mss`
-/// of 0 counts as 1). [`FrameCountError`] if a row's count or the sum
+/// measured or warm-up, cut into `payload.div_ceil(mss)` segments, with
+/// each row's own `mss`. [`FrameCountError`] if a row's count or the sum
 /// overflows 64 bits.
-pub fn expected_frames(rows: &[RowSent], reps: u64, mss: u64) -> Result<u64, FrameCountError> {
-    let mss = mss.max(1);
+pub fn expected_frames(rows: &[RowSent], reps: u64) -> Result<u64, FrameCountError> {
     let mut total = 0u64;
     for (row, r) in rows.iter().enumerate() {
+        let mss = r.mss.max(1);
         let segments = r.payload.div_ceil(mss);
         let frames = r
             .packets
@@ -92,6 +94,7 @@ mod tests {
             packets,
             warmup,
             payload,
+            mss: 1448,
         }
     }
 
@@ -99,14 +102,36 @@ mod tests {
     fn frames_count_every_repetition_packet_and_segment() {
         let rows = [row(500, 50, 1448), row(500, 50, 1449), row(10, 0, 0)];
         // 550 packets x 1 segment, 550 x 2, none without payload; twice.
-        assert_eq!(expected_frames(&rows, 2, 1448), Ok(2 * (550 + 1100)));
-        assert_eq!(expected_frames(&[], 5, 1448), Ok(0));
+        assert_eq!(expected_frames(&rows, 2), Ok(2 * (550 + 1100)));
+        assert_eq!(expected_frames(&[], 5), Ok(0));
+    }
+
+    #[test]
+    fn each_row_is_cut_at_its_own_mss() {
+        let jumbo = RowSent {
+            mss: 8948,
+            ..row(10, 0, 65160)
+        };
+        // 65,160 B: 45 segments of 1,448 B, 8 of 8,948 B.
+        assert_eq!(
+            expected_frames(&[row(10, 0, 65160), jumbo], 1),
+            Ok(450 + 80)
+        );
+        let zero = RowSent {
+            mss: 0,
+            ..row(1, 0, 3)
+        };
+        assert_eq!(
+            expected_frames(&[zero], 1),
+            Ok(3),
+            "an mss of 0 counts as 1"
+        );
     }
 
     #[test]
     fn a_count_past_64_bits_is_an_error_with_its_numbers() {
         let big = row(u64::MAX / 2, 0, 3 * 1448);
-        let e = expected_frames(&[row(1, 0, 1), big], 1, 1448).unwrap_err();
+        let e = expected_frames(&[row(1, 0, 1), big], 1).unwrap_err();
         assert_eq!(
             e,
             FrameCountError::Row {
@@ -120,15 +145,15 @@ mod tests {
             }
         );
         assert!(e.to_string().contains("3 segments"), "{e}");
-        let e = expected_frames(&[row(u64::MAX, 1, 1)], 1, 1448).unwrap_err();
+        let e = expected_frames(&[row(u64::MAX, 1, 1)], 1).unwrap_err();
         assert!(
             matches!(e, FrameCountError::Row { .. }),
             "packets + warm-up"
         );
-        let e = expected_frames(&[row(1, 0, 1)], u64::MAX, 1).unwrap();
+        let e = expected_frames(&[row(1, 0, 1)], u64::MAX).unwrap();
         assert_eq!(e, u64::MAX, "exactly 64 bits is fine");
         let half = row(u64::MAX / 2 + 1, 0, 1);
-        let e = expected_frames(&[half, half], 1, 1448).unwrap_err();
+        let e = expected_frames(&[half, half], 1).unwrap_err();
         assert_eq!(
             e,
             FrameCountError::Sum {
