@@ -6,7 +6,7 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use crate::addr::{align_down, align_up, Iova, VirtAddr, PAGE_SIZE};
-use crate::dma::{DmaMapper, Domain};
+use crate::dma::{Dir, DmaMapper, Domain};
 use crate::error::Result;
 use crate::mem;
 use crate::pool::{ChunkPtr, Shared};
@@ -66,6 +66,12 @@ impl<M: DmaMapper> Frag<M> {
     /// this frag only there.
     pub fn domain(&self) -> &Arc<Domain<M>> {
         &shared(&self.chunk).domain
+    }
+    /// The direction its pool maps memory for
+    /// ([`pool::Config::dir`](crate::pool::Config::dir)): whether a device
+    /// may read the frag, write it, or both.
+    pub fn dir(&self) -> Dir {
+        shared(&self.chunk).cfg.dir
     }
     /// The frag's bytes, to fill before handing the IOVA to a device.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {

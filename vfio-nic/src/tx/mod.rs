@@ -284,7 +284,10 @@ impl<M: DmaMapper, D: TxDevice> std::fmt::Debug for Queue<M, D> {
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// A queue whose payloads come from `pool`, with its ring, header
     /// memory and bounce ring mapped in `domain`, attached to `dev`.
-    /// `pool` must be on `domain` ([`Error::WrongDomain`] otherwise).
+    /// `pool` must be on `domain` ([`Error::WrongDomain`] otherwise), and
+    /// map its memory for the device to read
+    /// ([`Dir::TO_DEVICE`](pfrag::dma::Dir::TO_DEVICE);
+    /// [`Error::Unreadable`] otherwise).
     ///
     /// # Safety
     /// `dev` reaches memory through `domain`'s mappings: a device model
@@ -302,9 +305,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     ) -> Result<Self> {
         check_config(&cfg)?;
         check_format::<Fmt<D>>()?;
-        if !Arc::ptr_eq(pool.domain(), &domain) {
-            return Err(Error::WrongDomain { what: "the pool" });
-        }
+        check_memory(&domain, pool.domain(), pool.config().dir, "the pool")?;
         let fmt = dev.format();
         let ring = Coherent::new(
             domain.clone(),
@@ -483,6 +484,28 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         // too.
         unsafe { self.dev.kick(self.tail) }
     }
+}
+
+/// Refuses payload memory the queue's device cannot read: mapped in
+/// `domain`, another domain than the queue's (`ours`), where its IOVAs
+/// name other memory ([`Error::WrongDomain`]), or with a direction `dir`
+/// without [`Dir::TO_DEVICE`] ([`Error::Unreadable`]). `what` names it.
+fn check_memory<M: DmaMapper>(
+    ours: &Arc<Domain<M>>,
+    domain: &Arc<Domain<M>>,
+    dir: Dir,
+    what: &'static str,
+) -> Result<()> {
+    if !Arc::ptr_eq(domain, ours) {
+        return Err(Error::WrongDomain { what });
+    }
+    if !dir.contains(Dir::TO_DEVICE) {
+        return Err(Error::Unreadable {
+            what,
+            dir: dir.bits(),
+        });
+    }
+    Ok(())
 }
 
 /// The longest [`Format::PREFIX`] the engine carries.
