@@ -215,23 +215,25 @@ pub(super) fn put<M: DmaMapper>(c: ChunkPtr<M>, n: u32) {
 /// another cost one atomic operation together. Returns the first unmap
 /// error, after completing every frag.
 pub fn complete_burst<M: DmaMapper>(frags: impl IntoIterator<Item = Frag<M>>) -> Result<()> {
-    complete_runs(frags, put)
+    complete_runs(frags, put).1
 }
 
 /// Completes `frags`, dropping each run of frags of one chunk with one
-/// `put(chunk, n)`. Returns the first unmap error, after completing every
-/// frag. Fields are read in place and each frag forgotten: no frag is
-/// copied whole.
+/// `put(chunk, n)`. Returns how many frags' unmaps failed and the first
+/// such error, after completing every frag. Fields are read in place and
+/// each frag forgotten: no frag is copied whole.
 #[inline]
 pub(super) fn complete_runs<M: DmaMapper>(
     frags: impl IntoIterator<Item = Frag<M>>,
     mut put: impl FnMut(ChunkPtr<M>, u32),
-) -> Result<()> {
+) -> (usize, Result<()>) {
     let mut first_err = Ok(());
+    let mut failed = 0;
     let mut run: Option<(ChunkPtr<M>, u32)> = None;
     for f in frags {
         if f.own {
             if let Err(e) = f.unmap_own_slow() {
+                failed += 1;
                 first_err = first_err.and(Err(e));
             }
         }
@@ -249,7 +251,7 @@ pub(super) fn complete_runs<M: DmaMapper>(
     if let Some((c, n)) = run {
         put(c, n);
     }
-    first_err
+    (failed, first_err)
 }
 
 #[cfg(all(test, not(loom)))]

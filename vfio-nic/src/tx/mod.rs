@@ -126,7 +126,8 @@ pub struct Stats {
     pub mapped_headers: u64,
     /// Sends refused because the ring was full.
     pub ring_full: u64,
-    /// Frag completions whose unmap failed.
+    /// Frags whose unmap failed, one per frag: payload frags freed by a
+    /// reap or given back by a refused send, and header frags.
     pub unmap_errors: u64,
     /// Sends refused because the pool hit a memory limit.
     pub mem_backoffs: u64,

@@ -88,10 +88,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         }
         copy_into(&mut frags, parts);
         let r = self.post_frags(headers, ctx, pkt, &mut frags, token);
-        // A refused packet's frags go back; an unmap that fails is counted
-        // (the pool keeps the memory out of use).
-        if r.is_err() && self.cache.complete_burst(frags.drain(..)).is_err() {
-            self.stats.unmap_errors += 1;
+        // A refused packet's frags go back.
+        if r.is_err() {
+            self.complete_frags(frags.drain(..));
         }
         self.spare.push(frags);
         r
