@@ -337,9 +337,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         if let Err(e) = unsafe { dev.attach(ring.iova(), cfg.ring) } {
             // A device that took some of the ring before it failed must let
             // go of it before the ring is freed; one that cannot be stopped
-            // keeps the ring, leaked, never reused.
+            // keeps the ring, allocated and mapped for good (counted in the
+            // domain's pinned memory).
             if dev.detach().is_err() {
-                std::mem::forget(ring);
+                ring.pin();
             }
             return Err(e);
         }
