@@ -84,6 +84,17 @@ pub enum Error {
         /// What: the pool, or a frag.
         what: &'static str,
     },
+    /// Memory the device may not read: mapped without
+    /// [`Dir::TO_DEVICE`](pfrag::dma::Dir::TO_DEVICE) (device-write-only,
+    /// as RX buffers are), so each read of it would fault at the device
+    /// and its packet be lost. Nothing was posted.
+    #[error("{what} is mapped with direction bits {dir:#x}, without TO_DEVICE: the device cannot read it")]
+    Unreadable {
+        /// What: the pool, the queue's frag cache, or a frag.
+        what: &'static str,
+        /// The bits of its mapping's direction ([`pfrag::dma::Dir`]).
+        dir: u8,
+    },
     /// The device's descriptor format cannot carry this offload; nothing
     /// was posted.
     #[error("the {format} descriptor format cannot carry {offload}")]

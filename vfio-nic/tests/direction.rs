@@ -160,3 +160,51 @@ fn vfio_access_follows_the_direction() {
         assert_eq!(MapAccess::ReadWrite.access(d), Access::ReadWrite);
     }
 }
+
+/// A TX queue's device reads its payloads: a pool mapped without
+/// `TO_DEVICE` (device-write-only, as RX buffers are) would have every
+/// payload read fault at the device, each packet completing with its frame
+/// lost. The queue refuses such a pool when it is built, with the
+/// direction's bits, and such frags when they are posted, leaving them the
+/// caller's.
+#[test]
+fn memory_the_device_cannot_read_is_refused() {
+    let (iommu, domain, _) = recording();
+    let write_only = |order| {
+        let mut pcfg = pool::Config::new(Order::new(order).unwrap(), Policy::Persistent);
+        pcfg.dir = Dir::FROM_DEVICE;
+        Pool::new(domain.clone(), pcfg).unwrap()
+    };
+    let nic = || SoftNic::new(iommu.clone(), softnic::Config::default());
+    let unreadable = |r: vfio_nic::Result<()>, what: &str| match r {
+        Err(vfio_nic::Error::Unreadable { what: w, dir }) => {
+            assert_eq!((w, dir), (what, Dir::FROM_DEVICE.bits()));
+        }
+        other => panic!("{what}: {other:?}"),
+    };
+    // SAFETY: the device is a model on the very IOMMU object `domain`
+    // maps through.
+    let r = unsafe { tx::Queue::new(domain.clone(), write_only(2), nic(), tx::Config::default()) };
+    unreadable(r.map(drop), "the pool");
+    // Frags of such a pool, posted to a queue over a readable one.
+    let readable = Pool::new(
+        domain.clone(),
+        pool::Config::new(Order::new(2).unwrap(), Policy::Persistent),
+    )
+    .unwrap();
+    // SAFETY: as above.
+    let mut q =
+        unsafe { tx::Queue::new(domain.clone(), readable, nic(), tx::Config::default()) }.unwrap();
+    let mut cache = pfrag::frag::FragCache::new(write_only(0));
+    let mut frags = vec![cache.refill(1000, true).unwrap()];
+    let hdr = [0u8; 14];
+    let r = q.post(&hdr, &mut frags, vfio_nic::offload::Offload::None, 1);
+    unreadable(r, "a frag");
+    assert_eq!((frags.len(), q.in_flight(), q.stats().packets), (1, 0, 0));
+    // And a frag cache swapped for one over such a pool.
+    std::mem::swap(q.cache_mut(), &mut cache);
+    let r = q.send(&hdr, &[7u8; 1000], vfio_nic::offload::Offload::None, 2);
+    unreadable(r, "the queue's frag cache");
+    assert_eq!((q.in_flight(), q.stats().packets), (0, 0));
+    drop(frags);
+}

@@ -412,6 +412,14 @@ impl<M: DmaMapper> Coherent<M> {
     pub fn is_empty(&self) -> bool {
         false
     }
+    /// Keeps the memory allocated and mapped for good, counted in its
+    /// domain's [`pinned`](Domain::pinned) host bytes, as a drop whose
+    /// unmap fails does: for memory a device that could not be stopped may
+    /// still reach.
+    pub fn pin(self) {
+        self.domain.pin_host(self.region.len() as u64);
+        std::mem::forget(self);
+    }
     /// The domain it is mapped in.
     pub fn domain(&self) -> &Arc<Domain<M>> {
         &self.domain

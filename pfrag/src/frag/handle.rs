@@ -6,7 +6,7 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use crate::addr::{align_down, align_up, Iova, VirtAddr, PAGE_SIZE};
-use crate::dma::{DmaMapper, Domain};
+use crate::dma::{Dir, DmaMapper, Domain};
 use crate::error::Result;
 use crate::mem;
 use crate::pool::{ChunkPtr, Shared};
@@ -66,6 +66,12 @@ impl<M: DmaMapper> Frag<M> {
     /// this frag only there.
     pub fn domain(&self) -> &Arc<Domain<M>> {
         &shared(&self.chunk).domain
+    }
+    /// The direction its pool maps memory for
+    /// ([`pool::Config::dir`](crate::pool::Config::dir)): whether a device
+    /// may read the frag, write it, or both.
+    pub fn dir(&self) -> Dir {
+        shared(&self.chunk).cfg.dir
     }
     /// The frag's bytes, to fill before handing the IOVA to a device.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
@@ -209,23 +215,25 @@ pub(super) fn put<M: DmaMapper>(c: ChunkPtr<M>, n: u32) {
 /// another cost one atomic operation together. Returns the first unmap
 /// error, after completing every frag.
 pub fn complete_burst<M: DmaMapper>(frags: impl IntoIterator<Item = Frag<M>>) -> Result<()> {
-    complete_runs(frags, put)
+    complete_runs(frags, put).1
 }
 
 /// Completes `frags`, dropping each run of frags of one chunk with one
-/// `put(chunk, n)`. Returns the first unmap error, after completing every
-/// frag. Fields are read in place and each frag forgotten: no frag is
-/// copied whole.
+/// `put(chunk, n)`. Returns how many frags' unmaps failed and the first
+/// such error, after completing every frag. Fields are read in place and
+/// each frag forgotten: no frag is copied whole.
 #[inline]
 pub(super) fn complete_runs<M: DmaMapper>(
     frags: impl IntoIterator<Item = Frag<M>>,
     mut put: impl FnMut(ChunkPtr<M>, u32),
-) -> Result<()> {
+) -> (usize, Result<()>) {
     let mut first_err = Ok(());
+    let mut failed = 0;
     let mut run: Option<(ChunkPtr<M>, u32)> = None;
     for f in frags {
         if f.own {
             if let Err(e) = f.unmap_own_slow() {
+                failed += 1;
                 first_err = first_err.and(Err(e));
             }
         }
@@ -243,7 +251,7 @@ pub(super) fn complete_runs<M: DmaMapper>(
     if let Some((c, n)) = run {
         put(c, n);
     }
-    first_err
+    (failed, first_err)
 }
 
 #[cfg(all(test, not(loom)))]

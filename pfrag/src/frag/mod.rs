@@ -380,7 +380,17 @@ impl<M: DmaMapper> FragCache<M> {
     ///
     /// [`complete`]: FragCache::complete
     pub fn complete_burst(&mut self, frags: impl IntoIterator<Item = Frag<M>>) -> Result<()> {
-        complete_runs(frags, |c, n| self.put_local(c, n))
+        complete_runs(frags, |c, n| self.put_local(c, n)).1
+    }
+
+    /// [`complete_burst`](Self::complete_burst), returning how many of the
+    /// frags' unmaps failed (0 if none did) instead of the first failure:
+    /// for a caller that counts each frag whose memory stays mapped (each
+    /// is also counted in the pool's
+    /// [`unmap_errors`](crate::pool::Stats::unmap_errors), and its chunk
+    /// pinned).
+    pub fn complete_burst_counting(&mut self, frags: impl IntoIterator<Item = Frag<M>>) -> usize {
+        complete_runs(frags, |c, n| self.put_local(c, n)).0
     }
 
     /// Drops `n` references on `c` from the owning thread: back into the

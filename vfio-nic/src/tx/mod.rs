@@ -126,7 +126,8 @@ pub struct Stats {
     pub mapped_headers: u64,
     /// Sends refused because the ring was full.
     pub ring_full: u64,
-    /// Frag completions whose unmap failed.
+    /// Frags whose unmap failed, one per frag: payload frags freed by a
+    /// reap or given back by a refused send, and header frags.
     pub unmap_errors: u64,
     /// Sends refused because the pool hit a memory limit.
     pub mem_backoffs: u64,
@@ -284,7 +285,10 @@ impl<M: DmaMapper, D: TxDevice> std::fmt::Debug for Queue<M, D> {
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// A queue whose payloads come from `pool`, with its ring, header
     /// memory and bounce ring mapped in `domain`, attached to `dev`.
-    /// `pool` must be on `domain` ([`Error::WrongDomain`] otherwise).
+    /// `pool` must be on `domain` ([`Error::WrongDomain`] otherwise), and
+    /// map its memory for the device to read
+    /// ([`Dir::TO_DEVICE`](pfrag::dma::Dir::TO_DEVICE);
+    /// [`Error::Unreadable`] otherwise).
     ///
     /// # Safety
     /// `dev` reaches memory through `domain`'s mappings: a device model
@@ -302,9 +306,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     ) -> Result<Self> {
         check_config(&cfg)?;
         check_format::<Fmt<D>>()?;
-        if !Arc::ptr_eq(pool.domain(), &domain) {
-            return Err(Error::WrongDomain { what: "the pool" });
-        }
+        check_memory(&domain, pool.domain(), pool.config().dir, "the pool")?;
         let fmt = dev.format();
         let ring = Coherent::new(
             domain.clone(),
@@ -335,9 +337,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         if let Err(e) = unsafe { dev.attach(ring.iova(), cfg.ring) } {
             // A device that took some of the ring before it failed must let
             // go of it before the ring is freed; one that cannot be stopped
-            // keeps the ring, leaked, never reused.
+            // keeps the ring, allocated and mapped for good (counted in the
+            // domain's pinned memory).
             if dev.detach().is_err() {
-                std::mem::forget(ring);
+                ring.pin();
             }
             return Err(e);
         }
@@ -483,6 +486,28 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         // too.
         unsafe { self.dev.kick(self.tail) }
     }
+}
+
+/// Refuses payload memory the queue's device cannot read: mapped in
+/// `domain`, another domain than the queue's (`ours`), where its IOVAs
+/// name other memory ([`Error::WrongDomain`]), or with a direction `dir`
+/// without [`Dir::TO_DEVICE`] ([`Error::Unreadable`]). `what` names it.
+fn check_memory<M: DmaMapper>(
+    ours: &Arc<Domain<M>>,
+    domain: &Arc<Domain<M>>,
+    dir: Dir,
+    what: &'static str,
+) -> Result<()> {
+    if !Arc::ptr_eq(domain, ours) {
+        return Err(Error::WrongDomain { what });
+    }
+    if !dir.contains(Dir::TO_DEVICE) {
+        return Err(Error::Unreadable {
+            what,
+            dir: dir.bits(),
+        });
+    }
+    Ok(())
 }
 
 /// The longest [`Format::PREFIX`] the engine carries.

@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use pfrag::dma::DmaMapper;
+use pfrag::frag::Frag;
 
 use super::{Backoff, Completion, Fmt, Queue, MAX_DESC_WORDS};
 use crate::device::TxDevice;
@@ -210,11 +211,20 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 status: if i + 1 == k { status } else { Status::Ok },
             });
         }
-        // Completed on the queue's own thread: frags of the chunk the
-        // cache is carving need no atomic operation.
-        if !burst.is_empty() && self.cache.complete_burst(burst.drain(..)).is_err() {
-            self.stats.unmap_errors += 1;
+        if !burst.is_empty() {
+            self.complete_frags(burst.drain(..));
         }
         self.spare.push(burst);
+    }
+
+    /// Completes payload frags the queue is done with (reaped, or given
+    /// back by a refused send) in one burst, on the queue's own thread
+    /// (frags of the chunk the cache is carving need no atomic operation),
+    /// counting each frag whose unmap failed in
+    /// [`Stats::unmap_errors`](super::Stats::unmap_errors) (the pool keeps
+    /// that memory out of use).
+    pub(super) fn complete_frags(&mut self, frags: impl IntoIterator<Item = Frag<M>>) {
+        let failed = self.cache.complete_burst_counting(frags);
+        self.stats.unmap_errors += failed as u64;
     }
 }

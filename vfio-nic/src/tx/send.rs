@@ -5,7 +5,6 @@
 //! nothing: on error nothing is posted, advanced, allocated or leaked.
 
 use std::io::IoSlice;
-use std::sync::Arc;
 
 use pfrag::dma::DmaMapper;
 use pfrag::frag::Frag;
@@ -77,13 +76,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let nctx = ctx.descs();
         self.check_capacity(nctx + self.descs_at_least(len))?;
         self.check_room(self.descs_at_most(len, nctx), nctx, Need::AtMost)?;
-        // The cache may have been swapped for one over another domain
-        // (`cache_mut`): its frags would name other memory here.
-        if !Arc::ptr_eq(self.cache.pool().domain(), &self.domain) {
-            return Err(Error::WrongDomain {
-                what: "the queue's frag cache",
-            });
-        }
+        // The cache may have been swapped for one over another domain or
+        // a pool the device cannot read (`cache_mut`).
+        let pool = self.cache.pool();
+        let what = "the queue's frag cache";
+        super::check_memory(&self.domain, pool.domain(), pool.config().dir, what)?;
         let mut frags = self.spare.pop().unwrap_or_default();
         if let Err(e) = self.frags(len, &mut frags) {
             self.spare.push(frags);
@@ -91,10 +88,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         }
         copy_into(&mut frags, parts);
         let r = self.post_frags(headers, ctx, pkt, &mut frags, token);
-        // A refused packet's frags go back; an unmap that fails is counted
-        // (the pool keeps the memory out of use).
-        if r.is_err() && self.cache.complete_burst(frags.drain(..)).is_err() {
-            self.stats.unmap_errors += 1;
+        // A refused packet's frags go back.
+        if r.is_err() {
+            self.complete_frags(frags.drain(..));
         }
         self.spare.push(frags);
         r
@@ -220,7 +216,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// (taken from [`frags`](Self::frags) or [`cache_mut`](Self::cache_mut)):
     /// no copy. On success the queue owns the frags until the packet
     /// completes and `frags` is left empty; on error nothing is posted and
-    /// the frags stay in `frags`, the caller's.
+    /// the frags stay in `frags`, the caller's. Frags of another domain
+    /// are [`Error::WrongDomain`], frags the device may not read (their
+    /// pool maps without [`Dir::TO_DEVICE`](pfrag::dma::Dir::TO_DEVICE))
+    /// [`Error::Unreadable`].
     pub fn post(
         &mut self,
         headers: &[u8],
@@ -230,8 +229,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     ) -> Result<()> {
         let len: usize = frags.iter().map(|f| f.len()).sum();
         let layout = self.check_packet(headers, len, offload)?;
-        if !frags.iter().all(|f| Arc::ptr_eq(f.domain(), &self.domain)) {
-            return Err(Error::WrongDomain { what: "a frag" });
+        for f in frags.iter() {
+            super::check_memory(&self.domain, f.domain(), f.dir(), "a frag")?;
         }
         let ctx = self.context(layout, offload);
         let pkt = Packet {
