@@ -76,7 +76,7 @@ pub use burst::TxPacket;
 use config::check_config;
 pub use config::{Backoff, Config, HeaderMode};
 pub use detach::IntoDeviceError;
-pub use room::{check_payload, max_payload};
+pub use room::{check_payload, max_payload, max_payload_with};
 
 /// Room for one descriptor's words: formats of up to 64 bytes.
 const MAX_DESC_WORDS: usize = 8;

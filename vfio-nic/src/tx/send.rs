@@ -30,6 +30,14 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         super::max_payload::<Fmt<D>>(self.cache.pool().config())
     }
 
+    /// The most payload one packet with these `headers` may carry under
+    /// `offload`: [`tx::max_payload_with`](super::max_payload_with) of the
+    /// queue's format and pool (at most [`max_payload`](Self::max_payload);
+    /// on virtio-net a TSO packet's IP length field bounds it further).
+    pub fn max_payload_with(&self, headers: &[u8], offload: Offload) -> Result<usize> {
+        super::max_payload_with::<Fmt<D>>(self.cache.pool().config(), headers, offload)
+    }
+
     /// Sends one packet: `headers` (Ethernet + IPv4 + TCP/UDP for an
     /// offload; any frame start for [`Offload::None`]) and `payload`, which
     /// is copied once into pool frags, as a kernel copies from user memory
@@ -290,7 +298,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         if !self.fmt.supports(offload, None) {
             return Err(unsupported());
         }
-        let layout = offload::check(headers, len, offload, Fmt::<D>::MAX_PAYLOAD)?;
+        let layout = offload::check::<Fmt<D>>(headers, len, offload)?;
         if layout.is_some() && !self.fmt.supports(offload, layout.as_ref()) {
             return Err(unsupported());
         }
