@@ -79,7 +79,11 @@ pub trait TxDevice {
     /// descriptors it writes: their buffers are frags it owns until it
     /// reaps them, and its own header ring.
     unsafe fn kick(&mut self, tail: u16) -> Result<()>;
-    /// Stops the device using the ring (before the ring is freed).
+    /// Stops the device using the ring (before the ring is freed): once it
+    /// returns `Ok`, the device reads no memory the ring or its packets
+    /// name. [`tx::Queue`](crate::tx::Queue) calls it when it hands the
+    /// device back and when it is dropped; after an `Err` it keeps the
+    /// ring and every packet in flight allocated and mapped for good.
     fn detach(&mut self) -> Result<()> {
         Ok(())
     }

@@ -96,6 +96,16 @@ impl<M: DmaMapper> Frag<M> {
         r
     }
 
+    /// Keeps the frag's memory allocated and mapped for good, counted
+    /// (its length) in its domain's [`pinned`](crate::dma::Domain::pinned)
+    /// host bytes: for a frag a device that could not be stopped may still
+    /// read. Its chunk is never recycled, so its pool's memory stays
+    /// allocated too; nothing of it is handed out again.
+    pub fn pin(self) {
+        self.domain().pin_host(self.len() as u64);
+        std::mem::forget(self);
+    }
+
     /// Removes a `PerFrag` frag's own mapping. A failure leaves it mapped
     /// and poisons the chunk, which is then pinned instead of reused.
     #[inline]

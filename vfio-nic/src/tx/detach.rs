@@ -4,10 +4,12 @@
 //! flush).
 
 use std::fmt;
+use std::mem::ManuallyDrop;
 
 use pfrag::dma::DmaMapper;
+use pfrag::frag::Frag;
 
-use super::Queue;
+use super::{Hdr, Queue};
 use crate::device::TxDevice;
 use crate::error::Error;
 
@@ -26,12 +28,57 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             let in_flight = self.pending.len();
             return Err(IntoDeviceError::new(self, Error::Busy { in_flight }));
         }
-        if let Err(e) = self.dev.detach() {
+        if let Err(e) = self.dev_mut().detach() {
             return Err(IntoDeviceError::new(self, e));
         }
-        let Queue { dev, ring, .. } = self;
-        drop(ring);
-        Ok(dev)
+        // Detached: the queue's drop frees the ring and stops nothing.
+        match self.dev.take() {
+            Some(dev) => Ok(dev),
+            None => unreachable!("the device is handed back only with the queue"),
+        }
+    }
+
+    /// Keeps for good what a device that could not be stopped may still
+    /// read: every in-flight packet's frags and header frag, and the
+    /// bounce ring, allocated and mapped, counted in their domain's
+    /// [`pinned`](pfrag::dma::Domain::pinned) host bytes.
+    fn keep_in_flight(&mut self) {
+        for p in self.pending.drain(..) {
+            if let Hdr::Frag(f) = p.hdr {
+                f.pin();
+            }
+            p.frags.into_iter().flatten().for_each(Frag::pin);
+        }
+        if let Some(b) = self.bounce.take() {
+            b.pin();
+        }
+    }
+}
+
+/// Stops the device before any memory it may read is freed: the device's
+/// [`detach`](TxDevice::detach), then the ring, the in-flight packets'
+/// frags (unmapped and recycled) and the rest. A device whose detach fails
+/// may still read the ring and every packet in flight: they are kept for
+/// good instead ([`Coherent::pin`](pfrag::dma::Coherent::pin), [`Frag::pin`]), counted in the
+/// domain's [`pinned`](pfrag::dma::Domain::pinned) host bytes, never
+/// handed out again.
+impl<M: DmaMapper, D: TxDevice> Drop for Queue<M, D> {
+    fn drop(&mut self) {
+        let stopped = match self.dev.as_mut() {
+            // `into_device` detached it and handed it back.
+            None => true,
+            Some(dev) => dev.detach().is_ok(),
+        };
+        if stopped {
+            // SAFETY: the ring is dropped here, once, as the queue is
+            // dropped, and never used after.
+            unsafe { ManuallyDrop::drop(&mut self.ring) };
+            return;
+        }
+        self.keep_in_flight();
+        // SAFETY: the ring is taken here, once, as the queue is dropped,
+        // and never used after.
+        unsafe { ManuallyDrop::take(&mut self.ring) }.pin();
     }
 }
 
