@@ -81,9 +81,12 @@ pub trait TxDevice {
     unsafe fn kick(&mut self, tail: u16) -> Result<()>;
     /// Stops the device using the ring (before the ring is freed): once it
     /// returns `Ok`, the device reads no memory the ring or its packets
-    /// name. [`tx::Queue`](crate::tx::Queue) calls it when it hands the
-    /// device back and when it is dropped; after an `Err` it keeps the
-    /// ring and every packet in flight allocated and mapped for good.
+    /// name, or will not once it is dropped (the default, for a device
+    /// that stops in its own `Drop`). [`tx::Queue`](crate::tx::Queue)
+    /// calls it when it hands the device back and when it is dropped
+    /// (dropping the device next, before the ring); after an `Err` or a
+    /// panic it keeps the ring and every packet in flight allocated and
+    /// mapped for good.
     fn detach(&mut self) -> Result<()> {
         Ok(())
     }

@@ -145,8 +145,8 @@ pub fn max_payload<F: Format>(headers: usize, layout: Option<&Layout>, offload: 
 /// Checks `headers` (Ethernet + IPv4 or IPv6 + TCP or UDP, nothing else)
 /// for `offload` of a packet with `payload` bytes after them on format
 /// `F`, and returns where the layers are (`None` for [`Offload::None`],
-/// which needs nothing). A payload past [`max_payload`] is
-/// [`Error::PayloadTooLarge`], with that limit.
+/// which needs nothing). A payload past [`max_payload`] for these headers
+/// is [`Error::PayloadTooLarge`], naming that limit.
 #[inline]
 pub fn check<F: Format>(
     headers: &[u8],
@@ -156,26 +156,34 @@ pub fn check<F: Format>(
     if headers.is_empty() {
         return Err(bad(offload, HeaderFault::Empty));
     }
-    too_large(payload, max_payload::<F>(headers.len(), None, offload))?;
+    // A TSO packet bounded by its IP length is checked once its headers
+    // are parsed, so that the error names the limit for these headers
+    // (never above the format's).
+    let by_ip = F::TSO_IP_LENGTH && matches!(offload, Offload::Tso { .. });
+    if !by_ip {
+        too_large(payload, max_payload::<F>(headers.len(), None, offload))?;
+    }
     if offload == Offload::None {
         return Ok(None);
     }
     let (layout, stated) = parse_layout(headers, offload)?;
-    let ip_packet = headers.len() + payload - Ethernet2Header::LEN;
-    if offload == Offload::Checksum && stated != ip_packet {
-        return Err(bad(
-            offload,
-            HeaderFault::IpLength {
-                header: stated,
-                packet: ip_packet,
-            },
-        ));
-    }
-    if F::TSO_IP_LENGTH {
+    if by_ip {
         too_large(
             payload,
             max_payload::<F>(headers.len(), Some(&layout), offload),
         )?;
+    }
+    if offload == Offload::Checksum {
+        let ip_packet = headers.len() + payload - Ethernet2Header::LEN;
+        if stated != ip_packet {
+            return Err(bad(
+                offload,
+                HeaderFault::IpLength {
+                    header: stated,
+                    packet: ip_packet,
+                },
+            ));
+        }
     }
     Ok(Some(layout))
 }
@@ -407,15 +415,36 @@ mod tests {
             }
             assert!(check::<Advanced>(h, 65_535, tso).is_ok());
         }
-        // Past the format's own limit, refused before the headers are
-        // parsed, with that limit.
+        // Past the format's own limit too: the error still names the
+        // limit for these headers, the one a retry must meet.
         assert!(matches!(
-            check::<Split>(&v4, 65_536, tso),
-            Err(Error::PayloadTooLarge { max: 65_535, .. })
+            check::<Split>(&v4, usize::MAX, tso),
+            Err(Error::PayloadTooLarge { max: 65_495, .. })
         ));
         assert_eq!(
             layout(&v4, tso).unwrap(),
             check::<Split>(&v4, 1, tso).unwrap().unwrap()
         );
+        // IPv4 options (8 bytes) and TCP options (12) count in the total
+        // length too.
+        let mut v = Vec::new();
+        let mut ip = Ipv4Header::new(0, 64, IpNumber::TCP, [10, 0, 0, 1], [10, 0, 0, 2]).unwrap();
+        ip.options = [1u8; 8][..].try_into().unwrap();
+        let mut tcp = TcpHeader::new(1000, 2000, 7, 65535);
+        tcp.set_options_raw(&[1u8; 12]).unwrap();
+        let eth = Ethernet2Header {
+            source: [2, 0, 0, 0, 0, 1],
+            destination: [2, 0, 0, 0, 0, 2],
+            ether_type: EtherType::IPV4,
+        };
+        eth.write(&mut v).unwrap();
+        ip.write(&mut v).unwrap();
+        tcp.write(&mut v).unwrap();
+        let l = check::<Split>(&v, 65_475, tso).unwrap().unwrap();
+        assert_eq!((l.iplen, l.l4len, l.ip_counted()), (28, 32, 60));
+        assert!(matches!(
+            check::<Split>(&v, 65_476, tso),
+            Err(Error::PayloadTooLarge { max: 65_475, .. })
+        ));
     }
 }

@@ -253,9 +253,9 @@ fn virtio_buffers_with_a_boundary() {
 /// The queue's payload limit for TCP/IPv4 headers under TSO is
 /// `tx::max_payload_with` of its format, pool and those headers: a payload
 /// at it is sent, one byte more is refused by `send` with
-/// `PayloadTooLarge` naming it, before any chunk is taken. It is at most
-/// the limit for any headers, `tx::max_payload`, past which
-/// `check_payload` refuses with the queue's own error. Returns both
+/// `PayloadTooLarge` naming it (past the limit for any headers too),
+/// before any chunk is taken. It is at most the limit for any headers,
+/// `tx::max_payload`, past which `check_payload` refuses. Returns both
 /// limits (any headers, these headers).
 fn payload_agrees<D: TxDevice>(order: Order, make: &dyn Fn(Iommu) -> D) -> (usize, usize) {
     let pool = pool::Config::new(order, Policy::Persistent);
@@ -272,14 +272,14 @@ fn payload_agrees<D: TxDevice>(order: Order, make: &dyn Fn(Iommu) -> D) -> (usiz
     q.send(&hdr, &vec![7u8; max], TSO, 1)
         .unwrap_or_else(|e| panic!("{max} bytes, at the limit, refused: {e}"));
 
-    // Past the limit for any headers, that limit is named: it is checked
-    // before the headers are parsed.
-    for (len, named) in [(max + 1, max), (any + 1, any)] {
+    // Past the limit for any headers too, the limit for these headers is
+    // named: the one a retry must meet.
+    for len in [max + 1, any + 1] {
         let mut q = fresh(cfg, order, make);
         let chunks = q.cache().pool().stats().chunks;
         match q.send(&hdr, &vec![7u8; len], TSO, 2) {
-            Err(Error::PayloadTooLarge { len: l, max: m }) if l == len && m == named => {}
-            other => panic!("{len} bytes, past the limit {named}: {other:?}"),
+            Err(Error::PayloadTooLarge { len: l, max: m }) if l == len && m == max => {}
+            other => panic!("{len} bytes, past the limit {max}: {other:?}"),
         }
         assert_eq!(q.cache().pool().stats().chunks, chunks, "the pool grew");
     }
@@ -317,6 +317,41 @@ fn payload_limits_per_format() {
         tx::max_payload_with::<Split>(&small, &hdr[..40], TSO),
         Err(Error::BadHeaders { .. })
     ));
+}
+
+/// The generator's limit is carried whatever its MSS: a payload up to the
+/// MSS goes as one frame, where the whole frame counts, so with an MSS of
+/// 65,535 on virtio-net the limit is one frame's (65,481 bytes after 54
+/// of headers), not TSO's 65,495, which was then refused. The limit is
+/// sent, one byte more refused by the generator with that limit.
+#[test]
+fn the_generators_limit_is_sent_at_any_mss() {
+    let cfg = config(256, None);
+    let nic = |m| {
+        let c = softnic::Config {
+            verify: false,
+            ..softnic::Config::default()
+        };
+        VirtioNet::new(m, c).unwrap()
+    };
+    for (mss, want) in [
+        (1448, 65_495),
+        (65_480, 65_495),
+        (65_481, 65_481),
+        (u16::MAX, 65_481),
+    ] {
+        let mut q = fresh(cfg, order(4), &nic);
+        let mut g = vfio_nic::gen::Traffic::new(1, mss).unwrap();
+        let max = g.max_payload(&q);
+        assert_eq!(max, want, "mss {mss}");
+        let r = g.send(&mut q, 0, max + 1);
+        assert!(
+            matches!(r, Err(Error::PayloadTooLarge { len, max: m }) if len == max + 1 && m == max),
+            "mss {mss}: {r:?}"
+        );
+        g.send(&mut q, 0, max)
+            .unwrap_or_else(|e| panic!("mss {mss}: {max} bytes refused: {e}"));
+    }
 }
 
 /// Settings a queue refuses (`Queue::new`'s `BadConfig`) are refused by

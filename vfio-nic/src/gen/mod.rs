@@ -23,7 +23,8 @@ use crate::tx;
 /// The most payload one generated packet (cut into `mss`-byte segments)
 /// may carry on a queue that writes format `F` over a pool with settings
 /// `pool`: [`tx::max_payload_with`] of the flows' headers under TSO (a
-/// payload past the MSS is sent with TSO). On virtio-net that is 65,495
+/// payload past the MSS is sent with TSO), and, for an MSS past what one
+/// frame carries, that frame's limit; every payload up to it is carried. On virtio-net that is 65,495
 /// bytes, what an IPv4 packet's length leaves after the IPv4 and TCP
 /// headers; on the 82576 the format's and the pool's limit.
 ///
@@ -36,11 +37,22 @@ use crate::tx;
 /// let pool = Config::new(Order::new(4)?, Policy::Persistent);
 /// assert_eq!(gen::max_payload::<Split>(&pool, 1448), 65_495);
 /// assert_eq!(gen::max_payload::<Advanced>(&pool, 1448), 262_143);
+/// // One frame of 54 + 65,481 bytes is virtio-net's largest.
+/// assert_eq!(gen::max_payload::<Split>(&pool, u16::MAX), 65_481);
 /// # Ok::<(), pfrag::Error>(())
 /// ```
 pub fn max_payload<F: Format>(pool: &pool::Config, mss: u16) -> usize {
-    let tso = Offload::Tso { mss };
-    let format = offload::max_payload::<F>(HDR_LEN, Some(&flow::LAYOUT), tso);
+    let l = Some(&flow::LAYOUT);
+    let tso = offload::max_payload::<F>(HDR_LEN, l, Offload::Tso { mss });
+    let one = offload::max_payload::<F>(HDR_LEN, l, Offload::Checksum);
+    // A payload up to the MSS goes as one frame, where the whole frame
+    // counts: with an MSS past that limit, the payloads between it and
+    // the MSS are refused, so the limit is the lesser one.
+    let format = if usize::from(mss) >= one {
+        tso.min(one)
+    } else {
+        tso
+    };
     tx::max_payload::<F>(pool).min(format)
 }
 

@@ -234,6 +234,10 @@ pub struct Queue<M: DmaMapper, D: TxDevice> {
     /// still read is freed ([`detach`](TxDevice::detach)); `None` only
     /// once [`into_device`](Self::into_device) handed it back.
     dev: Option<D>,
+    /// Set while [`into_device`](Self::into_device) calls the device's
+    /// detach: if the queue drops meanwhile (the detach panicked), the
+    /// device may still run.
+    detaching: bool,
     cfg: Config,
     /// Dropped, or kept for good if the device cannot be stopped, by the
     /// queue's `Drop` alone.
@@ -350,6 +354,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         }
         Ok(Queue {
             dev: Some(dev),
+            detaching: false,
             cfg,
             ring: ManuallyDrop::new(ring),
             tail: 0,

@@ -282,13 +282,28 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             })
     }
 
+    /// [`Error::PayloadTooLarge`] for a `len`-byte payload past what one
+    /// packet carries, naming the limit a retry must meet: the limit for
+    /// these headers ([`max_payload_with`](Self::max_payload_with)), or
+    /// for any headers if these do not parse (the send then fails on them
+    /// anyway).
+    #[cold]
+    fn too_large(&self, headers: &[u8], len: usize, offload: Offload) -> Error {
+        let max = self
+            .max_payload_with(headers, offload)
+            .unwrap_or_else(|_| self.max_payload());
+        Error::PayloadTooLarge { len, max }
+    }
+
     /// Checks headers, payload size and offload; the layout for the
     /// context descriptor.
     fn check_packet(&self, headers: &[u8], len: usize, offload: Offload) -> Result<Option<Layout>> {
         if len == 0 {
             return Err(pfrag::Error::ZeroLength.into());
         }
-        super::check_payload::<Fmt<D>>(self.cache.pool().config(), len)?;
+        if super::check_payload::<Fmt<D>>(self.cache.pool().config(), len).is_err() {
+            return Err(self.too_large(headers, len, offload));
+        }
         let unsupported = || Error::UnsupportedOffload {
             offload: offload.name(),
             format: Fmt::<D>::NAME,
