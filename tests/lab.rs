@@ -279,6 +279,16 @@ fn check_refuses_what_would_fail_only_once_running() {
     let mut c = ok.clone();
     c.flows = max;
     check(&c).unwrap();
+    // A segment is one IPv4 packet: the MSS and 40 bytes of headers fit
+    // 65,535 (a larger MSS made the run's MTU wrap to a small one).
+    for mss in [0, 65_496, u16::MAX] {
+        let mut c = ok.clone();
+        c.mss = mss;
+        refused(&c, &[&format!("mss {mss}"), "1..=65495"]);
+    }
+    let mut c = ok.clone();
+    c.mss = 65_495;
+    check(&c).unwrap();
     assert!(check_flows(1).is_ok() && check_flows(max).is_ok());
     assert!(check_flows(0).is_err() && check_flows(max + 1).is_err());
 }

@@ -8,6 +8,11 @@ use vfio_nic::format::{igb, virtio, Format};
 
 use super::*;
 
+/// The largest MSS a run takes: a segment is one IPv4 packet of at most
+/// 65,535 bytes, 40 of them the IPv4 and TCP headers (and the link's MTU,
+/// which the run sets to hold a segment, is 16 bits).
+pub const MAX_MSS: usize = u16::MAX as usize - 40;
+
 /// Settings every backend needs in range, and that the run's largest packet
 /// is one its queues send on the software device models, in the format the
 /// model reads (the 82576's for `soft` and `null`, virtio-net's for
@@ -23,8 +28,12 @@ use super::*;
 /// more ([`check_vfio`](super::check_vfio)).
 pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
     let chunk = Order::new(cfg.order)?.size();
-    if cfg.mss == 0 {
-        return Err(RunError::Setting("mss must be > 0".into()));
+    if cfg.mss == 0 || usize::from(cfg.mss) > MAX_MSS {
+        return Err(RunError::Setting(format!(
+            "mss {} out of range (1..={MAX_MSS}: a segment's IPv4 packet, its \
+             40 bytes of IPv4 and TCP headers and the MSS, fits 65535 bytes)",
+            cfg.mss
+        )));
     }
     check_flows(cfg.flows)?;
     // The pool's own checks (queues, hysteresis sizes against the chunk):

@@ -138,7 +138,10 @@ fn kept(domain: &Domain<Iommu>, pool: Pool<Iommu>, at: usize) {
     // mapping is not removed in part, so its arena's other chunks stay
     // pinned with it.
     let host = domain.pinned().host_bytes;
-    assert!(host >= rings() + 4096 && host.is_multiple_of(4096), "{host}");
+    assert!(
+        host >= rings() + 4096 && host.is_multiple_of(4096),
+        "{host}"
+    );
 }
 
 /// A device that cannot be stopped may still read the ring, the bounce
