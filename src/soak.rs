@@ -368,7 +368,7 @@ fn drive(
         sent: vec![0; p.flows],
         ..QueueTally::default()
     };
-    let max = txq.max_payload();
+    let max = gen.max_payload(&txq);
     let mut since = 0;
     for i in 0..p.packets {
         if i > 0 && i % SENDS_PER_TURN == 0 {

@@ -279,6 +279,16 @@ fn check_refuses_what_would_fail_only_once_running() {
     let mut c = ok.clone();
     c.flows = max;
     check(&c).unwrap();
+    // A segment is one IPv4 packet: the MSS and 40 bytes of headers fit
+    // 65,535 (a larger MSS made the run's MTU wrap to a small one).
+    for mss in [0, 65_496, u16::MAX] {
+        let mut c = ok.clone();
+        c.mss = mss;
+        refused(&c, &[&format!("mss {mss}"), "1..=65495"]);
+    }
+    let mut c = ok.clone();
+    c.mss = 65_495;
+    check(&c).unwrap();
     assert!(check_flows(1).is_ok() && check_flows(max).is_ok());
     assert!(check_flows(0).is_err() && check_flows(max + 1).is_err());
 }
@@ -330,7 +340,7 @@ fn check_refuses_a_packet_that_never_fits_its_ring() {
     }
     // virtio-net keeps no context descriptor: 4 KiB chunks, 16 data
     // descriptors and the header.
-    (c.model, c.order, c.payload) = (DeviceModel::Virtio, 0, 65_535);
+    (c.model, c.order, c.payload) = (DeviceModel::Virtio, 0, 65_495);
     let s = check(&c).unwrap_err().to_string();
     assert!(s.contains("at least 17 descriptors on the virtio"), "{s}");
     // The small-sends workload is checked at its largest send.
@@ -403,7 +413,8 @@ fn check_vfio_checks_the_ring_with_the_nics_own_cut() {
 /// A payload past what one packet carries in the format the model reads,
 /// and a packet that takes more buffers than one may have, are refused by
 /// `run::check` before anything runs, with the numbers: virtio-net carries
-/// at most 65,535 bytes a packet (the 82576 262,143), and the 82576's
+/// at most 65,495 bytes behind the generator's IPv4 and TCP headers (the
+/// 82576 262,143), and the 82576's
 /// largest payload over 4 KiB chunks takes the header and 64 data buffers,
 /// one more than the 64 a packet may have, though a ring of 256 would hold
 /// it. The sweep's defaults pass on either format, and a packet at the
@@ -420,31 +431,36 @@ fn check_refuses_a_payload_past_the_format() {
         }
     }
 
+    // A virtio-net GSO packet is one IPv4 packet: its 16-bit total length
+    // counts the IPv4 and TCP headers (20 bytes each), which leaves 65,495.
     let mut c = ok.clone();
-    (c.model, c.payload) = (DeviceModel::Virtio, 65_535);
+    (c.model, c.payload) = (DeviceModel::Virtio, 65_495);
     check(&c).unwrap();
-    c.payload = 65_536;
-    let e = check(&c).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            RunError::PayloadTooLarge {
-                payload: 65_536,
-                max: 65_535,
-                ..
-            }
-        ),
-        "{e:?}"
-    );
-    let s = e.to_string();
-    for w in ["65536-byte", "virtio", "at most 65535 B"] {
-        assert!(s.contains(w), "{w:?} not in {s:?}");
+    for payload in [65_496, 65_535, 65_536] {
+        c.payload = payload;
+        let e = check(&c).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                RunError::PayloadTooLarge {
+                    payload: p,
+                    max: 65_495,
+                    ..
+                } if p == payload
+            ),
+            "{e:?}"
+        );
+        let s = e.to_string();
+        for w in [&format!("{payload}-byte"), "virtio", "at most 65495 B"] {
+            assert!(s.contains(w), "{w:?} not in {s:?}");
+        }
+        // The run refuses it the same way, before it starts.
+        assert!(matches!(
+            run(&c, &mut |_| {}),
+            Err(RunError::PayloadTooLarge { max: 65_495, .. })
+        ));
     }
-    // The run refuses it the same way, before it starts.
-    assert!(matches!(
-        run(&c, &mut |_| {}),
-        Err(RunError::PayloadTooLarge { max: 65_535, .. })
-    ));
+    c.payload = 65_536;
     // The 82576 carries it, up to its 18-bit PAYLEN.
     c.model = DeviceModel::Soft;
     check(&c).unwrap();

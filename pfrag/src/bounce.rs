@@ -41,6 +41,14 @@ impl<M: DmaMapper> std::fmt::Debug for Ring<M> {
 }
 
 impl<M: DmaMapper> Ring<M> {
+    /// Keeps the ring's memory allocated and mapped for good, counted in
+    /// its domain's [`pinned`](crate::dma::Domain::pinned) host bytes
+    /// ([`Coherent::pin`]): for slots a device that could not be stopped
+    /// may still read.
+    pub fn pin(self) {
+        self.mem.pin();
+    }
+
     /// `slots` slots of `size` bytes, mapped with one call.
     pub fn new(domain: Arc<Domain<M>>, slots: usize, size: SlotSize) -> Result<Ring<M>> {
         if slots == 0 {

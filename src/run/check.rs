@@ -8,11 +8,16 @@ use vfio_nic::format::{igb, virtio, Format};
 
 use super::*;
 
+/// The largest MSS a run takes: a segment is one IPv4 packet of at most
+/// 65,535 bytes, 40 of them the IPv4 and TCP headers (and the link's MTU,
+/// which the run sets to hold a segment, is 16 bits).
+pub const MAX_MSS: usize = u16::MAX as usize - 40;
+
 /// Settings every backend needs in range, and that the run's largest packet
 /// is one its queues send on the software device models, in the format the
 /// model reads (the 82576's for `soft` and `null`, virtio-net's for
-/// `virtio`): a payload within the format's limit
-/// ([`tx::check_payload`](vfio_nic::tx::check_payload), else
+/// `virtio`): a payload within what one generated packet carries
+/// ([`gen::max_payload`](vfio_nic::gen::max_payload), else
 /// [`RunError::PayloadTooLarge`]), no more descriptors, at least, than the
 /// ring holds ([`tx::Config::check_fits`](vfio_nic::tx::Config::check_fits),
 /// else [`RunError::PacketTooLarge`]) and no more buffers, as the queue
@@ -23,8 +28,12 @@ use super::*;
 /// more ([`check_vfio`](super::check_vfio)).
 pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
     let chunk = Order::new(cfg.order)?.size();
-    if cfg.mss == 0 {
-        return Err(RunError::Setting("mss must be > 0".into()));
+    if cfg.mss == 0 || usize::from(cfg.mss) > MAX_MSS {
+        return Err(RunError::Setting(format!(
+            "mss {} out of range (1..={MAX_MSS}: a segment's IPv4 packet, its \
+             40 bytes of IPv4 and TCP headers and the MSS, fits 65535 bytes)",
+            cfg.mss
+        )));
     }
     check_flows(cfg.flows)?;
     // The pool's own checks (queues, hysteresis sizes against the chunk):
@@ -103,8 +112,10 @@ pub fn check_flows(flows: usize) -> Result<(), RunError> {
 /// `boundary`) refuse every time, by the checks they make before
 /// allocating, made here without a queue:
 ///
-/// - a payload past what one packet carries on `F` or the run's pool
-///   allows ([`tx::check_payload`](vfio_nic::tx::check_payload)):
+/// - a payload past what one of the generator's packets carries on `F`
+///   over the run's pool
+///   ([`gen::max_payload`](vfio_nic::gen::max_payload): on virtio-net
+///   what the IPv4 length leaves after the headers):
 ///   [`RunError::PayloadTooLarge`];
 /// - more descriptors, at least, than the ring holds
 ///   ([`tx::Config::check_fits`](vfio_nic::tx::Config::check_fits): a
@@ -130,7 +141,13 @@ pub(super) fn check_packet<F: Format>(
     // the MSS): either takes a context descriptor where `F` keeps one.
     let offload = vfio_nic::offload::Offload::Checksum;
     let tx = cfg.tx_config(0, boundary);
-    tx::check_payload::<F>(&cfg.pool_config()?, len)
+    let max = vfio_nic::gen::max_payload::<F>(&cfg.pool_config()?, cfg.mss);
+    let payload = if len > max {
+        Err(vfio_nic::Error::PayloadTooLarge { len, max })
+    } else {
+        Ok(())
+    };
+    payload
         .and_then(|()| tx.check_fits::<F>(order, len, offload))
         .and_then(|_| tx.check_bufs::<F>(order, len))
         .map(|_| ())

@@ -418,7 +418,7 @@ mod soft;
 mod timed;
 mod vfio;
 
-pub use check::{check, check_flows};
+pub use check::{check, check_flows, MAX_MSS};
 use check::{check_packet, refused};
 pub use error::RunError;
 pub use limit::{driver_limit, limit};

@@ -79,7 +79,14 @@ pub trait TxDevice {
     /// descriptors it writes: their buffers are frags it owns until it
     /// reaps them, and its own header ring.
     unsafe fn kick(&mut self, tail: u16) -> Result<()>;
-    /// Stops the device using the ring (before the ring is freed).
+    /// Stops the device using the ring (before the ring is freed): once it
+    /// returns `Ok`, the device reads no memory the ring or its packets
+    /// name, or will not once it is dropped (the default, for a device
+    /// that stops in its own `Drop`). [`tx::Queue`](crate::tx::Queue)
+    /// calls it when it hands the device back and when it is dropped
+    /// (dropping the device next, before the ring); after an `Err` or a
+    /// panic it keeps the ring and every packet in flight allocated and
+    /// mapped for good.
     fn detach(&mut self) -> Result<()> {
         Ok(())
     }

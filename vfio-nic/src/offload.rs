@@ -13,6 +13,7 @@ use etherparse::{
 
 pub use crate::error::HeaderFault;
 use crate::error::{Error, Result};
+use crate::format::Format;
 
 /// What the device does to a packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +86,16 @@ impl Layout {
     pub fn is_empty(&self) -> bool {
         false
     }
+    /// The header bytes the IP length field counts besides the payload:
+    /// IPv4's total length counts its own header and the L4 header,
+    /// IPv6's payload length the L4 header alone.
+    pub fn ip_counted(&self) -> usize {
+        let l4 = usize::from(self.l4len);
+        match self.ip {
+            Ip::V4 => usize::from(self.iplen) + l4,
+            Ip::V6 => l4,
+        }
+    }
 }
 
 fn bad(offload: Offload, why: HeaderFault) -> Error {
@@ -94,43 +105,114 @@ fn bad(offload: Offload, why: HeaderFault) -> Error {
     }
 }
 
-/// Checks `headers` (Ethernet + IPv4 + TCP or UDP, nothing else) for
-/// `offload` of a packet with `payload` bytes after them, and returns where
-/// the layers are (`None` for [`Offload::None`], which needs nothing).
-/// `max_payload` is the format's limit
-/// ([`Format::MAX_PAYLOAD`](crate::format::Format::MAX_PAYLOAD)): the
-/// payload of a TSO packet, the whole frame of any other.
+/// The largest value of a 16-bit IP length field (IPv4's total length,
+/// IPv6's payload length).
+pub const MAX_IP_LENGTH: usize = u16::MAX as usize;
+
+/// The most payload a packet with `headers` bytes of headers (laid out as
+/// `layout`, if parsed) may carry under `offload` on format `F`: the
+/// format's [`MAX_PAYLOAD`](Format::MAX_PAYLOAD), counting the payload
+/// alone for TSO and the whole frame otherwise; and for TSO on a format
+/// whose GSO packet is an IP packet
+/// ([`TSO_IP_LENGTH`](Format::TSO_IP_LENGTH)), what the IP length field
+/// leaves after the headers it counts. Without a layout that last bound
+/// is not applied (the headers are not known yet).
+///
+/// ```
+/// use vfio_nic::format::{igb::Advanced, virtio::Split};
+/// use vfio_nic::offload::{self, Ip, Layout, Offload, L4};
+///
+/// let l = Layout { maclen: 14, ip: Ip::V4, iplen: 20, l4len: 20, l4: L4::Tcp };
+/// let tso = Offload::Tso { mss: 1448 };
+/// assert_eq!(offload::max_payload::<Advanced>(54, Some(&l), tso), 262_143);
+/// assert_eq!(offload::max_payload::<Split>(54, Some(&l), tso), 65_495);
+/// let v6 = Layout { ip: Ip::V6, iplen: 40, ..l };
+/// assert_eq!(offload::max_payload::<Split>(74, Some(&v6), tso), 65_515);
+/// // Without TSO the whole frame counts.
+/// assert_eq!(offload::max_payload::<Split>(54, Some(&l), Offload::Checksum), 65_481);
+/// ```
 #[inline]
-pub fn check(
+pub fn max_payload<F: Format>(headers: usize, layout: Option<&Layout>, offload: Offload) -> usize {
+    match (offload, layout) {
+        (Offload::Tso { .. }, Some(l)) if F::TSO_IP_LENGTH => {
+            F::MAX_PAYLOAD.min(MAX_IP_LENGTH.saturating_sub(l.ip_counted()))
+        }
+        (Offload::Tso { .. }, _) => F::MAX_PAYLOAD,
+        _ => F::MAX_PAYLOAD.saturating_sub(headers),
+    }
+}
+
+/// Checks `headers` (Ethernet + IPv4 or IPv6 + TCP or UDP, nothing else)
+/// for `offload` of a packet with `payload` bytes after them on format
+/// `F`, and returns where the layers are (`None` for [`Offload::None`],
+/// which needs nothing). A payload past [`max_payload`] for these headers
+/// is [`Error::PayloadTooLarge`], naming that limit.
+#[inline]
+pub fn check<F: Format>(
     headers: &[u8],
     payload: usize,
     offload: Offload,
-    max_payload: usize,
 ) -> Result<Option<Layout>> {
     if headers.is_empty() {
         return Err(bad(offload, HeaderFault::Empty));
     }
-    let total = headers.len() + payload;
-    let max = match offload {
-        Offload::Tso { .. } => max_payload.saturating_add(headers.len()),
-        _ => max_payload,
-    };
-    if total > max {
-        return Err(Error::PayloadTooLarge {
-            len: payload,
-            max: max.saturating_sub(headers.len()),
-        });
+    // A TSO packet bounded by its IP length is checked once its headers
+    // are parsed, so that the error names the limit for these headers
+    // (never above the format's).
+    let by_ip = F::TSO_IP_LENGTH && matches!(offload, Offload::Tso { .. });
+    if !by_ip {
+        too_large(payload, max_payload::<F>(headers.len(), None, offload))?;
     }
     if offload == Offload::None {
         return Ok(None);
     }
-    parse_layout(headers, payload, offload)
+    let (layout, stated) = parse_layout(headers, offload)?;
+    if by_ip {
+        too_large(
+            payload,
+            max_payload::<F>(headers.len(), Some(&layout), offload),
+        )?;
+    }
+    if offload == Offload::Checksum {
+        let ip_packet = headers.len() + payload - Ethernet2Header::LEN;
+        if stated != ip_packet {
+            return Err(bad(
+                offload,
+                HeaderFault::IpLength {
+                    header: stated,
+                    packet: ip_packet,
+                },
+            ));
+        }
+    }
+    Ok(Some(layout))
 }
 
-/// [`check`] of an offload's headers, after the size checks: the parse
-/// (out of line, so that a packet without an offload skips it cheaply).
+/// [`Error::PayloadTooLarge`] if `payload` is past `max`.
+#[inline]
+fn too_large(payload: usize, max: usize) -> Result<()> {
+    if payload > max {
+        return Err(Error::PayloadTooLarge { len: payload, max });
+    }
+    Ok(())
+}
+
+/// Parses `headers` for `offload` (not [`Offload::None`]) without
+/// looking at a payload: where the layers are, or the typed error
+/// [`check`] gives for them. What a caller asks before it knows a
+/// payload's length (a limit for these headers, say).
+pub fn layout(headers: &[u8], offload: Offload) -> Result<Layout> {
+    if headers.is_empty() {
+        return Err(bad(offload, HeaderFault::Empty));
+    }
+    parse_layout(headers, offload).map(|(l, _)| l)
+}
+
+/// The layout of an offload's headers and the IP packet length they
+/// state (out of line, so that a packet without an offload skips it
+/// cheaply).
 #[inline(never)]
-fn parse_layout(headers: &[u8], payload: usize, offload: Offload) -> Result<Option<Layout>> {
+fn parse_layout(headers: &[u8], offload: Offload) -> Result<(Layout, usize)> {
     if offload == (Offload::Tso { mss: 0 }) {
         return Err(bad(offload, HeaderFault::ZeroMss));
     }
@@ -179,23 +261,14 @@ fn parse_layout(headers: &[u8], payload: usize, offload: Offload) -> Result<Opti
         l4len: l4len as u8,
         l4,
     };
-    let ip_packet = headers.len() + payload - Ethernet2Header::LEN;
-    if offload == Offload::Checksum && stated != ip_packet {
-        return Err(bad(
-            offload,
-            HeaderFault::IpLength {
-                header: stated,
-                packet: ip_packet,
-            },
-        ));
-    }
-    Ok(Some(layout))
+    Ok((layout, stated))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::desc::MAX_PAYLEN;
+    use crate::format::igb::Advanced;
     use etherparse::PacketBuilder;
 
     fn tcp_headers(payload: usize) -> Vec<u8> {
@@ -212,13 +285,13 @@ mod tests {
     #[test]
     fn tcp_headers_give_their_layout() {
         let h = tcp_headers(100);
-        let l = check(&h, 100, Offload::Checksum, MAX_PAYLEN)
+        let l = check::<Advanced>(&h, 100, Offload::Checksum)
             .unwrap()
             .unwrap();
         assert_eq!((l.maclen, l.iplen, l.l4len, l.l4), (14, 20, 20, L4::Tcp));
         assert_eq!(l.len(), 54);
-        assert!(check(&h, 9000, Offload::Tso { mss: 1448 }, MAX_PAYLEN).is_ok());
-        assert_eq!(check(&h, 5, Offload::None, MAX_PAYLEN).unwrap(), None);
+        assert!(check::<Advanced>(&h, 9000, Offload::Tso { mss: 1448 }).is_ok());
+        assert_eq!(check::<Advanced>(&h, 5, Offload::None).unwrap(), None);
     }
 
     #[test]
@@ -229,20 +302,20 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(
-            why(check(&h, 99, Offload::Checksum, MAX_PAYLEN)),
+            why(check::<Advanced>(&h, 99, Offload::Checksum)),
             HeaderFault::IpLength {
                 header: 140,
                 packet: 139
             }
         );
         assert!(matches!(
-            why(check(&h[..50], 100, Offload::Checksum, MAX_PAYLEN)),
+            why(check::<Advanced>(&h[..50], 100, Offload::Checksum)),
             HeaderFault::Parse(_)
         ));
         let mut longer = h.clone();
         longer.push(0);
         assert!(matches!(
-            why(check(&longer, 100, Offload::Tso { mss: 1448 }, MAX_PAYLEN)),
+            why(check::<Advanced>(&longer, 100, Offload::Tso { mss: 1448 })),
             HeaderFault::Length {
                 given: 55,
                 parsed: 54
@@ -251,11 +324,11 @@ mod tests {
         let mut arp = h.clone();
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
         assert_eq!(
-            why(check(&arp, 100, Offload::Checksum, MAX_PAYLEN)),
+            why(check::<Advanced>(&arp, 100, Offload::Checksum)),
             HeaderFault::NotIp(0x0806)
         );
         assert_eq!(
-            why(check(&h, 100, Offload::Tso { mss: 0 }, MAX_PAYLEN)),
+            why(check::<Advanced>(&h, 100, Offload::Tso { mss: 0 })),
             HeaderFault::ZeroMss
         );
     }
@@ -269,12 +342,12 @@ mod tests {
             .write(&mut v, &[0u8; 10])
             .unwrap();
         v.truncate(42);
-        let l = check(&v, 10, Offload::Checksum, MAX_PAYLEN)
+        let l = check::<Advanced>(&v, 10, Offload::Checksum)
             .unwrap()
             .unwrap();
         assert_eq!((l.l4len, l.l4), (8, L4::Udp));
         assert!(matches!(
-            check(&v, 10, Offload::Tso { mss: 1000 }, MAX_PAYLEN),
+            check::<Advanced>(&v, 10, Offload::Tso { mss: 1000 }),
             Err(Error::BadHeaders {
                 why: HeaderFault::TsoNeedsTcp,
                 ..
@@ -285,7 +358,7 @@ mod tests {
     #[test]
     fn empty_headers_are_bad_headers_for_every_offload() {
         for o in [Offload::None, Offload::Checksum, Offload::Tso { mss: 1448 }] {
-            match check(&[], 100, o, MAX_PAYLEN) {
+            match check::<Advanced>(&[], 100, o) {
                 Err(Error::BadHeaders {
                     why: HeaderFault::Empty,
                     ..
@@ -299,11 +372,79 @@ mod tests {
     fn past_paylen_is_refused() {
         let h = tcp_headers(0);
         assert!(matches!(
-            check(&h, MAX_PAYLEN + 1, Offload::Tso { mss: 1448 }, MAX_PAYLEN),
+            check::<Advanced>(&h, MAX_PAYLEN + 1, Offload::Tso { mss: 1448 }),
             Err(Error::PayloadTooLarge {
                 max: MAX_PAYLEN,
                 ..
             })
+        ));
+    }
+
+    fn tcp6_headers() -> Vec<u8> {
+        let mut v = Vec::new();
+        PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ipv6([1; 16], [2; 16], 64)
+            .tcp(1000, 2000, 7, 65535)
+            .write(&mut v, &[])
+            .unwrap();
+        v
+    }
+
+    /// A virtio-net GSO packet is one IP packet: its length field bounds
+    /// the payload (IPv4 counts its header and TCP's, IPv6 TCP's alone);
+    /// the 82576's PAYLEN counts the payload alone. Before, virtio-net
+    /// took 65,535 bytes behind IPv4 and TCP headers: an IP packet of
+    /// 65,575 bytes.
+    #[test]
+    fn a_virtio_gso_packet_fits_its_ip_length_field() {
+        use crate::format::virtio::Split;
+        let tso = Offload::Tso { mss: 1448 };
+        let (v4, v6) = (tcp_headers(0), tcp6_headers());
+        assert_eq!(v6.len(), 74);
+        for (h, max) in [(&v4, 65_495), (&v6, 65_515)] {
+            let l = check::<Split>(h, max, tso).unwrap().unwrap();
+            assert_eq!(l.ip_counted() + max, MAX_IP_LENGTH);
+            for len in [max + 1, 65_535] {
+                assert!(
+                    matches!(
+                        check::<Split>(h, len, tso),
+                        Err(Error::PayloadTooLarge { len: l, max: m }) if l == len && m == max
+                    ),
+                    "{len}"
+                );
+            }
+            assert!(check::<Advanced>(h, 65_535, tso).is_ok());
+        }
+        // Past the format's own limit too: the error still names the
+        // limit for these headers, the one a retry must meet.
+        assert!(matches!(
+            check::<Split>(&v4, usize::MAX, tso),
+            Err(Error::PayloadTooLarge { max: 65_495, .. })
+        ));
+        assert_eq!(
+            layout(&v4, tso).unwrap(),
+            check::<Split>(&v4, 1, tso).unwrap().unwrap()
+        );
+        // IPv4 options (8 bytes) and TCP options (12) count in the total
+        // length too.
+        let mut v = Vec::new();
+        let mut ip = Ipv4Header::new(0, 64, IpNumber::TCP, [10, 0, 0, 1], [10, 0, 0, 2]).unwrap();
+        ip.options = [1u8; 8][..].try_into().unwrap();
+        let mut tcp = TcpHeader::new(1000, 2000, 7, 65535);
+        tcp.set_options_raw(&[1u8; 12]).unwrap();
+        let eth = Ethernet2Header {
+            source: [2, 0, 0, 0, 0, 1],
+            destination: [2, 0, 0, 0, 0, 2],
+            ether_type: EtherType::IPV4,
+        };
+        eth.write(&mut v).unwrap();
+        ip.write(&mut v).unwrap();
+        tcp.write(&mut v).unwrap();
+        let l = check::<Split>(&v, 65_475, tso).unwrap().unwrap();
+        assert_eq!((l.iplen, l.l4len, l.ip_counted()), (28, 32, 60));
+        assert!(matches!(
+            check::<Split>(&v, 65_476, tso),
+            Err(Error::PayloadTooLarge { max: 65_475, .. })
         ));
     }
 }

@@ -198,61 +198,24 @@ fn wire_bytes_pad_each_segment_to_the_minimum_frame() {
 /// three.
 #[test]
 fn every_failed_frag_unmap_is_counted() {
-    use pfrag::dma::{Domain, Faulty, FaultyConfig, SoftIommuConfig};
-    use pfrag::pool::{self, Policy, Pool};
-    use vfio_nic::model::softnic;
-    let faults = FaultyConfig {
+    use pfrag::dma::FaultyConfig;
+    let (mut q, m) = common::carved::ring_of_8(FaultyConfig {
         unmap_rate: 1.0,
         ..FaultyConfig::default()
-    };
-    let m =
-        Arc::new(Faulty::new(SoftIommu::new(SoftIommuConfig::default()).unwrap(), faults).unwrap());
-    let domain = Arc::new(Domain::new(m.clone()));
-    let pcfg = pool::Config::new(pfrag::Order::new(0).unwrap(), Policy::PerFrag);
-    let pool = Pool::new(domain.clone(), pcfg).unwrap();
-    let cfg = tx::Config {
-        ring: 8,
-        fit_whole: false,
-        split: None,
-        mtu: u16::MAX,
-        ..tx::Config::default()
-    };
-    let verify = softnic::Config {
-        verify: false,
-        ..softnic::Config::default()
-    };
-    // SAFETY: the model translates through the mapper the domain maps
-    // through.
-    let mut q =
-        unsafe { tx::Queue::new(domain, pool, SoftNic::new(m.clone(), verify), cfg) }.unwrap();
-    let hdr = [0u8; 14];
-    let errors = |q: &tx::Queue<_, _>| {
+    });
+    let errors = |q: &common::carved::FaultyQueue| {
         (
             q.stats().unmap_errors,
             q.cache().pool().stats().unmap_errors,
         )
     };
-    // One frag, completed with its unmap: the chunk keeps its 3 KiB tail.
+    // The first frame's unmap succeeds; every one after fails. The 7
+    // frags of the send refused once carved go back.
     m.arm(false);
-    q.send(&hdr, &[1u8; 1000], Offload::None, 1).unwrap();
-    q.kick().unwrap();
-    q.wait(common::WAIT).unwrap();
-    m.arm(true);
-    // 24 KiB: the tail and 6 more frags, 8 descriptors of the 7 a ring
-    // of 8 holds, found once carved; the 7 frags go back.
-    let r = q.send(&hdr, &[1u8; 24576], Offload::None, 2);
-    assert!(
-        matches!(
-            r,
-            Err(Error::PacketTooLarge {
-                needed: 8,
-                capacity: 7
-            })
-        ),
-        "{r:?}"
-    );
+    common::carved::refused_once_carved(&mut q, || m.arm(true));
     assert_eq!(errors(&q), (7, 7), "one per frag given back");
     // Three pages of payload: three frags, one per fresh chunk.
+    let hdr = [0u8; 14];
     q.send(&hdr, &[1u8; 3 * 4096], Offload::None, 3).unwrap();
     q.kick().unwrap();
     assert_eq!(q.wait(common::WAIT).unwrap(), 1);

@@ -250,42 +250,56 @@ fn virtio_buffers_with_a_boundary() {
     assert_eq!(cfg.bufs_at_most::<Split>(order(0), len), 64);
 }
 
-/// The queue's payload limit is `tx::max_payload` of its format and pool:
-/// a payload at it is sent, one byte more is refused by `send` and by
-/// `check_payload` with the same `PayloadTooLarge`, before any chunk is
-/// taken. Returns the limit.
-fn payload_agrees<D: TxDevice>(order: Order, make: &dyn Fn(Iommu) -> D) -> usize {
+/// The queue's payload limit for TCP/IPv4 headers under TSO is
+/// `tx::max_payload_with` of its format, pool and those headers: a payload
+/// at it is sent, one byte more is refused by `send` with
+/// `PayloadTooLarge` naming it (past the limit for any headers too),
+/// before any chunk is taken. It is at most the limit for any headers,
+/// `tx::max_payload`, past which `check_payload` refuses. Returns both
+/// limits (any headers, these headers).
+fn payload_agrees<D: TxDevice>(order: Order, make: &dyn Fn(Iommu) -> D) -> (usize, usize) {
     let pool = pool::Config::new(order, Policy::Persistent);
-    let max = tx::max_payload::<D::Format>(&pool);
-    let cfg = config(256, None);
     let hdr = common::tcp_headers();
+    let max = tx::max_payload_with::<D::Format>(&pool, &hdr, TSO).unwrap();
+    let any = tx::max_payload::<D::Format>(&pool);
+    let cfg = config(256, None);
     let mut q = fresh(cfg, order, make);
-    assert_eq!(q.max_payload(), max);
-    tx::check_payload::<D::Format>(&pool, max).unwrap();
+    assert_eq!(
+        (q.max_payload(), q.max_payload_with(&hdr, TSO).unwrap()),
+        (any, max)
+    );
+    assert!(max <= any);
     q.send(&hdr, &vec![7u8; max], TSO, 1)
         .unwrap_or_else(|e| panic!("{max} bytes, at the limit, refused: {e}"));
 
-    let past = tx::check_payload::<D::Format>(&pool, max + 1).unwrap_err();
+    // Past the limit for any headers too, the limit for these headers is
+    // named: the one a retry must meet.
+    for len in [max + 1, any + 1] {
+        let mut q = fresh(cfg, order, make);
+        let chunks = q.cache().pool().stats().chunks;
+        match q.send(&hdr, &vec![7u8; len], TSO, 2) {
+            Err(Error::PayloadTooLarge { len: l, max: m }) if l == len && m == max => {}
+            other => panic!("{len} bytes, past the limit {max}: {other:?}"),
+        }
+        assert_eq!(q.cache().pool().stats().chunks, chunks, "the pool grew");
+    }
+    let past = tx::check_payload::<D::Format>(&pool, any + 1).unwrap_err();
     assert!(
-        matches!(past, Error::PayloadTooLarge { len, max: m } if len == max + 1 && m == max),
+        matches!(past, Error::PayloadTooLarge { len, max: m } if len == any + 1 && m == any),
         "{past:?}"
     );
-    let mut q = fresh(cfg, order, make);
-    let chunks = q.cache().pool().stats().chunks;
-    match q.send(&hdr, &vec![7u8; max + 1], TSO, 2) {
-        Err(e @ Error::PayloadTooLarge { .. }) => assert_eq!(e.to_string(), past.to_string()),
-        other => panic!("{} bytes, past the limit: {other:?}", max + 1),
-    }
-    assert_eq!(q.cache().pool().stats().chunks, chunks, "the pool grew");
-    max
+    tx::check_payload::<D::Format>(&pool, any).unwrap();
+    (any, max)
 }
 
-/// The 82576 carries 18 bits of PAYLEN, virtio-net a 64 KiB packet.
+/// The 82576 carries 18 bits of PAYLEN whatever the headers; virtio-net a
+/// 64 KiB packet, and under TSO one IPv4 packet: its 16-bit total length
+/// counts the 20-byte IPv4 and TCP headers too.
 #[test]
 fn payload_limits_per_format() {
-    assert_eq!(payload_agrees(order(4), &NullNic::new), 262_143);
+    assert_eq!(payload_agrees(order(4), &NullNic::new), (262_143, 262_143));
     let nic = |m| VirtioNet::new(m, softnic::Config::default()).unwrap();
-    assert_eq!(payload_agrees(order(0), &nic), 65_535);
+    assert_eq!(payload_agrees(order(0), &nic), (65_535, 65_495));
     // A pool's smaller limit wins.
     let small = pool::Config {
         max_payload: 1000,
@@ -293,6 +307,51 @@ fn payload_limits_per_format() {
     };
     assert_eq!(tx::max_payload::<Advanced>(&small), 1000);
     assert_eq!(tx::max_payload::<Split>(&small), 1000);
+    let hdr = common::tcp_headers();
+    assert_eq!(
+        tx::max_payload_with::<Split>(&small, &hdr, TSO).unwrap(),
+        1000
+    );
+    // Headers the offload cannot use are the send's typed error.
+    assert!(matches!(
+        tx::max_payload_with::<Split>(&small, &hdr[..40], TSO),
+        Err(Error::BadHeaders { .. })
+    ));
+}
+
+/// The generator's limit is carried whatever its MSS: a payload up to the
+/// MSS goes as one frame, where the whole frame counts, so with an MSS of
+/// 65,535 on virtio-net the limit is one frame's (65,481 bytes after 54
+/// of headers), not TSO's 65,495, which was then refused. The limit is
+/// sent, one byte more refused by the generator with that limit.
+#[test]
+fn the_generators_limit_is_sent_at_any_mss() {
+    let cfg = config(256, None);
+    let nic = |m| {
+        let c = softnic::Config {
+            verify: false,
+            ..softnic::Config::default()
+        };
+        VirtioNet::new(m, c).unwrap()
+    };
+    for (mss, want) in [
+        (1448, 65_495),
+        (65_480, 65_495),
+        (65_481, 65_481),
+        (u16::MAX, 65_481),
+    ] {
+        let mut q = fresh(cfg, order(4), &nic);
+        let mut g = vfio_nic::gen::Traffic::new(1, mss).unwrap();
+        let max = g.max_payload(&q);
+        assert_eq!(max, want, "mss {mss}");
+        let r = g.send(&mut q, 0, max + 1);
+        assert!(
+            matches!(r, Err(Error::PayloadTooLarge { len, max: m }) if len == max + 1 && m == max),
+            "mss {mss}: {r:?}"
+        );
+        g.send(&mut q, 0, max)
+            .unwrap_or_else(|e| panic!("mss {mss}: {max} bytes refused: {e}"));
+    }
 }
 
 /// Settings a queue refuses (`Queue::new`'s `BadConfig`) are refused by

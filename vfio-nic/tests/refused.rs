@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::Arc;
 
-use pfrag::dma::{Domain, Faulty, FaultyConfig, Op, SoftIommu, SoftIommuConfig};
+use pfrag::dma::{Domain, FaultyConfig, Op, SoftIommu, SoftIommuConfig};
 use pfrag::pool::{self, Policy, Pool};
 use pfrag::Order;
 use vfio_nic::model::softnic::{self, SoftNic};
@@ -264,47 +264,13 @@ fn headers_longer_than_the_queue_places_are_refused_before_carving() {
 fn a_failed_unmap_of_a_refused_sends_frags_is_counted() {
     // The first unmap is the completed packet's frag, the second the
     // refused send's first frag.
-    let faults = FaultyConfig {
+    let (mut q, _) = common::carved::ring_of_8(FaultyConfig {
         fail_nth: Some((Op::Unmap, 2)),
         ..FaultyConfig::default()
-    };
-    let m =
-        Arc::new(Faulty::new(SoftIommu::new(SoftIommuConfig::default()).unwrap(), faults).unwrap());
-    let domain = Arc::new(Domain::new(m.clone()));
-    let pcfg = pool::Config::new(Order::new(0).unwrap(), Policy::PerFrag);
-    let pool = Pool::new(domain.clone(), pcfg).unwrap();
-    let cfg = tx::Config {
-        ring: 8,
-        fit_whole: false,
-        split: None,
-        mtu: u16::MAX,
-        ..tx::Config::default()
-    };
-    // SAFETY: the model translates through the mapper the domain maps
-    // through.
-    let mut q = unsafe { tx::Queue::new(domain, pool, SoftNic::new(m, capture()), cfg) }.unwrap();
-    let hdr = [0u8; 14];
-    // One frag, completed: the chunk being carved keeps 3 KiB.
-    q.send(&hdr, &[1u8; 1000], Offload::None, 1).unwrap();
-    q.kick().unwrap();
-    q.wait(common::WAIT).unwrap();
-    assert_eq!(q.stats().unmap_errors, 0);
-    // 24 KiB needs 7 of the 7 descriptors at least (allowed on an empty
-    // ring) but takes the tail and 6 more frags: 8, found once carved.
-    let r = q.send(&hdr, &[1u8; 24576], Offload::None, 2);
-    assert!(
-        matches!(
-            r,
-            Err(Error::PacketTooLarge {
-                needed: 8,
-                capacity: 7
-            })
-        ),
-        "{r:?}"
-    );
+    });
+    common::carved::refused_once_carved(&mut q, || {});
     assert_eq!(q.stats().unmap_errors, 1);
     assert_eq!(q.cache().pool().stats().unmap_errors, 1);
-    assert_eq!(q.in_flight(), 0);
 }
 
 /// An 82576 queue over order-`order` chunks taking `max_bufs` buffers per

@@ -52,6 +52,14 @@ struct Ask {
 /// written by hand (as a driver other than the engine would) and returns
 /// what the model put on the wire.
 fn through_model(frame: &[u8], ask: &Ask) -> Vec<Vec<u8>> {
+    let mut nic = model_after(frame, ask);
+    assert_eq!(nic.stats().bad_desc + nic.stats().faults, 0);
+    nic.take_frames()
+}
+
+/// The model after it took `frame` behind a `virtio_net_hdr` with `ask`
+/// ([`through_model`]).
+fn model_after(frame: &[u8], ask: &Ask) -> VirtioNet<Iommu> {
     let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
     let domain = Arc::new(Domain::new(iommu.clone()));
     let l = Layout::new(8);
@@ -83,8 +91,7 @@ fn through_model(frame: &[u8], ask: &Ask) -> Vec<Vec<u8>> {
     // SAFETY: the device's only mappings are `ring` and `buf`, reached by
     // the CPU only through `Coherent`'s accessors, not meanwhile.
     unsafe { nic.kick(0) }.unwrap();
-    assert_eq!(nic.stats().bad_desc + nic.stats().faults, 0);
-    nic.take_frames()
+    nic
 }
 
 /// Flow 0's first packet of `len` pattern bytes (Ethernet + IPv4 + TCP,
@@ -141,6 +148,20 @@ fn the_model_moves_a_gso_packets_field_to_each_segments_length() {
     assert_eq!(wire(&good), (n, 0));
     let bad = through_model(&flow_frame(len, false), &tcp_ask(Some(1448)));
     assert_eq!(wire(&bad), (0, n));
+}
+
+/// A GSO packet is one IP packet: behind IPv4 and TCP headers of 20
+/// bytes each, 65,495 bytes of payload fill the 16-bit total length, and
+/// one byte more is a request the model refuses (as malformed, nothing
+/// sent), as a host would; the model used to cut it into segments.
+#[test]
+fn the_model_refuses_a_gso_packet_past_the_ip_length() {
+    let mut nic = model_after(&flow_frame(65_496, true), &tcp_ask(Some(1448)));
+    let st = nic.stats();
+    assert_eq!((st.bad_desc, st.faults, st.frames), (1, 0, 0), "{st:?}");
+    assert!(nic.take_frames().is_empty());
+    let good = through_model(&flow_frame(65_495, true), &tcp_ask(Some(1448)));
+    assert_eq!(wire(&good), (65_495u64.div_ceil(1448), 0));
 }
 
 /// A queue over the virtio model on a fresh software IOMMU.

@@ -96,6 +96,25 @@ impl<M: DmaMapper> Frag<M> {
         r
     }
 
+    /// Keeps the frag's memory allocated and mapped for good, for a frag
+    /// a device that could not be stopped may still read: its chunk is
+    /// never carved or handed out again, and is pinned when its last
+    /// reference goes, as a chunk whose unmap failed is (counted in the
+    /// pool's [`pinned`](crate::pool::Stats::pinned) chunks, and in the
+    /// domain's [`pinned`](crate::dma::Domain::pinned) host bytes once
+    /// the pool is dropped). No mapping of it is removed, the frag's own
+    /// (`PerFrag`) included; a mapping is not removed in part, so where
+    /// the pool mapped a whole arena at once (`Persistent`), the arena's
+    /// mapping stays, and its chunks are pinned with it when the pool
+    /// drops.
+    pub fn pin(self) {
+        let f = ManuallyDrop::new(self);
+        // Released by the reference count's `AcqRel` below, to whoever
+        // recycles the chunk.
+        f.chunk.get().poisoned.store(true, Ordering::Relaxed);
+        put(f.chunk, 1);
+    }
+
     /// Removes a `PerFrag` frag's own mapping. A failure leaves it mapped
     /// and poisons the chunk, which is then pinned instead of reused.
     #[inline]

@@ -169,7 +169,9 @@ pub unsafe trait Format {
     /// Largest buffer one data descriptor carries.
     const MAX_BUF: usize;
     /// Most payload bytes one packet may carry (the 82576's PAYLEN is 18
-    /// bits).
+    /// bits). For a TSO packet the payload is what follows its headers;
+    /// for any other packet the whole frame, headers included, counts
+    /// ([`offload::max_payload`](crate::offload::max_payload)).
     const MAX_PAYLOAD: usize;
     /// Byte offset, in a packet's last descriptor, of the 32-bit status
     /// word the device writes back when done.
@@ -180,6 +182,15 @@ pub unsafe trait Format {
     /// differs from the last written.
     const HAS_CONTEXT: bool;
 
+    /// Whether a TSO packet, before the device cuts it, must itself be an
+    /// IP packet whose 16-bit length field holds it (IPv4's total length
+    /// counts the IP header, the TCP header and the payload; IPv6's
+    /// payload length the TCP header and the payload). virtio-net's GSO
+    /// packet is one: its payload is then at most 65,495 bytes behind
+    /// IPv4 and TCP headers of 20 bytes each. False by default: the
+    /// 82576 takes the headers as a template and counts the payload
+    /// alone (PAYLEN).
+    const TSO_IP_LENGTH: bool = false;
     /// Bytes the format puts in front of every packet's headers, in the
     /// same buffer (virtio-net's `virtio_net_hdr`); 0 by default. Written
     /// by [`write_prefix`](Self::write_prefix).

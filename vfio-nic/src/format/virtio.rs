@@ -85,7 +85,9 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The layout of a ring of `size` entries.
+    /// The layout of a ring of `size` entries. A ring of 0 entries (which
+    /// no queue builds) has none: its entry offsets are where entry 0
+    /// would be, never a panic.
     pub fn new(size: u16) -> Layout {
         let n = usize::from(size);
         let avail = n * size_of::<vring_desc>();
@@ -104,7 +106,7 @@ impl Layout {
     }
     /// Offset of available ring entry `i % size`.
     pub fn avail_entry(&self, i: u16) -> usize {
-        self.avail + 4 + 2 * usize::from(i % self.size)
+        self.avail + 4 + 2 * usize::from(i.checked_rem(self.size).unwrap_or(0))
     }
     /// Offset of the used ring's `flags`.
     pub fn used_flags(&self) -> usize {
@@ -116,7 +118,8 @@ impl Layout {
     }
     /// Offset of used ring entry `i % size` (its `id`; `len` follows).
     pub fn used_entry(&self, i: u16) -> usize {
-        self.used + 4 + size_of::<vring_used_elem>() * usize::from(i % self.size)
+        let at = usize::from(i.checked_rem(self.size).unwrap_or(0));
+        self.used + 4 + size_of::<vring_used_elem>() * at
     }
     /// Offset of `avail_event`, after the used ring's entries.
     pub fn avail_event(&self) -> usize {
@@ -215,12 +218,17 @@ unsafe impl Format for Split {
     /// A descriptor's length is 32 bits; the engine's buffers are at most
     /// a chunk.
     const MAX_BUF: usize = u32::MAX as usize;
-    /// A GSO packet, like an IP packet, is at most 64 KiB.
+    /// A GSO packet is an IP packet, at most 64 KiB; its length field
+    /// bounds a TSO payload further ([`TSO_IP_LENGTH`](Format::TSO_IP_LENGTH)).
     const MAX_PAYLOAD: usize = u16::MAX as usize;
     /// Unused: completion comes from the used ring ([`done`](Format::done)).
     const STATUS_OFFSET: usize = 0;
     const HAS_CONTEXT: bool = false;
     const PREFIX: usize = HDR_LEN;
+    /// A GSO packet reaches the host as one IP packet (QEMU hands it to
+    /// a tap as it is, and the host's stack cuts it), so its own IP
+    /// length must be one an IP header can state.
+    const TSO_IP_LENGTH: bool = true;
     /// virtio-net has no IPv4 header checksum offload.
     const INSERTS_IPV4_CSUM: bool = false;
     /// `NEEDS_CSUM` completes the sum the driver started (virtio 1.x,
@@ -359,6 +367,17 @@ unsafe impl Format for Split {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A ring of 0 entries has no entries: its entry offsets are entry
+    /// 0's, where they used to divide by zero.
+    #[test]
+    fn a_ring_of_no_entries_does_not_panic() {
+        let l = Layout::new(0);
+        assert_eq!((l.avail, l.used, l.bytes), (0, 8, 14));
+        for i in [0, 1, u16::MAX] {
+            assert_eq!((l.avail_entry(i), l.used_entry(i)), (4, 12));
+        }
+    }
 
     #[test]
     fn the_layout_follows_the_spec_alignment() {

@@ -5,6 +5,7 @@
 use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, TcpHeader};
 
 use crate::error::{Error, Result};
+use crate::offload::{Ip, Layout, L4};
 
 /// TCP source port of flow 0; flow `f` sends from `BASE_PORT + f`.
 pub const BASE_PORT: u16 = 10_000;
@@ -18,6 +19,16 @@ pub const IPLEN: usize = 20;
 pub const L4LEN: usize = 20;
 /// Header bytes of every packet.
 pub const HDR_LEN: usize = MACLEN + IPLEN + L4LEN;
+/// Where the layers of every flow's headers are (Ethernet, IPv4 and TCP
+/// without options), as [`offload::layout`](crate::offload::layout)
+/// finds them.
+pub const LAYOUT: Layout = Layout {
+    maclen: MACLEN as u8,
+    ip: Ip::V4,
+    iplen: IPLEN as u16,
+    l4len: L4LEN as u8,
+    l4: L4::Tcp,
+};
 /// TCP destination port.
 pub const DST_PORT: u16 = 5001;
 
@@ -146,6 +157,8 @@ mod tests {
         let (ip, rest) = Ipv4Header::from_slice(&h[MACLEN..]).unwrap();
         assert_eq!(usize::from(ip.total_len), IPLEN + L4LEN + 500);
         let (tcp, _) = TcpHeader::from_slice(rest).unwrap();
+        let tso = crate::offload::Offload::Tso { mss: 1448 };
+        assert_eq!(crate::offload::layout(&h, tso).unwrap(), LAYOUT);
         assert_eq!(tcp.source_port, BASE_PORT + 7);
         assert_eq!(tcp.sequence_number, isn(7).wrapping_add(1000));
         assert_eq!(flow_of_port(tcp.source_port), Some(7));

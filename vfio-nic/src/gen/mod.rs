@@ -11,12 +11,50 @@ pub mod pattern;
 
 use pfrag::dma::DmaMapper;
 use pfrag::frag::Frag;
+use pfrag::pool;
 
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
+use crate::format::Format;
 use crate::gen::flow::{Flow, HDR_LEN, MAX_FLOWS};
-use crate::offload::Offload;
+use crate::offload::{self, Offload};
 use crate::tx;
+
+/// The most payload one generated packet (cut into `mss`-byte segments)
+/// may carry on a queue that writes format `F` over a pool with settings
+/// `pool`: [`tx::max_payload_with`] of the flows' headers under TSO (a
+/// payload past the MSS is sent with TSO), and, for an MSS past what one
+/// frame carries, that frame's limit; every payload up to it is carried. On virtio-net that is 65,495
+/// bytes, what an IPv4 packet's length leaves after the IPv4 and TCP
+/// headers; on the 82576 the format's and the pool's limit.
+///
+/// ```
+/// use pfrag::pool::{Config, Policy};
+/// use pfrag::Order;
+/// use vfio_nic::format::{igb::Advanced, virtio::Split};
+/// use vfio_nic::gen;
+///
+/// let pool = Config::new(Order::new(4)?, Policy::Persistent);
+/// assert_eq!(gen::max_payload::<Split>(&pool, 1448), 65_495);
+/// assert_eq!(gen::max_payload::<Advanced>(&pool, 1448), 262_143);
+/// // One frame of 54 + 65,481 bytes is virtio-net's largest.
+/// assert_eq!(gen::max_payload::<Split>(&pool, u16::MAX), 65_481);
+/// # Ok::<(), pfrag::Error>(())
+/// ```
+pub fn max_payload<F: Format>(pool: &pool::Config, mss: u16) -> usize {
+    let l = Some(&flow::LAYOUT);
+    let tso = offload::max_payload::<F>(HDR_LEN, l, Offload::Tso { mss });
+    let one = offload::max_payload::<F>(HDR_LEN, l, Offload::Checksum);
+    // A payload up to the MSS goes as one frame, where the whole frame
+    // counts: with an MSS past that limit, the payloads between it and
+    // the MSS are refused, so the limit is the lesser one.
+    let format = if usize::from(mss) >= one {
+        tso.min(one)
+    } else {
+        tso
+    };
+    tx::max_payload::<F>(pool).min(format)
+}
 
 /// Flows and their send state; see the module docs.
 pub struct Traffic<M: DmaMapper> {
@@ -83,15 +121,21 @@ impl<M: DmaMapper> Traffic<M> {
         self.flows.get(flow).ok_or(Error::BadFlow { flow, flows })
     }
 
+    /// The most payload one of its packets may carry on `q`:
+    /// [`max_payload`] of `q`'s format and pool at the generator's MSS.
+    pub fn max_payload<D: TxDevice>(&self, q: &tx::Queue<M, D>) -> usize {
+        max_payload::<D::Format>(q.cache().pool().config(), self.mss)
+    }
+
     /// Refuses, before anything is staged or built, a payload no packet
-    /// of `q` carries: empty, or longer than
-    /// [`max_payload`](tx::Queue::max_payload) (a send of any length is
-    /// then a typed error, never an allocation of that many bytes).
-    fn check_len<D: TxDevice>(q: &tx::Queue<M, D>, len: usize) -> Result<()> {
+    /// of `q` carries: empty, or longer than [`max_payload`] (a send of
+    /// any length is then a typed error, never an allocation of that many
+    /// bytes).
+    fn check_len<D: TxDevice>(&self, q: &tx::Queue<M, D>, len: usize) -> Result<()> {
         if len == 0 {
             return Err(pfrag::Error::ZeroLength.into());
         }
-        let max = q.max_payload();
+        let max = self.max_payload(q);
         if len > max {
             return Err(Error::PayloadTooLarge { len, max });
         }
@@ -117,7 +161,7 @@ impl<M: DmaMapper> Traffic<M> {
         len: usize,
     ) -> Result<()> {
         let fl = self.flow(flow)?;
-        Self::check_len(q, len)?;
+        self.check_len(q, len)?;
         let mut hdr = [0u8; HDR_LEN];
         let off = fl.header(len, &mut hdr);
         self.buf.resize(len, 0);
@@ -169,7 +213,7 @@ impl<M: DmaMapper> Traffic<M> {
         len: usize,
     ) -> Result<()> {
         let fl = self.flow(flow)?;
-        Self::check_len(q, len)?;
+        self.check_len(q, len)?;
         let offload = self.offload(len);
         q.room_for(len, offload)?;
         let mut hdr = [0u8; HDR_LEN];

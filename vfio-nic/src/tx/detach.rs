@@ -4,10 +4,13 @@
 //! flush).
 
 use std::fmt;
+use std::mem::ManuallyDrop;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pfrag::dma::DmaMapper;
+use pfrag::frag::Frag;
 
-use super::Queue;
+use super::{Hdr, Queue};
 use crate::device::TxDevice;
 use crate::error::Error;
 
@@ -26,12 +29,74 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             let in_flight = self.pending.len();
             return Err(IntoDeviceError::new(self, Error::Busy { in_flight }));
         }
-        if let Err(e) = self.dev.detach() {
+        // Until it returns: a detach that panics leaves a device that may
+        // still run, and the queue's drop, on the way out, keeps what it
+        // may read.
+        self.detaching = true;
+        let r = self.dev_mut().detach();
+        self.detaching = false;
+        if let Err(e) = r {
             return Err(IntoDeviceError::new(self, e));
         }
-        let Queue { dev, ring, .. } = self;
-        drop(ring);
-        Ok(dev)
+        // Detached: the queue's drop frees the ring and stops nothing.
+        match self.dev.take() {
+            Some(dev) => Ok(dev),
+            None => unreachable!("the device is handed back only with the queue"),
+        }
+    }
+
+    /// Keeps for good what a device that could not be stopped may still
+    /// read: every in-flight packet's frags and header frag
+    /// ([`Frag::pin`]: their chunks are pinned, never reused) and the
+    /// bounce ring ([`bounce::Ring::pin`](pfrag::bounce::Ring::pin)),
+    /// allocated and mapped.
+    fn keep_in_flight(&mut self) {
+        for p in self.pending.drain(..) {
+            if let Hdr::Frag(f) = p.hdr {
+                f.pin();
+            }
+            p.frags.into_iter().flatten().for_each(Frag::pin);
+        }
+        if let Some(b) = self.bounce.take() {
+            b.pin();
+        }
+    }
+}
+
+/// Stops the device before any memory it may read is freed: the device's
+/// [`detach`](TxDevice::detach), then the device itself (one that stops
+/// only in its own `Drop`, keeping the default `detach`, stops here), the
+/// ring, the in-flight packets' frags (unmapped and recycled) and the
+/// rest. A device whose detach fails or panics (here, or in
+/// [`into_device`](Queue::into_device)) may still read the ring and every
+/// packet in flight: they are kept for good instead
+/// ([`Coherent::pin`](pfrag::dma::Coherent::pin), [`Frag::pin`]), counted
+/// in the domain's [`pinned`](pfrag::dma::Domain::pinned) host bytes (a
+/// frag's chunk in its pool's pinned chunks, and in the domain's bytes
+/// once the pool is dropped), never handed out again. A panic of
+/// `detach` here is not passed on: the panic hook reports it, and a drop
+/// that panics could abort.
+impl<M: DmaMapper, D: TxDevice> Drop for Queue<M, D> {
+    fn drop(&mut self) {
+        let detaching = self.detaching;
+        let stopped = match self.dev.as_mut() {
+            // `into_device` detached it and handed it back.
+            None => true,
+            // Its detach in `into_device` panicked.
+            Some(_) if detaching => false,
+            Some(dev) => catch_unwind(AssertUnwindSafe(|| dev.detach())).is_ok_and(|r| r.is_ok()),
+        };
+        if stopped {
+            drop(self.dev.take());
+            // SAFETY: the ring is dropped here, once, as the queue is
+            // dropped, and never used after.
+            unsafe { ManuallyDrop::drop(&mut self.ring) };
+            return;
+        }
+        self.keep_in_flight();
+        // SAFETY: the ring is taken here, once, as the queue is dropped,
+        // and never used after.
+        unsafe { ManuallyDrop::take(&mut self.ring) }.pin();
     }
 }
 

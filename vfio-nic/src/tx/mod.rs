@@ -59,6 +59,7 @@ mod send;
 mod split;
 
 use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use pfrag::bounce;
@@ -76,7 +77,7 @@ pub use burst::TxPacket;
 use config::check_config;
 pub use config::{Backoff, Config, HeaderMode};
 pub use detach::IntoDeviceError;
-pub use room::{check_payload, max_payload};
+pub use room::{check_payload, max_payload, max_payload_with};
 
 /// Room for one descriptor's words: formats of up to 64 bytes.
 const MAX_DESC_WORDS: usize = 8;
@@ -229,11 +230,18 @@ struct Pending<M: DmaMapper> {
 /// let _ = q.device_mut(); // needs `unsafe`: it could be swapped away
 /// ```
 pub struct Queue<M: DmaMapper, D: TxDevice> {
-    /// Declared first so it is dropped (and stops) before any memory it may
-    /// still read.
-    dev: D,
+    /// The device, stopped by the queue's `Drop` before any memory it may
+    /// still read is freed ([`detach`](TxDevice::detach)); `None` only
+    /// once [`into_device`](Self::into_device) handed it back.
+    dev: Option<D>,
+    /// Set while [`into_device`](Self::into_device) calls the device's
+    /// detach: if the queue drops meanwhile (the detach panicked), the
+    /// device may still run.
+    detaching: bool,
     cfg: Config,
-    ring: Coherent<M>,
+    /// Dropped, or kept for good if the device cannot be stopped, by the
+    /// queue's `Drop` alone.
+    ring: ManuallyDrop<Coherent<M>>,
     /// Next descriptor to write.
     tail: u16,
     /// Descriptors posted and not reaped.
@@ -345,9 +353,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             return Err(e);
         }
         Ok(Queue {
-            dev,
+            dev: Some(dev),
+            detaching: false,
             cfg,
-            ring,
+            ring: ManuallyDrop::new(ring),
             tail: 0,
             used: 0,
             cache,
@@ -367,7 +376,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
 
     /// The device.
     pub fn device(&self) -> &D {
-        &self.dev
+        match &self.dev {
+            Some(d) => d,
+            None => unreachable!("the device is handed back only with the queue"),
+        }
     }
     /// The device, mutably.
     ///
@@ -379,7 +391,15 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// the queue never wrote. For a model's captured frames,
     /// [`take_frames`](Self::take_frames) is safe.
     pub unsafe fn device_mut(&mut self) -> &mut D {
-        &mut self.dev
+        self.dev_mut()
+    }
+    /// The device, mutably, for the queue's own use.
+    #[inline]
+    fn dev_mut(&mut self) -> &mut D {
+        match &mut self.dev {
+            Some(d) => d,
+            None => unreachable!("the device is handed back only with the queue"),
+        }
     }
     /// The payload frag cache.
     pub fn cache(&self) -> &FragCache<M> {
@@ -476,6 +496,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
 
     /// The doorbell itself, for everything up to the tail.
     fn ring_doorbell(&mut self) -> Result<()> {
+        let tail = self.tail;
         // SAFETY: the descriptors from the device's head to `tail` are
         // this queue's, written by `post_frags` since the ring was attached
         // at `new`; they name the frags in `in_flight`, which the queue
@@ -484,7 +505,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         // reports, a later packet's: `kick`'s contract), and header slots
         // of the queue's own bounce ring, reused only after that report
         // too.
-        unsafe { self.dev.kick(self.tail) }
+        unsafe { self.dev_mut().kick(tail) }
     }
 }
 
@@ -553,6 +574,6 @@ impl<M: DmaMapper, D: crate::model::Model> Queue<M, D> {
     /// The frames the device model captured so far, emptied
     /// ([`Model::take_frames`](crate::model::Model::take_frames)).
     pub fn take_frames(&mut self) -> Vec<Vec<u8>> {
-        self.dev.take_frames()
+        self.dev_mut().take_frames()
     }
 }

@@ -120,7 +120,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 return Err(Error::Timeout {
                     pending: self.pending.len(),
                     waited_ms: since.elapsed().as_millis() as u64,
-                    head: self.dev.head(),
+                    head: self.dev_mut().head(),
                     tail: self.tail,
                 });
             }

@@ -17,7 +17,7 @@ use super::{check_config, Config, Fmt, Queue};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::offload::Offload;
+use crate::offload::{self, Offload};
 
 /// How well a packet's descriptor count is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -282,6 +282,49 @@ impl Config {
 /// ```
 pub fn max_payload<F: Format>(pool: &pool::Config) -> usize {
     pool.max_payload.min(F::MAX_PAYLOAD)
+}
+
+/// The most payload one packet with these `headers` may carry under
+/// `offload` on a queue that writes format `F` over a pool with settings
+/// `pool`: [`max_payload`], and the format's bound for the headers
+/// ([`offload::max_payload`]: without TSO the frame counts whole; with
+/// TSO on virtio-net the IP length field bounds the packet). The headers
+/// are parsed as a send parses them (a fault is the same typed error);
+/// an IP length they state is not checked, since no payload is given.
+/// The queue's MTU further bounds a frame without TSO
+/// ([`Config::mtu`]).
+///
+/// ```
+/// use etherparse::PacketBuilder;
+/// use pfrag::pool::{Config, Policy};
+/// use pfrag::Order;
+/// use vfio_nic::format::{igb::Advanced, virtio::Split};
+/// use vfio_nic::offload::Offload;
+/// use vfio_nic::tx;
+///
+/// let mut h = Vec::new();
+/// PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+///     .ipv4([10, 0, 0, 1], [10, 0, 0, 2], 64)
+///     .tcp(1000, 2000, 7, 65_535)
+///     .write(&mut h, &[])
+///     .unwrap();
+/// let pool = Config::new(Order::new(4)?, Policy::Persistent);
+/// let tso = Offload::Tso { mss: 1448 };
+/// assert_eq!(tx::max_payload_with::<Advanced>(&pool, &h, tso)?, 262_143);
+/// assert_eq!(tx::max_payload_with::<Split>(&pool, &h, tso)?, 65_495);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn max_payload_with<F: Format>(
+    pool: &pool::Config,
+    headers: &[u8],
+    offload: Offload,
+) -> Result<usize> {
+    let layout = match offload {
+        Offload::None => None,
+        _ => Some(offload::layout(headers, offload)?),
+    };
+    let format = offload::max_payload::<F>(headers.len(), layout.as_ref(), offload);
+    Ok(max_payload::<F>(pool).min(format))
 }
 
 /// Refuses a payload of `len` bytes past what one packet may carry on a

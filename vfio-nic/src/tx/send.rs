@@ -30,6 +30,14 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         super::max_payload::<Fmt<D>>(self.cache.pool().config())
     }
 
+    /// The most payload one packet with these `headers` may carry under
+    /// `offload`: [`tx::max_payload_with`](super::max_payload_with) of the
+    /// queue's format and pool (at most [`max_payload`](Self::max_payload);
+    /// on virtio-net a TSO packet's IP length field bounds it further).
+    pub fn max_payload_with(&self, headers: &[u8], offload: Offload) -> Result<usize> {
+        super::max_payload_with::<Fmt<D>>(self.cache.pool().config(), headers, offload)
+    }
+
     /// Sends one packet: `headers` (Ethernet + IPv4 + TCP/UDP for an
     /// offload; any frame start for [`Offload::None`]) and `payload`, which
     /// is copied once into pool frags, as a kernel copies from user memory
@@ -274,13 +282,28 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             })
     }
 
+    /// [`Error::PayloadTooLarge`] for a `len`-byte payload past what one
+    /// packet carries, naming the limit a retry must meet: the limit for
+    /// these headers ([`max_payload_with`](Self::max_payload_with)), or
+    /// for any headers if these do not parse (the send then fails on them
+    /// anyway).
+    #[cold]
+    fn too_large(&self, headers: &[u8], len: usize, offload: Offload) -> Error {
+        let max = self
+            .max_payload_with(headers, offload)
+            .unwrap_or_else(|_| self.max_payload());
+        Error::PayloadTooLarge { len, max }
+    }
+
     /// Checks headers, payload size and offload; the layout for the
     /// context descriptor.
     fn check_packet(&self, headers: &[u8], len: usize, offload: Offload) -> Result<Option<Layout>> {
         if len == 0 {
             return Err(pfrag::Error::ZeroLength.into());
         }
-        super::check_payload::<Fmt<D>>(self.cache.pool().config(), len)?;
+        if super::check_payload::<Fmt<D>>(self.cache.pool().config(), len).is_err() {
+            return Err(self.too_large(headers, len, offload));
+        }
         let unsupported = || Error::UnsupportedOffload {
             offload: offload.name(),
             format: Fmt::<D>::NAME,
@@ -290,7 +313,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         if !self.fmt.supports(offload, None) {
             return Err(unsupported());
         }
-        let layout = offload::check(headers, len, offload, Fmt::<D>::MAX_PAYLOAD)?;
+        let layout = offload::check::<Fmt<D>>(headers, len, offload)?;
         if layout.is_some() && !self.fmt.supports(offload, layout.as_ref()) {
             return Err(unsupported());
         }

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses what it needs
 
+pub mod carved;
+
 use std::time::Duration;
 
 use etherparse::PacketBuilder;

@@ -234,6 +234,12 @@ impl Engine {
         if mss == 0 || (gso && hdr.hdr_len > hlen + paylen) {
             return None;
         }
+        // A GSO packet is one IP packet: its 16-bit length field (IPv4's
+        // counts the IP header, IPv6's does not) must hold it whole.
+        let ip_len = if l.ipv4 { l.iplen } else { 0 } + l.l4len + paylen;
+        if gso && ip_len > usize::from(u16::MAX) {
+            return None;
+        }
         let tcp = l.maclen + l.iplen;
         let sport = u16::from_be_bytes([frame[tcp], frame[tcp + 1]]);
         let verify = self.cfg.verify;
