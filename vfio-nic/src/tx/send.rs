@@ -282,27 +282,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             })
     }
 
-    /// [`Error::PayloadTooLarge`] for a `len`-byte payload past what one
-    /// packet carries, naming the limit a retry must meet: the limit for
-    /// these headers ([`max_payload_with`](Self::max_payload_with)), or
-    /// for any headers if these do not parse (the send then fails on them
-    /// anyway).
-    #[cold]
-    fn too_large(&self, headers: &[u8], len: usize, offload: Offload) -> Error {
-        let max = self
-            .max_payload_with(headers, offload)
-            .unwrap_or_else(|_| self.max_payload());
-        Error::PayloadTooLarge { len, max }
-    }
-
     /// Checks headers, payload size and offload; the layout for the
     /// context descriptor.
     fn check_packet(&self, headers: &[u8], len: usize, offload: Offload) -> Result<Option<Layout>> {
         if len == 0 {
             return Err(pfrag::Error::ZeroLength.into());
-        }
-        if super::check_payload::<Fmt<D>>(self.cache.pool().config(), len).is_err() {
-            return Err(self.too_large(headers, len, offload));
         }
         let unsupported = || Error::UnsupportedOffload {
             offload: offload.name(),
@@ -313,7 +297,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         if !self.fmt.supports(offload, None) {
             return Err(unsupported());
         }
+        // The format's limit for these headers, then the pool's: a payload
+        // past either is refused naming the limit a retry must meet (the
+        // pool's is checked only at or under the format's).
         let layout = offload::check::<Fmt<D>>(headers, len, offload)?;
+        super::check_payload::<Fmt<D>>(self.cache.pool().config(), len)?;
         if layout.is_some() && !self.fmt.supports(offload, layout.as_ref()) {
             return Err(unsupported());
         }
