@@ -141,13 +141,7 @@ pub(super) fn check_packet<F: Format>(
     // the MSS): either takes a context descriptor where `F` keeps one.
     let offload = vfio_nic::offload::Offload::Checksum;
     let tx = cfg.tx_config(0, boundary);
-    let max = vfio_nic::gen::max_payload::<F>(&cfg.pool_config()?, cfg.mss);
-    let payload = if len > max {
-        Err(vfio_nic::Error::PayloadTooLarge { len, max })
-    } else {
-        Ok(())
-    };
-    payload
+    vfio_nic::gen::check_payload::<F>(&cfg.pool_config()?, cfg.mss, len)
         .and_then(|()| tx.check_fits::<F>(order, len, offload))
         .and_then(|_| tx.check_bufs::<F>(order, len))
         .map(|_| ())

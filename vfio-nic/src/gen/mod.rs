@@ -56,6 +56,17 @@ pub fn max_payload<F: Format>(pool: &pool::Config, mss: u16) -> usize {
     tx::max_payload::<F>(pool).min(format)
 }
 
+/// Refuses a payload of `len` bytes past [`max_payload`] with
+/// [`Error::PayloadTooLarge`] naming it: the check the generator makes
+/// before it builds a packet, made here without a queue.
+pub fn check_payload<F: Format>(pool: &pool::Config, mss: u16, len: usize) -> Result<()> {
+    let max = max_payload::<F>(pool, mss);
+    if len > max {
+        return Err(Error::PayloadTooLarge { len, max });
+    }
+    Ok(())
+}
+
 /// Flows and their send state; see the module docs.
 pub struct Traffic<M: DmaMapper> {
     flows: Vec<Flow>,
@@ -135,11 +146,7 @@ impl<M: DmaMapper> Traffic<M> {
         if len == 0 {
             return Err(pfrag::Error::ZeroLength.into());
         }
-        let max = self.max_payload(q);
-        if len > max {
-            return Err(Error::PayloadTooLarge { len, max });
-        }
-        Ok(())
+        check_payload::<D::Format>(q.cache().pool().config(), self.mss, len)
     }
 
     fn offload(&self, len: usize) -> Offload {
