@@ -51,11 +51,12 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// bounce ring ([`bounce::Ring::pin`](pfrag::bounce::Ring::pin)),
     /// allocated and mapped.
     fn keep_in_flight(&mut self) {
-        for p in self.pending.drain(..) {
-            if let Hdr::Frag(f) = p.hdr {
+        while let Some(at) = self.pending.pop() {
+            if let Hdr::Frag(f) = self.pending.take_header(at) {
                 f.pin();
             }
-            p.frags.into_iter().flatten().for_each(Frag::pin);
+            let frags = self.pending.take_frags(at);
+            frags.into_iter().flatten().for_each(Frag::pin);
         }
         if let Some(b) = self.bounce.take() {
             b.pin();
