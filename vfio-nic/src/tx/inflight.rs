@@ -136,13 +136,9 @@ impl<M: DmaMapper> InFlight<M> {
         let i = self.at(self.len);
         self.span[i] = span;
         self.token[i] = token;
-        // A vacant position holds no frags (`take_*` left `None`), so
-        // only frags are written, never a `None`: that write would put the
-        // option together on the stack and copy it in. Frags a pop left
-        // behind are dropped first, out of line; the check reads two tags.
-        if self.hdr_frag[i].is_some() || self.frags[i].is_some() {
-            self.drop_left(i);
-        }
+        // A vacant position holds no frags (a [`Popped`] leaves `None`),
+        // so only frags are written, never a `None`: that write would put
+        // the option together on the stack and copy it in.
         match hdr {
             Hdr::Slot(s) => self.slot[i] = s,
             Hdr::Frag(f) => self.hdr_frag[i] = Some(f),
@@ -153,64 +149,27 @@ impl<M: DmaMapper> InFlight<M> {
         self.len += 1;
     }
 
-    /// Drops what a pop left at position `i` without taking it.
-    #[cold]
-    #[inline(never)]
-    fn drop_left(&mut self, i: usize) {
-        self.hdr_frag[i] = None;
-        self.frags[i] = None;
-    }
-
-    /// Takes the oldest packet out of the queue and returns its position,
-    /// from which the caller reads its fields ([`span_at`](Self::span_at),
-    /// [`token_at`](Self::token_at)) and takes its header
-    /// ([`take_header`](Self::take_header)) and frags
-    /// ([`take_frags`](Self::take_frags)) before the next
-    /// [`push`](Self::push), which may reuse the position. Fields come
-    /// out one by one rather than as one struct for the reason in the
-    /// module docs.
+    /// Takes the oldest packet out of the queue: its fields come out one
+    /// by one from the [`Popped`] (rather than as one struct, for the
+    /// reason in the module docs), and what the caller leaves in it is
+    /// dropped with it.
     #[inline(always)]
-    pub(super) fn pop(&mut self) -> Option<usize> {
+    pub(super) fn pop(&mut self) -> Option<Popped<'_, M>> {
         if self.len == 0 {
             return None;
         }
-        let i = self.first;
+        let at = self.first;
         self.first = self.at(1);
         self.len -= 1;
-        Some(i)
+        Some(Popped { q: self, at })
     }
 
-    #[inline(always)]
-    pub(super) fn span_at(&self, pos: usize) -> Span {
-        self.span[pos]
-    }
-
-    #[inline(always)]
-    pub(super) fn token_at(&self, pos: usize) -> u64 {
-        self.token[pos]
-    }
-
-    /// The header of the packet at `pos`, taken out.
-    #[inline(always)]
-    pub(super) fn take_header(&mut self, pos: usize) -> Hdr<M> {
-        // Only a header frag is taken (and its place written): the common
-        // bounce slot costs one read of the option's tag.
-        if self.hdr_frag[pos].is_some() {
-            if let Some(f) = self.hdr_frag[pos].take() {
-                return Hdr::Frag(f);
-            }
-        }
-        Hdr::Slot(self.slot[pos])
-    }
-
-    /// The payload frags of the packet at `pos`, taken out.
-    #[inline(always)]
-    pub(super) fn take_frags(&mut self, pos: usize) -> Option<Vec<Frag<M>>> {
-        if self.frags[pos].is_some() {
-            self.frags[pos].take()
-        } else {
-            None
-        }
+    /// Drops the frags left at position `at`.
+    #[cold]
+    #[inline(never)]
+    fn drop_left(&mut self, at: usize) {
+        self.hdr_frag[at] = None;
+        self.frags[at] = None;
     }
 
     /// Where the `k`-th oldest packet sits, if there are that many.
@@ -229,6 +188,61 @@ impl<M: DmaMapper> InFlight<M> {
     /// report, if one did.
     pub(super) fn first_report(&self) -> Option<usize> {
         (0..self.len).find(|&k| self.span[self.at(k)].report())
+    }
+}
+
+/// The oldest packet, just taken out of [`InFlight`]; see
+/// [`InFlight::pop`].
+pub(super) struct Popped<'a, M: DmaMapper> {
+    q: &'a mut InFlight<M>,
+    at: usize,
+}
+
+impl<M: DmaMapper> Popped<'_, M> {
+    #[inline(always)]
+    pub(super) fn span(&self) -> Span {
+        self.q.span[self.at]
+    }
+
+    #[inline(always)]
+    pub(super) fn token(&self) -> u64 {
+        self.q.token[self.at]
+    }
+
+    /// Its header, taken out.
+    #[inline(always)]
+    pub(super) fn take_header(&mut self) -> Hdr<M> {
+        // Only a header frag is taken (and its place written): the common
+        // bounce slot costs one read of the option's tag.
+        let f = &mut self.q.hdr_frag[self.at];
+        if f.is_some() {
+            if let Some(f) = f.take() {
+                return Hdr::Frag(f);
+            }
+        }
+        Hdr::Slot(self.q.slot[self.at])
+    }
+
+    /// Its payload frags, taken out.
+    #[inline(always)]
+    pub(super) fn take_frags(&mut self) -> Option<Vec<Frag<M>>> {
+        let f = &mut self.q.frags[self.at];
+        if f.is_some() {
+            f.take()
+        } else {
+            None
+        }
+    }
+}
+
+impl<M: DmaMapper> Drop for Popped<'_, M> {
+    /// Drops what the caller did not take, so that the position is vacant
+    /// (no frags) for the next push. The tags it reads were just read.
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.q.hdr_frag[self.at].is_some() || self.q.frags[self.at].is_some() {
+            self.q.drop_left(self.at);
+        }
     }
 }
 
@@ -272,11 +286,11 @@ mod tests {
                 Some(usize::from(!oldest.is_multiple_of(2)))
             );
             for _ in 0..=round % 3 {
-                let at = q.pop().unwrap();
-                assert_eq!(q.token_at(at), oldest);
-                assert_eq!(q.span_at(at).head(), oldest as u16);
-                assert!(matches!(q.take_header(at), Hdr::Slot(i) if i as u64 == oldest));
-                assert!(q.take_frags(at).is_none());
+                let mut p = q.pop().unwrap();
+                assert_eq!(p.token(), oldest);
+                assert_eq!(p.span().head(), oldest as u16);
+                assert!(matches!(p.take_header(), Hdr::Slot(i) if i as u64 == oldest));
+                assert!(p.take_frags().is_none());
                 oldest += 1;
             }
         }
@@ -290,7 +304,7 @@ mod tests {
     }
 
     #[test]
-    fn a_position_popped_without_taking_is_cleared_by_the_next_push() {
+    fn frags_a_pop_leaves_are_dropped_with_it() {
         use pfrag::dma::{Domain, SoftIommuConfig};
         use pfrag::frag::FragCache;
         use pfrag::pool::{self, Policy, Pool};
@@ -305,12 +319,12 @@ mod tests {
         let hdr = cache.refill(64, false).unwrap();
         let payload = vec![cache.refill(512, false).unwrap()];
         q.push(Span::new(0, 0, 2, true), Hdr::Frag(hdr), Some(payload), 1);
-        // Popped, its frags left behind (dropped by the next push).
-        assert_eq!(q.pop(), Some(0));
+        // Popped, its frags left behind: dropped with the `Popped`.
+        assert_eq!(q.pop().map(|p| p.token()), Some(1));
         q.push(Span::new(0, 0, 1, true), Hdr::Slot(5), None, 2);
-        let at = q.pop().unwrap();
-        assert!(matches!(q.take_header(at), Hdr::Slot(5)));
-        assert!(q.take_frags(at).is_none());
+        let mut p = q.pop().unwrap();
+        assert!(matches!(p.take_header(), Hdr::Slot(5)));
+        assert!(p.take_frags().is_none());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use pfrag::dma::DmaMapper;
 use pfrag::frag::Frag;
 
-use super::{Backoff, Completion, Fmt, Queue, MAX_DESC_WORDS};
+use super::{header, Backoff, Completion, Fmt, Queue, MAX_DESC_WORDS};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
 use crate::format::{Format, RingMem, Status};
@@ -199,18 +199,18 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     fn free_first(&mut self, k: usize, status: Status, done: &mut impl FnMut(Completion)) {
         let mut burst = self.spare.pop().unwrap_or_default();
         for i in 0..k {
-            let Some(at) = self.pending.pop() else {
+            let Some(mut p) = self.pending.pop() else {
                 break;
             };
-            self.used -= usize::from(self.pending.span_at(at).ndesc());
-            if let Some(mut frags) = self.pending.take_frags(at) {
+            self.used -= usize::from(p.span().ndesc());
+            if let Some(mut frags) = p.take_frags() {
                 burst.append(&mut frags);
                 self.spare.push(frags);
             }
-            let hdr = self.pending.take_header(at);
-            self.drop_header(hdr);
+            let (bounce, cache, stats) = (&mut self.bounce, &mut self.hdr_cache, &mut self.stats);
+            header::release_header(p.take_header(), bounce, cache, stats);
             done(Completion {
-                token: self.pending.token_at(at),
+                token: p.token(),
                 status: if i + 1 == k { status } else { Status::Ok },
             });
         }
