@@ -109,9 +109,9 @@ impl<M: DmaMapper> Frag<M> {
     /// - `Persistent`: the chunk's part of its arena's mapping stays (a
     ///   mapping is not removed in part, so the arena's memory is kept
     ///   whole), counted when the pool drops;
-    /// - `PerChunk`: the chunk's mapping is removed when its last frag
-    ///   goes, as for any chunk; a device still reading it then faults,
-    ///   and never reaches memory used again.
+    /// - `PerChunk`: the chunk's own mapping stays (a removed mapping's
+    ///   IOVA would be mapped again, to memory the device must never
+    ///   reach), counted when the chunk's last reference goes.
     pub fn pin(self) {
         let f = ManuallyDrop::new(self);
         if f.own {

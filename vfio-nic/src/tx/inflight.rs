@@ -119,8 +119,12 @@ impl<M: DmaMapper> InFlight<M> {
     /// Appends a packet, the newest.
     ///
     /// # Panics
-    /// If the queue is full: the ring holds fewer descriptors than the
-    /// queue holds packets, so a queue that checked its room never is.
+    /// If the queue is full, which a queue never is: it posts a packet
+    /// only after its room check, which keeps the descriptors in use at
+    /// most one fewer than the ring's size (the capacity here), and every
+    /// packet takes at least one. Were it ever full, failing loudly beats
+    /// writing over the oldest packet, whose frags the device may still
+    /// read.
     #[inline(always)]
     pub(super) fn push(
         &mut self,
