@@ -254,6 +254,8 @@ impl<M: DmaMapper> Drop for Popped<'_, M> {
 mod tests {
     use super::*;
     use pfrag::dma::SoftIommu;
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
     use std::sync::Arc;
 
     type Q = InFlight<Arc<SoftIommu>>;
@@ -329,6 +331,67 @@ mod tests {
         let mut p = q.pop().unwrap();
         assert!(matches!(p.take_header(), Hdr::Slot(5)));
         assert!(p.take_frags().is_none());
+    }
+
+    /// One step of [`matches_a_queue_of_records`].
+    #[derive(Clone, Debug)]
+    enum Op {
+        Push { span: Span, slot: usize },
+        Pop,
+        Report(bool),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let span = (any::<u16>(), any::<u16>(), 1u16..8, any::<bool>())
+            .prop_map(|(h, l, n, r)| Span::new(h, l, n, r));
+        prop_oneof![
+            (span, 0usize..1000).prop_map(|(span, slot)| Op::Push { span, slot }),
+            Just(Op::Pop),
+            any::<bool>().prop_map(Op::Report),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(crate::proptest_config())]
+
+        /// Any sequence of pushes (while there is room), pops and report
+        /// flags on the newest gives what a `VecDeque` of records gives:
+        /// order, fields, `first_report`, `span(k)` and the length.
+        #[test]
+        fn matches_a_queue_of_records(cap in 1usize..10, ops in proptest::collection::vec(op(), 0..200)) {
+            let mut q = Q::new(cap);
+            let mut model: VecDeque<(Span, u64, usize)> = VecDeque::new();
+            for (token, op) in (0u64..).zip(ops) {
+                match op {
+                    Op::Push { span, slot } if model.len() < cap => {
+                        q.push(span, Hdr::Slot(slot), None, token);
+                        model.push_back((span, token, slot));
+                    }
+                    Op::Push { .. } => {}
+                    Op::Pop => match (q.pop(), model.pop_front()) {
+                        (None, None) => {}
+                        (Some(mut p), Some((span, token, slot))) => {
+                            prop_assert_eq!((p.span(), p.token()), (span, token));
+                            prop_assert!(matches!(p.take_header(), Hdr::Slot(s) if s == slot));
+                            prop_assert!(p.take_frags().is_none());
+                        }
+                        (p, m) => prop_assert!(false, "{:?} against {:?}", p.is_some(), m),
+                    },
+                    Op::Report(r) => {
+                        if let (Some(s), Some(m)) = (q.newest_mut(), model.back_mut()) {
+                            s.set_report(r);
+                            m.0.set_report(r);
+                        }
+                    }
+                }
+                prop_assert_eq!(q.len(), model.len());
+                prop_assert_eq!(q.is_empty(), model.is_empty());
+                prop_assert_eq!(q.first_report(), model.iter().position(|m| m.0.report()));
+                for k in 0..=cap {
+                    prop_assert_eq!(q.span(k), model.get(k).map(|m| m.0));
+                }
+            }
+        }
     }
 
     #[test]
