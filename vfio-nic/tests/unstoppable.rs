@@ -10,7 +10,7 @@ mod common;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
-use pfrag::dma::{Dir, Domain, SoftIommu, SoftIommuConfig, Translate};
+use pfrag::dma::{Coherent, Dir, Domain, SoftIommu, SoftIommuConfig, Translate};
 use pfrag::frag::FragCache;
 use pfrag::pool::{self, Policy, Pool};
 use pfrag::{Iova, Order};
@@ -57,14 +57,18 @@ impl TxDevice for Silent {
     }
 }
 
+type Parts<D> = (tx::Queue<Iommu, D>, Arc<Domain<Iommu>>, Pool<Iommu>);
+
 /// A queue on `dev` over a persistent pool of 4 KiB chunks, with the
 /// domain and the pool.
-fn queue<D: TxDevice<Format = Advanced>>(
-    dev: D,
-    iommu: Iommu,
-) -> (tx::Queue<Iommu, D>, Arc<Domain<Iommu>>, Pool<Iommu>) {
+fn queue<D: TxDevice<Format = Advanced>>(dev: D, iommu: Iommu) -> Parts<D> {
+    queue_on(dev, iommu, Policy::Persistent)
+}
+
+/// [`queue`] over a pool mapped by `policy`.
+fn queue_on<D: TxDevice<Format = Advanced>>(dev: D, iommu: Iommu, policy: Policy) -> Parts<D> {
     let domain = Arc::new(Domain::new(iommu));
-    let pcfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    let pcfg = pool::Config::new(Order::new(0).unwrap(), policy);
     let pool = Pool::new(domain.clone(), pcfg).unwrap();
     let cfg = tx::Config {
         mtu: 9000,
@@ -129,7 +133,8 @@ fn handed_out_again(pool: &Pool<Iommu>, at: usize) -> bool {
 /// once, the payload's chunk pinned in the pool (never recycled nor
 /// handed out), and counted in the domain when the pool drops.
 fn kept(domain: &Domain<Iommu>, pool: Pool<Iommu>, at: usize) {
-    assert_eq!(domain.pinned().host_bytes, rings());
+    let p = domain.pinned();
+    assert_eq!((p.host_bytes, p.iova_bytes), (rings(), rings()));
     let st = pool.stats();
     assert_eq!((st.pinned, st.recycles), (1, 0), "the payload's chunk");
     assert!(!handed_out_again(&pool, at));
@@ -142,6 +147,10 @@ fn kept(domain: &Domain<Iommu>, pool: Pool<Iommu>, at: usize) {
         host >= rings() + 4096 && host.is_multiple_of(4096),
         "{host}"
     );
+    // And mapped: the chunk's part of its arena's mapping, kept on
+    // purpose, and the rest of it, whose unmap (a part of one mapping)
+    // the IOMMU refused; all of it counted, once.
+    assert_eq!(domain.pinned().iova_bytes, host);
 }
 
 /// A device that cannot be stopped may still read the ring, the bounce
@@ -177,7 +186,8 @@ fn a_detach_that_panics_is_one_that_failed() {
     // queue's drop on the way out keeps the rings without calling it again.
     let (q, domain, _pool) = queue(Silent(Detach::Panics), iommu());
     assert!(catch_unwind(AssertUnwindSafe(|| q.into_device())).is_err());
-    assert_eq!(domain.pinned().host_bytes, rings());
+    let p = domain.pinned();
+    assert_eq!((p.host_bytes, p.iova_bytes), (rings(), rings()));
 }
 
 /// An `into_device` refused for packets in flight hands the queue back;
@@ -197,6 +207,36 @@ fn an_into_device_error_dropped_keeps_what_is_in_flight() {
     kept(&domain, pool, at);
 }
 
+/// Under a `PerChunk` pool the payload's chunk keeps its own mapping too:
+/// its IOVA never goes back to the allocator, so no later mapping lets the
+/// device that could not be stopped reach other memory through it. The
+/// chunk used to be unmapped as its last reference went, and the next
+/// mappings in the domain took its IOVA.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "keeps memory allocated for good on purpose, which Miri's leak check reports"
+)]
+fn a_per_chunk_payload_keeps_its_iova() {
+    let iommu = iommu();
+    let (mut q, domain, pool) = queue_on(Silent(Detach::Fails), iommu.clone(), Policy::PerChunk);
+    let mut frags = Vec::new();
+    q.cache_mut().frags(3000, true, &mut frags).unwrap();
+    let iova = frags[0].iova();
+    let addr = iommu.translate(iova, Dir::TO_DEVICE).unwrap().addr;
+    q.post(&[0u8; 14], &mut frags, Offload::None, 1).unwrap();
+    q.kick().unwrap();
+    drop(q);
+    drop(pool);
+    assert_eq!(domain.pinned().iova_bytes, rings() + 4096);
+    let others: Vec<_> = (0..64)
+        .map(|_| Coherent::new(domain.clone(), 4096, Dir::BIDIRECTIONAL).unwrap())
+        .collect();
+    assert_eq!(iommu.translate(iova, Dir::TO_DEVICE).unwrap().addr, addr);
+    let page = |i: Iova| i.raw() >> 12;
+    assert!(others.iter().all(|o| page(o.iova()) != page(iova)));
+}
+
 /// The control: a device that stops gets everything back, and the
 /// payload's memory is handed out again.
 #[test]
@@ -204,7 +244,7 @@ fn a_device_that_stops_gives_everything_back() {
     let (mut q, domain, pool) = queue(Silent(Detach::Stops), iommu());
     let at = two_in_flight(&mut q);
     drop(q);
-    assert_eq!(domain.pinned().host_bytes, 0);
+    assert_eq!(domain.pinned(), pfrag::dma::Pinned::default());
     let st = pool.stats();
     assert_eq!((st.pinned, st.recycles), (0, 1), "the payload's chunk");
     assert!(handed_out_again(&pool, at));

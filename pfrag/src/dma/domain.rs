@@ -32,7 +32,9 @@ pub struct Domain<M: DmaMapper> {
 /// Memory kept out of circulation after failed unmaps or flushes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pinned {
-    /// IOVA bytes still mapped because their unmap failed.
+    /// IOVA bytes that stay mapped for good: their unmap failed, or their
+    /// owner pinned them for a device that could not be stopped
+    /// ([`Coherent::pin`], [`Frag::pin`](crate::frag::Frag::pin)).
     pub iova_bytes: u64,
     /// Host bytes never freed because a device might still reach them.
     pub host_bytes: u64,
@@ -95,6 +97,12 @@ impl<M: DmaMapper> Domain<M> {
     /// (leaks on purpose) because a device might still reach it.
     pub fn pin_host(&self, bytes: u64) {
         self.pinned_host.fetch_add(bytes, Relaxed);
+    }
+
+    /// Records `bytes` of IOVA that stay mapped for good on purpose (no
+    /// unmap was tried, so none counted them).
+    pub(crate) fn pin_iova(&self, bytes: u64) {
+        self.pinned_iova.fetch_add(bytes, Relaxed);
     }
 
     /// The mapper.
@@ -413,11 +421,12 @@ impl<M: DmaMapper> Coherent<M> {
         false
     }
     /// Keeps the memory allocated and mapped for good, counted in its
-    /// domain's [`pinned`](Domain::pinned) host bytes, as a drop whose
-    /// unmap fails does: for memory a device that could not be stopped may
-    /// still reach.
+    /// domain's [`pinned`](Domain::pinned) host and IOVA bytes, as a drop
+    /// whose unmap fails does: for memory a device that could not be
+    /// stopped may still reach.
     pub fn pin(self) {
         self.domain.pin_host(self.region.len() as u64);
+        self.domain.pin_iova(self.region.len() as u64);
         std::mem::forget(self);
     }
     /// The domain it is mapped in.

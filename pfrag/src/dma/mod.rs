@@ -20,7 +20,7 @@ pub mod watch;
 
 use std::ops::Range;
 
-pub use domain::{Coherent, Domain, PartialUnmap};
+pub use domain::{Coherent, Domain, PartialUnmap, Pinned};
 pub use faulty::{Faulty, FaultyConfig, FaultyStats, Op};
 pub use identity::{Identity, MAX_PAGE_MAPPINGS};
 pub use soft::{FaultReason, FaultRecord, SoftIommu};

@@ -96,19 +96,28 @@ impl<M: DmaMapper> Frag<M> {
         r
     }
 
-    /// Keeps the frag's memory allocated and mapped for good, for a frag
-    /// a device that could not be stopped may still read: its chunk is
-    /// never carved or handed out again, and is pinned when its last
-    /// reference goes, as a chunk whose unmap failed is (counted in the
-    /// pool's [`pinned`](crate::pool::Stats::pinned) chunks, and in the
-    /// domain's [`pinned`](crate::dma::Domain::pinned) host bytes once
-    /// the pool is dropped). No mapping of it is removed, the frag's own
-    /// (`PerFrag`) included; a mapping is not removed in part, so where
-    /// the pool mapped a whole arena at once (`Persistent`), the arena's
-    /// mapping stays, and its chunks are pinned with it when the pool
-    /// drops.
+    /// Keeps the frag's memory allocated for good, for a frag a device
+    /// that could not be stopped may still read: its chunk is never carved
+    /// or handed out again, and is pinned when its last reference goes, as
+    /// a chunk whose unmap failed is (counted in the pool's
+    /// [`pinned`](crate::pool::Stats::pinned) chunks, and in the domain's
+    /// [`pinned`](crate::dma::Domain::pinned) host bytes once the pool is
+    /// dropped). What stays mapped depends on the pool's policy, and the
+    /// domain's pinned IOVA bytes count it:
+    /// - `PerFrag`: the frag's own mapping (the whole pages its bytes
+    ///   touch) stays, counted at once;
+    /// - `Persistent`: the chunk's part of its arena's mapping stays (a
+    ///   mapping is not removed in part, so the arena's memory is kept
+    ///   whole), counted when the pool drops;
+    /// - `PerChunk`: the chunk's own mapping stays (a removed mapping's
+    ///   IOVA would be mapped again, to memory the device must never
+    ///   reach), counted when the chunk's last reference goes.
     pub fn pin(self) {
         let f = ManuallyDrop::new(self);
+        if f.own {
+            let (_, len) = f.own_mapping();
+            shared(&f.chunk).domain.pin_iova(len);
+        }
         // Released by the reference count's `AcqRel` below, to whoever
         // recycles the chunk.
         f.chunk.get().poisoned.store(true, Ordering::Relaxed);
@@ -130,11 +139,16 @@ impl<M: DmaMapper> Frag<M> {
     /// the frag's IOVA minus its offset in its first page.
     #[cold]
     pub(super) fn unmap_own_slow(&self) -> Result<()> {
+        let (iova, len) = self.own_mapping();
+        shared(&self.chunk).unmap_part(self.chunk, iova, len)
+    }
+
+    /// A `PerFrag` frag's own mapping: its IOVA and length.
+    fn own_mapping(&self) -> (Iova, u64) {
         let addr = self.addr.raw() as u64;
         let lo = align_down(addr, PAGE_SIZE);
         let hi = align_up(addr + u64::from(self.len), PAGE_SIZE);
-        let iova = Iova(self.iova.raw() - (addr - lo));
-        shared(&self.chunk).unmap_part(self.chunk, iova, hi - lo)
+        (Iova(self.iova.raw() - (addr - lo)), hi - lo)
     }
 }
 

@@ -464,6 +464,16 @@ impl<M: DmaMapper> Shared<M> {
             }
         }
         self.domain.pin_host((pinned.len() * size) as u64);
+        // A persistent chunk pinned on purpose (`Frag::pin` poisons it)
+        // keeps its part of the arena's mapping, which no unmap tried and
+        // so none counted. One whose unmap failed was counted then.
+        if self.cfg.policy == Policy::Persistent {
+            let kept = pinned.iter().filter(|c| {
+                let c = c.get();
+                c.poisoned.load(Ordering::Relaxed) && c.iova.load(Ordering::Relaxed) != NO_IOVA
+            });
+            self.domain.pin_iova((kept.count() * size) as u64);
+        }
         for a in arenas.iter().filter(|a| a.pinned) {
             // SAFETY: the pool is going away: no frag, list or cache can
             // reach this memory any more, and the region stays mapped in the

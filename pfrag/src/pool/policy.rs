@@ -99,15 +99,9 @@ impl<M: DmaMapper> Shared<M> {
     }
 
     fn give_back(&self, c: ChunkPtr<M>) {
+        let poisoned = c.get().poisoned.load(Ordering::Relaxed);
         if self.cfg.policy == Policy::PerChunk {
-            let iova = c.get().iova.swap(NO_IOVA, Ordering::Relaxed);
-            if iova != NO_IOVA {
-                let size = self.cfg.order.size() as u64;
-                if self.unmap_part(c, Iova(iova), size).is_err() {
-                    // Still mapped: keep the IOVA with the pinned chunk.
-                    c.get().iova.store(iova, Ordering::Relaxed);
-                }
-            }
+            self.unmap_chunk(c, poisoned);
         }
         if c.get().poisoned.load(Ordering::Relaxed) {
             self.pin_listed(c);
@@ -119,6 +113,30 @@ impl<M: DmaMapper> Shared<M> {
             return;
         }
         self.free_to_lists(c);
+    }
+
+    /// Removes a `PerChunk` chunk's own mapping as its last frag goes,
+    /// unless the chunk was pinned on purpose (`poisoned` before the
+    /// unmap: [`Frag::pin`](crate::frag::Frag::pin) is the only way there,
+    /// since a failed unmap of this mapping happens here). A device that
+    /// could not be stopped may still reach a pinned chunk through the
+    /// mapping, and a removed mapping's IOVA would go back to the
+    /// allocator, to be mapped to other memory the device must never
+    /// reach: so the mapping stays for good, counted in the domain's
+    /// pinned IOVA bytes.
+    fn unmap_chunk(&self, c: ChunkPtr<M>, poisoned: bool) {
+        let size = self.cfg.order.size() as u64;
+        if poisoned {
+            if c.get().iova.load(Ordering::Relaxed) != NO_IOVA {
+                self.domain.pin_iova(size);
+            }
+            return;
+        }
+        let iova = c.get().iova.swap(NO_IOVA, Ordering::Relaxed);
+        if iova != NO_IOVA && self.unmap_part(c, Iova(iova), size).is_err() {
+            // Still mapped: keep the IOVA with the pinned chunk.
+            c.get().iova.store(iova, Ordering::Relaxed);
+        }
     }
 
     /// The reserve or the free list, by the reclaim policy; shrinks past

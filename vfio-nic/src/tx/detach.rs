@@ -51,11 +51,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// bounce ring ([`bounce::Ring::pin`](pfrag::bounce::Ring::pin)),
     /// allocated and mapped.
     fn keep_in_flight(&mut self) {
-        for p in self.pending.drain(..) {
-            if let Hdr::Frag(f) = p.hdr {
+        while let Some(mut p) = self.pending.pop() {
+            if let Hdr::Frag(f) = p.take_header() {
                 f.pin();
             }
-            p.frags.into_iter().flatten().for_each(Frag::pin);
+            p.take_frags().into_iter().flatten().for_each(Frag::pin);
         }
         if let Some(b) = self.bounce.take() {
             b.pin();

@@ -3,10 +3,12 @@
 //! checksum, the pseudo-header sum), in the bounce slot
 //! of the header's descriptor, or in a mapped frag of their own.
 
+use pfrag::bounce;
 use pfrag::dma::DmaMapper;
+use pfrag::frag::FragCache;
 use pfrag::Iova;
 
-use super::{Fmt, Hdr, Queue, MAX_PREFIX};
+use super::{Fmt, Hdr, Queue, Stats, MAX_PREFIX};
 use crate::csum;
 use crate::device::TxDevice;
 use crate::error::{Error, HeaderFault, Result};
@@ -147,18 +149,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
 
     pub(super) fn drop_header(&mut self, h: Hdr<M>) {
-        match h {
-            Hdr::Slot(i) => {
-                if let Some(b) = self.bounce.as_mut() {
-                    b.release(i);
-                }
-            }
-            Hdr::Frag(f) => {
-                if self.hdr_cache.complete(f).is_err() {
-                    self.stats.unmap_errors += 1;
-                }
-            }
-        }
+        release_header(h, &mut self.bounce, &mut self.hdr_cache, &mut self.stats);
     }
 
     /// Hands the device `pkt`'s first buffer: the format's prefix and the
@@ -218,6 +209,31 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.stats.header_fallbacks += u64::from(fallback);
         self.stats.mapped_headers += 1;
         Ok((f.iova(), Hdr::Frag(f)))
+    }
+}
+
+/// Gives back a packet's header: its bounce slot, or its frag (an unmap
+/// that fails is counted). The queue's fields it needs come apart, so
+/// that a reap can give a header back while it still holds the packet
+/// ([`Popped`](super::inflight::Popped)).
+#[inline(always)]
+pub(super) fn release_header<M: DmaMapper>(
+    h: Hdr<M>,
+    bounce: &mut Option<bounce::Ring<M>>,
+    hdr_cache: &mut FragCache<M>,
+    stats: &mut Stats,
+) {
+    match h {
+        Hdr::Slot(i) => {
+            if let Some(b) = bounce.as_mut() {
+                b.release(i);
+            }
+        }
+        Hdr::Frag(f) => {
+            if hdr_cache.complete(f).is_err() {
+                stats.unmap_errors += 1;
+            }
+        }
     }
 }
 

@@ -53,12 +53,12 @@ mod burst;
 mod config;
 mod detach;
 mod header;
+mod inflight;
 mod reap;
 mod room;
 mod send;
 mod split;
 
-use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
@@ -174,25 +174,6 @@ enum Hdr<M: DmaMapper> {
     Frag(Frag<M>),
 }
 
-/// A posted packet waiting for its write-back.
-struct Pending<M: DmaMapper> {
-    /// Index of its first descriptor (its head, in a used ring).
-    head: u16,
-    /// Index of its last descriptor (the one with RS).
-    last: u16,
-    /// Descriptors it uses.
-    ndesc: u16,
-    hdr: Hdr<M>,
-    /// Its payload's frags; none for an inline packet.
-    frags: Option<Vec<Frag<M>>>,
-    /// The caller's token, handed back at completion.
-    token: u64,
-    /// Whether its last descriptor asks the device for a report: every
-    /// packet's does, unless the format defers reports
-    /// ([`Format::DEFERRED_REPORT`]).
-    report: bool,
-}
-
 /// A TX queue over device `D`, with pool memory mapped through `M`.
 ///
 /// Building one promises that the device sees the domain's mappings
@@ -255,7 +236,7 @@ pub struct Queue<M: DmaMapper, D: TxDevice> {
     /// for a format that needs it ([`header::scratch`]).
     scratch: Option<Box<header::Scratch>>,
     /// Posted packets, oldest first.
-    pending: VecDeque<Pending<M>>,
+    pending: inflight::InFlight<M>,
     /// Emptied frag vectors, reused to avoid allocating per packet.
     spare: Vec<Vec<Frag<M>>>,
     /// The domain of the ring: every buffer the queue posts must be
@@ -363,7 +344,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             small,
             hdr_cache: FragCache::new(hdr_pool),
             bounce,
-            pending: VecDeque::with_capacity(usize::from(cfg.ring)),
+            pending: inflight::InFlight::new(usize::from(cfg.ring)),
             spare: Vec::new(),
             domain,
             fmt,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use pfrag::dma::DmaMapper;
 use pfrag::frag::Frag;
 
-use super::{Backoff, Completion, Fmt, Queue, MAX_DESC_WORDS};
+use super::{header, Backoff, Completion, Fmt, Queue, MAX_DESC_WORDS};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
 use crate::format::{Format, RingMem, Status};
@@ -65,8 +65,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.read_desc(idx, w)?;
         self.fmt.ask_report(w);
         self.write_desc(idx, w)?;
-        if let Some(p) = self.pending.back_mut() {
-            p.report = true;
+        if let Some(s) = self.pending.newest_mut() {
+            s.set_report(true);
         }
         self.reports = Reports::default();
         Ok(before)
@@ -78,8 +78,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// report sooner.
     pub(super) fn unreport(&mut self, before: Reports) {
         if before.last.is_some() {
-            if let Some(p) = self.pending.back_mut() {
-                p.report = false;
+            if let Some(s) = self.pending.newest_mut() {
+                s.set_report(false);
             }
         }
         self.reports = before;
@@ -169,10 +169,12 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         // The oldest packet that asked for a report; the packets before it
         // complete with it (a format that defers reports completes in
         // order). Every packet asks where the format does not defer.
-        while let Some(k) = self.pending.iter().position(|p| p.report) {
-            let p = &self.pending[k];
+        while let Some(k) = self.pending.first_report() {
+            let Some(s) = self.pending.span(k) else {
+                break;
+            };
             let ring = RingMem::new(&self.ring, self.cfg.ring);
-            let status = match self.fmt.done(&ring, p.head, p.last) {
+            let status = match self.fmt.done(&ring, s.head(), s.last()) {
                 Ok(Some(status)) => status,
                 Ok(None) => break,
                 // Packets already freed (their tokens handed over) are
@@ -197,17 +199,18 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     fn free_first(&mut self, k: usize, status: Status, done: &mut impl FnMut(Completion)) {
         let mut burst = self.spare.pop().unwrap_or_default();
         for i in 0..k {
-            let Some(p) = self.pending.pop_front() else {
+            let Some(mut p) = self.pending.pop() else {
                 break;
             };
-            self.used -= usize::from(p.ndesc);
-            if let Some(mut frags) = p.frags {
+            self.used -= usize::from(p.span().ndesc());
+            if let Some(mut frags) = p.take_frags() {
                 burst.append(&mut frags);
                 self.spare.push(frags);
             }
-            self.drop_header(p.hdr);
+            let (bounce, cache, stats) = (&mut self.bounce, &mut self.hdr_cache, &mut self.stats);
+            header::release_header(p.take_header(), bounce, cache, stats);
             done(Completion {
-                token: p.token,
+                token: p.token(),
                 status: if i + 1 == k { status } else { Status::Ok },
             });
         }

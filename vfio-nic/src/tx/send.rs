@@ -10,8 +10,9 @@ use pfrag::dma::DmaMapper;
 use pfrag::frag::Frag;
 use pfrag::Iova;
 
+use super::inflight::Span;
 use super::room::Need;
-use super::{header, pieces, Fmt, FmtContext, Hdr, Pending, Queue, MAX_DESC_WORDS};
+use super::{header, pieces, Fmt, FmtContext, Hdr, Queue, MAX_DESC_WORDS};
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
 use crate::format::{Buf, Format, Packet, RingMem};
@@ -209,15 +210,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.stats.packets += 1;
         self.stats.bytes += pkt.len as u64;
         self.stats.descs += ndesc as u64;
-        self.pending.push_back(Pending {
-            head,
-            last,
-            ndesc: ndesc as u16,
-            hdr,
-            frags,
-            token,
-            report,
-        });
+        let span = Span::new(head, last, ndesc as u16, report);
+        self.pending.push(span, hdr, frags, token);
     }
 
     /// Posts one packet whose payload the caller already wrote into `frags`

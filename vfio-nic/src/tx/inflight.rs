@@ -1,0 +1,404 @@
+//! The packets in flight, oldest first: a queue of fixed capacity (the
+//! ring's size; every packet takes at least one descriptor) kept as one
+//! array per field, indexed by the packet's position.
+//!
+//! Posting a packet stores each field in its own array. A queue of
+//! structs (`VecDeque<Pending>`, as before) had the compiler put the struct
+//! together on the stack, with narrow stores for its small fields, and
+//! copy it into the queue with wide loads that those stores could not
+//! forward: a store-forwarding stall on every packet, about a tenth of the
+//! 64-byte send loop's time in `perf record` (`docs/benchmarks.md`).
+
+use pfrag::dma::DmaMapper;
+use pfrag::frag::Frag;
+
+use super::Hdr;
+
+/// Where a packet sits in the ring: its first descriptor (its head, in a
+/// used ring), its last (the one that may ask for a report), how many it
+/// takes, and whether its last asks the device for a report. Packed in one
+/// word, so that it is stored with one move.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Span(u64);
+
+const LAST_SHIFT: u32 = 16;
+const NDESC_SHIFT: u32 = 32;
+const REPORT_BIT: u64 = 1 << 48;
+
+impl Span {
+    #[inline(always)]
+    pub(super) fn new(head: u16, last: u16, ndesc: u16, report: bool) -> Span {
+        let report = if report { REPORT_BIT } else { 0 };
+        Span(
+            u64::from(head)
+                | u64::from(last) << LAST_SHIFT
+                | u64::from(ndesc) << NDESC_SHIFT
+                | report,
+        )
+    }
+    #[inline(always)]
+    pub(super) fn head(self) -> u16 {
+        self.0 as u16
+    }
+    #[inline(always)]
+    pub(super) fn last(self) -> u16 {
+        (self.0 >> LAST_SHIFT) as u16
+    }
+    #[inline(always)]
+    pub(super) fn ndesc(self) -> u16 {
+        (self.0 >> NDESC_SHIFT) as u16
+    }
+    /// Whether the packet's last descriptor asks the device for a report:
+    /// every packet's does, unless the format defers reports
+    /// ([`Format::DEFERRED_REPORT`](crate::format::Format::DEFERRED_REPORT)).
+    #[inline(always)]
+    pub(super) fn report(self) -> bool {
+        self.0 & REPORT_BIT != 0
+    }
+    pub(super) fn set_report(&mut self, report: bool) {
+        if report {
+            self.0 |= REPORT_BIT;
+        } else {
+            self.0 &= !REPORT_BIT;
+        }
+    }
+}
+
+/// The packets in flight; see the module docs.
+pub(super) struct InFlight<M: DmaMapper> {
+    span: Box<[Span]>,
+    token: Box<[u64]>,
+    /// A header in a bounce slot: the slot ([`Hdr::Slot`]), read when
+    /// `hdr_frag` is `None`.
+    slot: Box<[usize]>,
+    /// A header in a frag of its own ([`Hdr::Frag`]). The two arrays
+    /// stand for a `Hdr`, which would be put together on the stack and
+    /// copied in, as the structs were.
+    hdr_frag: Box<[Option<Frag<M>>]>,
+    frags: Box<[Option<Vec<Frag<M>>>]>,
+    /// Position of the oldest packet.
+    first: usize,
+    len: usize,
+}
+
+impl<M: DmaMapper> InFlight<M> {
+    /// Room for `cap` packets: a ring of `cap` descriptors never holds
+    /// more.
+    pub(super) fn new(cap: usize) -> InFlight<M> {
+        InFlight {
+            span: vec![Span::default(); cap].into_boxed_slice(),
+            token: vec![0; cap].into_boxed_slice(),
+            slot: vec![0; cap].into_boxed_slice(),
+            hdr_frag: std::iter::repeat_with(|| None).take(cap).collect(),
+            frags: std::iter::repeat_with(|| None).take(cap).collect(),
+            first: 0,
+            len: 0,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The array position of the `k`-th oldest packet.
+    #[inline(always)]
+    fn at(&self, k: usize) -> usize {
+        let i = self.first + k;
+        let cap = self.span.len();
+        if i >= cap {
+            i - cap
+        } else {
+            i
+        }
+    }
+
+    /// Appends a packet, the newest.
+    ///
+    /// # Panics
+    /// If the queue is full, which a queue never is: it posts a packet
+    /// only after its room check, which keeps the descriptors in use at
+    /// most one fewer than the ring's size (the capacity here), and every
+    /// packet takes at least one. Were it ever full, failing loudly beats
+    /// writing over the oldest packet, whose frags the device may still
+    /// read.
+    #[inline(always)]
+    pub(super) fn push(
+        &mut self,
+        span: Span,
+        hdr: Hdr<M>,
+        frags: Option<Vec<Frag<M>>>,
+        token: u64,
+    ) {
+        assert!(
+            self.len < self.span.len(),
+            "more packets in flight than the ring has descriptors"
+        );
+        let i = self.at(self.len);
+        self.span[i] = span;
+        self.token[i] = token;
+        // A vacant position holds no frags (a [`Popped`] leaves `None`),
+        // so only frags are written, never a `None`: that write would put
+        // the option together on the stack and copy it in.
+        match hdr {
+            Hdr::Slot(s) => self.slot[i] = s,
+            Hdr::Frag(f) => self.hdr_frag[i] = Some(f),
+        }
+        if frags.is_some() {
+            self.frags[i] = frags;
+        }
+        self.len += 1;
+    }
+
+    /// Takes the oldest packet out of the queue: its fields come out one
+    /// by one from the [`Popped`] (rather than as one struct, for the
+    /// reason in the module docs), and what the caller leaves in it is
+    /// dropped with it.
+    #[inline(always)]
+    pub(super) fn pop(&mut self) -> Option<Popped<'_, M>> {
+        if self.len == 0 {
+            return None;
+        }
+        let at = self.first;
+        self.first = self.at(1);
+        self.len -= 1;
+        Some(Popped { q: self, at })
+    }
+
+    /// Drops the frags left at position `at`.
+    #[cold]
+    #[inline(never)]
+    fn drop_left(&mut self, at: usize) {
+        self.hdr_frag[at] = None;
+        self.frags[at] = None;
+    }
+
+    /// Where the `k`-th oldest packet sits, if there are that many.
+    pub(super) fn span(&self, k: usize) -> Option<Span> {
+        (k < self.len).then(|| self.span[self.at(k)])
+    }
+
+    /// The newest packet's span.
+    pub(super) fn newest_mut(&mut self) -> Option<&mut Span> {
+        let k = self.len.checked_sub(1)?;
+        let i = self.at(k);
+        Some(&mut self.span[i])
+    }
+
+    /// How many packets are older than the oldest one that asked for a
+    /// report, if one did.
+    pub(super) fn first_report(&self) -> Option<usize> {
+        (0..self.len).find(|&k| self.span[self.at(k)].report())
+    }
+}
+
+/// The oldest packet, just taken out of [`InFlight`]; see
+/// [`InFlight::pop`].
+pub(super) struct Popped<'a, M: DmaMapper> {
+    q: &'a mut InFlight<M>,
+    at: usize,
+}
+
+impl<M: DmaMapper> Popped<'_, M> {
+    #[inline(always)]
+    pub(super) fn span(&self) -> Span {
+        self.q.span[self.at]
+    }
+
+    #[inline(always)]
+    pub(super) fn token(&self) -> u64 {
+        self.q.token[self.at]
+    }
+
+    /// Its header, taken out.
+    #[inline(always)]
+    pub(super) fn take_header(&mut self) -> Hdr<M> {
+        // Only a header frag is taken (and its place written): the common
+        // bounce slot costs one read of the option's tag.
+        let f = &mut self.q.hdr_frag[self.at];
+        if f.is_some() {
+            if let Some(f) = f.take() {
+                return Hdr::Frag(f);
+            }
+        }
+        Hdr::Slot(self.q.slot[self.at])
+    }
+
+    /// Its payload frags, taken out.
+    #[inline(always)]
+    pub(super) fn take_frags(&mut self) -> Option<Vec<Frag<M>>> {
+        let f = &mut self.q.frags[self.at];
+        if f.is_some() {
+            f.take()
+        } else {
+            None
+        }
+    }
+}
+
+impl<M: DmaMapper> Drop for Popped<'_, M> {
+    /// Drops what the caller did not take, so that the position is vacant
+    /// (no frags) for the next push. The tags it reads were just read.
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.q.hdr_frag[self.at].is_some() || self.q.frags[self.at].is_some() {
+            self.q.drop_left(self.at);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pfrag::dma::SoftIommu;
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+    use std::sync::Arc;
+
+    type Q = InFlight<Arc<SoftIommu>>;
+
+    #[test]
+    fn a_span_keeps_every_field() {
+        let s = Span::new(u16::MAX, 0x1234, 0x8001, true);
+        assert_eq!(
+            (s.head(), s.last(), s.ndesc(), s.report()),
+            (u16::MAX, 0x1234, 0x8001, true)
+        );
+        let mut s = Span::new(7, 9, 3, false);
+        assert!(!s.report());
+        s.set_report(true);
+        assert_eq!((s.head(), s.last(), s.ndesc(), s.report()), (7, 9, 3, true));
+        s.set_report(false);
+        assert_eq!(s, Span::new(7, 9, 3, false));
+    }
+
+    #[test]
+    fn packets_come_out_oldest_first_across_the_wrap() {
+        let mut q = Q::new(3);
+        let mut next = 0u64;
+        let mut oldest = 0u64;
+        // Fill, then alternate pops and pushes so positions wrap many times.
+        for round in 0..10 {
+            while q.len() < 3 {
+                let s = Span::new(next as u16, next as u16, 1, next.is_multiple_of(2));
+                q.push(s, Hdr::Slot(next as usize), None, next);
+                next += 1;
+            }
+            assert_eq!(
+                q.first_report(),
+                Some(usize::from(!oldest.is_multiple_of(2)))
+            );
+            for _ in 0..=round % 3 {
+                let mut p = q.pop().unwrap();
+                assert_eq!(p.token(), oldest);
+                assert_eq!(p.span().head(), oldest as u16);
+                assert!(matches!(p.take_header(), Hdr::Slot(i) if i as u64 == oldest));
+                assert!(p.take_frags().is_none());
+                oldest += 1;
+            }
+        }
+        assert_eq!(q.span(q.len()), None);
+        let newest = q.newest_mut().unwrap();
+        newest.set_report(true);
+        let k = q.len() - 1;
+        assert!(q.span(k).unwrap().report());
+        while q.pop().is_some() {}
+        assert!(q.is_empty() && q.newest_mut().is_none() && q.first_report().is_none());
+    }
+
+    #[test]
+    fn frags_a_pop_leaves_are_dropped_with_it() {
+        use pfrag::dma::{Domain, SoftIommuConfig};
+        use pfrag::frag::FragCache;
+        use pfrag::pool::{self, Policy, Pool};
+        use pfrag::Order;
+
+        let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+        let domain = Arc::new(Domain::new(iommu));
+        let order = Order::new(0).unwrap();
+        let pool = Pool::new(domain, pool::Config::new(order, Policy::Persistent)).unwrap();
+        let mut cache = FragCache::new(pool);
+        let mut q = Q::new(1);
+        let hdr = cache.refill(64, false).unwrap();
+        let payload = vec![cache.refill(512, false).unwrap()];
+        q.push(Span::new(0, 0, 2, true), Hdr::Frag(hdr), Some(payload), 1);
+        // Popped, its frags left behind: dropped with the `Popped`.
+        assert_eq!(q.pop().map(|p| p.token()), Some(1));
+        q.push(Span::new(0, 0, 1, true), Hdr::Slot(5), None, 2);
+        let mut p = q.pop().unwrap();
+        assert!(matches!(p.take_header(), Hdr::Slot(5)));
+        assert!(p.take_frags().is_none());
+    }
+
+    /// One step of [`matches_a_queue_of_records`].
+    #[derive(Clone, Debug)]
+    enum Op {
+        Push { span: Span, slot: usize },
+        Pop,
+        Report(bool),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let span = (any::<u16>(), any::<u16>(), 1u16..8, any::<bool>())
+            .prop_map(|(h, l, n, r)| Span::new(h, l, n, r));
+        prop_oneof![
+            (span, 0usize..1000).prop_map(|(span, slot)| Op::Push { span, slot }),
+            Just(Op::Pop),
+            any::<bool>().prop_map(Op::Report),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(crate::proptest_config())]
+
+        /// Any sequence of pushes (while there is room), pops and report
+        /// flags on the newest gives what a `VecDeque` of records gives:
+        /// order, fields, `first_report`, `span(k)` and the length.
+        #[test]
+        fn matches_a_queue_of_records(cap in 1usize..10, ops in proptest::collection::vec(op(), 0..200)) {
+            let mut q = Q::new(cap);
+            let mut model: VecDeque<(Span, u64, usize)> = VecDeque::new();
+            for (token, op) in (0u64..).zip(ops) {
+                match op {
+                    Op::Push { span, slot } if model.len() < cap => {
+                        q.push(span, Hdr::Slot(slot), None, token);
+                        model.push_back((span, token, slot));
+                    }
+                    Op::Push { .. } => {}
+                    Op::Pop => match (q.pop(), model.pop_front()) {
+                        (None, None) => {}
+                        (Some(mut p), Some((span, token, slot))) => {
+                            prop_assert_eq!((p.span(), p.token()), (span, token));
+                            prop_assert!(matches!(p.take_header(), Hdr::Slot(s) if s == slot));
+                            prop_assert!(p.take_frags().is_none());
+                        }
+                        (p, m) => prop_assert!(false, "{:?} against {:?}", p.is_some(), m),
+                    },
+                    Op::Report(r) => {
+                        if let (Some(s), Some(m)) = (q.newest_mut(), model.back_mut()) {
+                            s.set_report(r);
+                            m.0.set_report(r);
+                        }
+                    }
+                }
+                prop_assert_eq!(q.len(), model.len());
+                prop_assert_eq!(q.is_empty(), model.is_empty());
+                prop_assert_eq!(q.first_report(), model.iter().position(|m| m.0.report()));
+                for k in 0..=cap {
+                    prop_assert_eq!(q.span(k), model.get(k).map(|m| m.0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "more packets in flight")]
+    fn a_full_queue_refuses_another() {
+        let mut q = Q::new(1);
+        q.push(Span::default(), Hdr::Slot(0), None, 0);
+        q.push(Span::default(), Hdr::Slot(1), None, 1);
+    }
+}
