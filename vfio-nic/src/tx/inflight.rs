@@ -333,6 +333,10 @@ mod tests {
         assert!(p.take_frags().is_none());
     }
 
+    /// Steps per case: fewer under Miri, whose cases are fewer too and
+    /// slow (a queue of up to 9 wraps within 40 steps).
+    const MAX_OPS: usize = if cfg!(miri) { 40 } else { 200 };
+
     /// One step of [`matches_a_queue_of_records`].
     #[derive(Clone, Debug)]
     enum Op {
@@ -358,7 +362,7 @@ mod tests {
         /// flags on the newest gives what a `VecDeque` of records gives:
         /// order, fields, `first_report`, `span(k)` and the length.
         #[test]
-        fn matches_a_queue_of_records(cap in 1usize..10, ops in proptest::collection::vec(op(), 0..200)) {
+        fn matches_a_queue_of_records(cap in 1usize..10, ops in proptest::collection::vec(op(), 0..MAX_OPS)) {
             let mut q = Q::new(cap);
             let mut model: VecDeque<(Span, u64, usize)> = VecDeque::new();
             for (token, op) in (0u64..).zip(ops) {
