@@ -177,7 +177,8 @@ impl<M: DmaMapper> InFlight<M> {
     }
 
     /// Where the `k`-th oldest packet sits, if there are that many.
-    pub(super) fn span(&self, k: usize) -> Option<Span> {
+    #[cfg(test)]
+    fn span(&self, k: usize) -> Option<Span> {
         (k < self.len).then(|| self.span[self.at(k)])
     }
 
@@ -188,10 +189,12 @@ impl<M: DmaMapper> InFlight<M> {
         Some(&mut self.span[i])
     }
 
-    /// How many packets are older than the oldest one that asked for a
-    /// report, if one did.
-    pub(super) fn first_report(&self) -> Option<usize> {
-        (0..self.len).find(|&k| self.span[self.at(k)].report())
+    /// The oldest packet that asked for a report, if one did: how many
+    /// packets are older, and where it sits.
+    pub(super) fn first_report(&self) -> Option<(usize, Span)> {
+        (0..self.len)
+            .map(|k| (k, self.span[self.at(k)]))
+            .find(|(_, s)| s.report())
     }
 }
 
@@ -287,10 +290,9 @@ mod tests {
                 q.push(s, Hdr::Slot(next as usize), None, next);
                 next += 1;
             }
-            assert_eq!(
-                q.first_report(),
-                Some(usize::from(!oldest.is_multiple_of(2)))
-            );
+            let k = usize::from(!oldest.is_multiple_of(2));
+            let (found, span) = q.first_report().unwrap();
+            assert_eq!((found, span.head()), (k, (oldest + k as u64) as u16));
             for _ in 0..=round % 3 {
                 let mut p = q.pop().unwrap();
                 assert_eq!(p.token(), oldest);
@@ -390,7 +392,8 @@ mod tests {
                 }
                 prop_assert_eq!(q.len(), model.len());
                 prop_assert_eq!(q.is_empty(), model.is_empty());
-                prop_assert_eq!(q.first_report(), model.iter().position(|m| m.0.report()));
+                let first = model.iter().position(|m| m.0.report());
+                prop_assert_eq!(q.first_report(), first.map(|k| (k, model[k].0)));
                 for k in 0..=cap {
                     prop_assert_eq!(q.span(k), model.get(k).map(|m| m.0));
                 }

@@ -169,10 +169,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         // The oldest packet that asked for a report; the packets before it
         // complete with it (a format that defers reports completes in
         // order). Every packet asks where the format does not defer.
-        while let Some(k) = self.pending.first_report() {
-            let Some(s) = self.pending.span(k) else {
-                break;
-            };
+        while let Some((k, s)) = self.pending.first_report() {
             let ring = RingMem::new(&self.ring, self.cfg.ring);
             let status = match self.fmt.done(&ring, s.head(), s.last()) {
                 Ok(Some(status)) => status,
