@@ -99,9 +99,8 @@ impl<M: DmaMapper> Shared<M> {
     }
 
     fn give_back(&self, c: ChunkPtr<M>) {
-        let poisoned = c.get().poisoned.load(Ordering::Relaxed);
         if self.cfg.policy == Policy::PerChunk {
-            self.unmap_chunk(c, poisoned);
+            self.unmap_chunk(c);
         }
         if c.get().poisoned.load(Ordering::Relaxed) {
             self.pin_listed(c);
@@ -124,9 +123,9 @@ impl<M: DmaMapper> Shared<M> {
     /// allocator, to be mapped to other memory the device must never
     /// reach: so the mapping stays for good, counted in the domain's
     /// pinned IOVA bytes.
-    fn unmap_chunk(&self, c: ChunkPtr<M>, poisoned: bool) {
+    fn unmap_chunk(&self, c: ChunkPtr<M>) {
         let size = self.cfg.order.size() as u64;
-        if poisoned {
+        if c.get().poisoned.load(Ordering::Relaxed) {
             if c.get().iova.load(Ordering::Relaxed) != NO_IOVA {
                 self.domain.pin_iova(size);
             }
