@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use pfrag::dma::{Coherent, Dir, Domain, Pinned, SoftIommu, SoftIommuConfig, Translate};
-use pfrag::frag::{Frag, FragCache};
+use pfrag::frag::FragCache;
 use pfrag::pool::{self, Policy, Pool};
 use pfrag::{Order, PAGE_SIZE};
 
@@ -17,18 +17,31 @@ fn domain() -> (Arc<SoftIommu>, Dom) {
     (iommu.clone(), Arc::new(Domain::new(iommu)))
 }
 
-/// A cache over a pool of order-1 chunks (8 KiB) mapped by `policy`, and
-/// one 100-byte frag from it, which spans no page boundary.
-fn one_frag(d: &Dom, policy: Policy) -> (FragCache<Arc<SoftIommu>>, Frag<Arc<SoftIommu>>) {
+/// The chunk size of [`pin_one`]'s pool: order 1.
+const CHUNK: u64 = 2 * PAGE_SIZE;
+
+/// Pins a 100-byte frag (it spans no page boundary) from a pool of order-1
+/// chunks mapped by `policy`, then drops the pool and maps 8 more
+/// chunk-sized regions in the domain. Returns the domain's pinned bytes
+/// just after the pin and at the end, and whether the frag's IOVA still
+/// reaches the frag's memory and none of the new regions took it.
+fn pin_one(policy: Policy) -> (Pinned, Pinned, bool) {
+    let (iommu, d) = domain();
     let mut cfg = pool::Config::new(Order::new(1).unwrap(), policy);
     cfg.grow_batch = 1;
-    let mut c = FragCache::new(Pool::new(d.clone(), cfg).unwrap());
-    let f = c.refill(100, true).unwrap();
-    (c, f)
-}
-
-fn pinned(d: &Dom) -> Pinned {
-    d.pinned()
+    let mut cache = FragCache::new(Pool::new(d.clone(), cfg).unwrap());
+    let f = cache.refill(100, true).unwrap();
+    let iova = f.iova();
+    let addr = iommu.translate(iova, Dir::TO_DEVICE).unwrap().addr;
+    f.pin();
+    let at_pin = d.pinned();
+    drop(cache);
+    let others: Vec<_> = (0..8)
+        .map(|_| Coherent::new(d.clone(), CHUNK as usize, Dir::BIDIRECTIONAL).unwrap())
+        .collect();
+    let same = iommu.translate(iova, Dir::TO_DEVICE).map(|t| t.addr) == Ok(addr);
+    let kept = same && others.iter().all(|o| o.iova() != iova);
+    (at_pin, d.pinned(), kept)
 }
 
 /// `PerFrag`: the frag's own mapping (its one page) stays for good and
@@ -39,21 +52,15 @@ fn pinned(d: &Dom) -> Pinned {
     ignore = "keeps memory allocated for good on purpose, which Miri's leak check reports"
 )]
 fn a_pinned_per_frag_frag_keeps_its_own_mapping_counted() {
-    let (iommu, d) = domain();
-    let (cache, f) = one_frag(&d, Policy::PerFrag);
-    let iova = f.iova();
-    f.pin();
-    assert_eq!(pinned(&d).iova_bytes, PAGE_SIZE);
-    drop(cache);
-    assert_eq!(
-        pinned(&d),
-        Pinned {
-            iova_bytes: PAGE_SIZE,
-            host_bytes: 2 * PAGE_SIZE
-        }
-    );
+    let (at_pin, end, kept) = pin_one(Policy::PerFrag);
+    assert_eq!(at_pin.iova_bytes, PAGE_SIZE);
+    let end_want = Pinned {
+        iova_bytes: PAGE_SIZE,
+        host_bytes: CHUNK,
+    };
+    assert_eq!(end, end_want);
     // Counted because it is still there.
-    assert!(iommu.translate(iova, Dir::TO_DEVICE).is_ok());
+    assert!(kept);
 }
 
 /// `Persistent`: the chunk's part of its arena's mapping stays (a mapping
@@ -64,21 +71,14 @@ fn a_pinned_per_frag_frag_keeps_its_own_mapping_counted() {
     ignore = "keeps memory allocated for good on purpose, which Miri's leak check reports"
 )]
 fn a_pinned_persistent_frag_keeps_its_chunk_mapped_and_counted() {
-    let (iommu, d) = domain();
-    let (cache, f) = one_frag(&d, Policy::Persistent);
-    let iova = f.iova();
-    f.pin();
-    assert_eq!(pinned(&d), Pinned::default(), "counted when the pool goes");
-    drop(cache);
-    let chunk = 2 * PAGE_SIZE;
-    assert_eq!(
-        pinned(&d),
-        Pinned {
-            iova_bytes: chunk,
-            host_bytes: chunk
-        }
-    );
-    assert!(iommu.translate(iova, Dir::TO_DEVICE).is_ok());
+    let (at_pin, end, kept) = pin_one(Policy::Persistent);
+    assert_eq!(at_pin, Pinned::default(), "counted when the pool goes");
+    let end_want = Pinned {
+        iova_bytes: CHUNK,
+        host_bytes: CHUNK,
+    };
+    assert_eq!(end, end_want);
+    assert!(kept);
 }
 
 /// `PerChunk`: the chunk's own mapping stays too, counted when its last
@@ -92,26 +92,14 @@ fn a_pinned_persistent_frag_keeps_its_chunk_mapped_and_counted() {
     ignore = "keeps memory allocated for good on purpose, which Miri's leak check reports"
 )]
 fn a_pinned_per_chunk_frag_keeps_its_mapping_for_good() {
-    let (iommu, d) = domain();
-    let (cache, f) = one_frag(&d, Policy::PerChunk);
-    let iova = f.iova();
-    let addr = iommu.translate(iova, Dir::TO_DEVICE).unwrap().addr;
-    f.pin();
-    drop(cache);
-    let chunk = 2 * PAGE_SIZE;
-    assert_eq!(
-        pinned(&d),
-        Pinned {
-            iova_bytes: chunk,
-            host_bytes: chunk
-        }
-    );
+    let (_, end, kept) = pin_one(Policy::PerChunk);
+    let end_want = Pinned {
+        iova_bytes: CHUNK,
+        host_bytes: CHUNK,
+    };
+    assert_eq!(end, end_want);
     // New mappings in the domain land elsewhere.
-    let others: Vec<_> = (0..8)
-        .map(|_| Coherent::new(d.clone(), chunk as usize, Dir::BIDIRECTIONAL).unwrap())
-        .collect();
-    assert_eq!(iommu.translate(iova, Dir::TO_DEVICE).unwrap().addr, addr);
-    assert!(others.iter().all(|o| o.iova() != iova));
+    assert!(kept);
 }
 
 /// A pinned coherent region: its mapping and its memory, at once.
@@ -127,7 +115,7 @@ fn a_pinned_coherent_region_counts_its_mapping_and_memory() {
     ring.pin();
     let len = 3 * PAGE_SIZE;
     assert_eq!(
-        pinned(&d),
+        d.pinned(),
         Pinned {
             iova_bytes: len,
             host_bytes: len
