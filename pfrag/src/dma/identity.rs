@@ -445,6 +445,24 @@ mod tests {
     }
 
     #[test]
+    fn a_change_reaches_every_page_of_its_range() {
+        let id = Identity::new();
+        let r = Region::new(3 * 4096, 4096, false).unwrap();
+        let (to, from) = (Dir::TO_DEVICE, Dir::FROM_DEVICE);
+        let all = |d| reachable(&id, &r, 3, d);
+        // SAFETY: (each map here) `r` outlives the mappings: both are
+        // unmapped below, before it drops.
+        unsafe { id.map(&pages(&r, 0, 3, to)) }.unwrap();
+        assert_eq!((all(to), all(from)), (vec![true; 3], vec![false; 3]));
+        // SAFETY: as above.
+        unsafe { id.map(&pages(&r, 0, 3, from)) }.unwrap();
+        assert_eq!(all(from), vec![true; 3], "a map forgot some pages");
+        id.unmap(page_at(&r, 0), 3 * 4096).unwrap();
+        id.unmap(page_at(&r, 0), 3 * 4096).unwrap();
+        assert_eq!(all(to), vec![false; 3], "an unmap forgot some pages");
+    }
+
+    #[test]
     fn overlapping_maps_share_pages_until_the_last_unmap() {
         let id = Identity::new();
         let r = Region::new(3 * 4096, 4096, false).unwrap();
