@@ -9,6 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::granules::{cut, Span};
 use super::iotlb::PageHasher;
+use super::seen::Seen;
 use super::{
     device_read, device_store_u32, device_write, Dir, DmaMapper, Fault, Fence, IovaSpace, MapStats,
     Mapping, PageSizes, Translate, Translation, Unmapped,
@@ -40,14 +41,19 @@ pub const MAX_PAGE_MAPPINGS: u16 = u16::MAX;
 ///
 /// A real system without an IOMMU lets the NIC reach any memory. A model of
 /// it in safe Rust may not: the device side ([`Translate`]) reaches only
-/// pages that are mapped now (one hash lookup per page, no IOTLB, no
-/// counters), and anything else is a fault.
+/// pages that are mapped now (no IOTLB, no counters), and anything else is
+/// a fault. A translation reads a small table of pages known to be mapped
+/// without taking the mapper's lock, and looks the page up under the lock
+/// only when the table does not have it; the table is kept exact (see
+/// `seen.rs`).
 #[derive(Debug, Default)]
 pub struct Identity {
     map_calls: AtomicU64,
     unmap_calls: AtomicU64,
     faults: AtomicU64,
     state: Mutex<State>,
+    /// Pages known to be mapped: written only under `state`'s lock.
+    seen: Seen,
     fence: Fence,
 }
 
@@ -203,6 +209,17 @@ impl Identity {
         crate::sync::lock_std(&self.state)
     }
 
+    /// The directions `page`'s live mappings allow, from the map, which
+    /// the table of pages known to be mapped then remembers; `None` if the
+    /// page is not mapped.
+    #[cold]
+    fn look_up(&self, page: u64) -> Option<Dir> {
+        let st = self.lock();
+        let dir = st.pages.get(&page).map(|r| r.dir())?;
+        self.seen.fill(page, dir);
+        Some(dir)
+    }
+
     /// 4 KiB pages mapped now (a page with several live mappings counts
     /// once).
     pub fn mapped_pages(&self) -> u64 {
@@ -225,7 +242,11 @@ impl DmaMapper for Identity {
         if m.iova.raw() != m.addr.raw() as u64 || !aligned || end.is_none() || m.dir.is_empty() {
             return Err(einval(m.iova, m.len));
         }
-        self.lock().map(m)?;
+        let mut st = self.lock();
+        st.map(m)?;
+        // Before the lock goes: the pages' directions changed.
+        self.seen.forget(m.iova.page(), m.len >> PAGE_SHIFT);
+        drop(st);
         self.map_calls.fetch_add(1, Relaxed);
         Ok(())
     }
@@ -240,7 +261,12 @@ impl DmaMapper for Identity {
         {
             return Err(unmap_err(libc::EINVAL));
         }
-        self.lock().unmap(iova.raw(), len).map_err(unmap_err)?;
+        let mut st = self.lock();
+        st.unmap(iova.raw(), len).map_err(unmap_err)?;
+        // Before the lock goes, and so before the fence's wait: a device
+        // access that starts after the wait cannot find these pages.
+        self.seen.forget(iova.page(), len >> PAGE_SHIFT);
+        drop(st);
         self.unmap_calls.fetch_add(1, Relaxed);
         self.fence.quiesce();
         Ok(Unmapped::Flushed)
@@ -273,7 +299,8 @@ impl DmaMapper for Identity {
 // and device access; the accesses go through `translate`.
 unsafe impl Translate for Identity {
     fn translate(&self, iova: Iova, access: Dir) -> Result<Translation, Fault> {
-        let dir = self.lock().pages.get(&iova.page()).map(|r| r.dir());
+        let page = iova.page();
+        let dir = self.seen.get(page).or_else(|| self.look_up(page));
         match dir {
             Some(d) if d.contains(access) => Ok(Translation {
                 addr: VirtAddr(iova.raw() as usize),
@@ -384,6 +411,55 @@ mod tests {
         (0..n)
             .map(|p| id.translate(page_at(r, p), access).is_ok())
             .collect()
+    }
+
+    #[test]
+    fn a_translation_sees_every_change_of_its_page() {
+        let id = Identity::new();
+        let r = Region::new(2 * 4096, 4096, false).unwrap();
+        let at = page_at(&r, 0);
+        let (to, from) = (Dir::TO_DEVICE, Dir::FROM_DEVICE);
+        let ok = |d| id.translate(at, d).is_ok();
+        // SAFETY: (each map here) `r` outlives the mappings: all are
+        // unmapped below, before it drops.
+        unsafe { id.map(&pages(&r, 0, 1, to)) }.unwrap();
+        assert!(ok(to) && !ok(from), "read, and remembered read-only");
+        // A second mapping widens the page: the remembered answer goes.
+        // SAFETY: as above.
+        unsafe { id.map(&pages(&r, 0, 2, from)) }.unwrap();
+        assert!(ok(to) && ok(from));
+        // The wider one goes: the page is read-only again.
+        id.unmap(at, 2 * 4096).unwrap();
+        assert!(ok(to) && !ok(from));
+        id.unmap(at, 4096).unwrap();
+        assert!(!ok(to) && !ok(from), "unmapped: a fault, not a memory");
+        // A failed map or unmap changes nothing the device sees.
+        // SAFETY: as above.
+        unsafe { id.map(&pages(&r, 1, 1, from)) }.unwrap();
+        assert!(id.translate(page_at(&r, 1), from).is_ok());
+        assert!(id.unmap(at, 2 * 4096).is_err());
+        assert!(id.translate(page_at(&r, 1), from).is_ok() && !ok(to));
+        id.unmap(page_at(&r, 1), 4096).unwrap();
+        assert!(id.translate(page_at(&r, 1), from).is_err());
+        assert_eq!(id.mapped_pages(), 0);
+    }
+
+    #[test]
+    fn a_change_reaches_every_page_of_its_range() {
+        let id = Identity::new();
+        let r = Region::new(3 * 4096, 4096, false).unwrap();
+        let (to, from) = (Dir::TO_DEVICE, Dir::FROM_DEVICE);
+        let all = |d| reachable(&id, &r, 3, d);
+        // SAFETY: (each map here) `r` outlives the mappings: both are
+        // unmapped below, before it drops.
+        unsafe { id.map(&pages(&r, 0, 3, to)) }.unwrap();
+        assert_eq!((all(to), all(from)), (vec![true; 3], vec![false; 3]));
+        // SAFETY: as above.
+        unsafe { id.map(&pages(&r, 0, 3, from)) }.unwrap();
+        assert_eq!(all(from), vec![true; 3], "a map forgot some pages");
+        id.unmap(page_at(&r, 0), 3 * 4096).unwrap();
+        id.unmap(page_at(&r, 0), 3 * 4096).unwrap();
+        assert_eq!(all(to), vec![false; 3], "an unmap forgot some pages");
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod granules;
 mod identity;
 mod iotlb;
 mod latency;
+mod seen;
 mod soft;
 mod soft_config;
 pub mod watch;
