@@ -103,20 +103,16 @@ impl Seen {
     /// Only with the mapper's lock held, the one the change was made under.
     pub(super) fn forget(&self, first: u64, n: u64) {
         let end = first.saturating_add(n);
-        let mine = |e: u64| e & FILLED != 0 && (first..end).contains(&(e >> PAGE_AT));
-        // A clear needs no release: a hit that reads it finds nothing.
-        if n >= SEEN as u64 {
-            // More pages than entries: look at each entry once.
-            self.0
-                .iter()
-                .filter(|s| mine(s.load(Relaxed)))
-                .for_each(|s| s.store(0, Relaxed));
-        } else {
-            for page in first..end {
-                let s = self.slot(page);
-                if mine(s.load(Relaxed)) {
-                    s.store(0, Relaxed);
-                }
+        // Consecutive pages fall in distinct entries, so the entries of the
+        // first `SEEN` pages are every entry a page of the range can hold:
+        // a range wider than the table looks at each entry once.
+        for page in first..first.saturating_add(n.min(SEEN as u64)) {
+            let s = self.slot(page);
+            let e = s.load(Relaxed);
+            if e & FILLED != 0 && (first..end).contains(&(e >> PAGE_AT)) {
+                // A clear needs no release: a hit that reads it finds
+                // nothing.
+                s.store(0, Relaxed);
             }
         }
     }
