@@ -25,9 +25,6 @@ pub struct Ring<M: DmaMapper> {
     slot: usize,
     busy: Vec<bool>,
     in_use: usize,
-    /// A slot's worth of bytes, where the parts of a packet are gathered
-    /// before they are copied into its slot.
-    gather: Box<[u8]>,
 }
 
 impl<M: DmaMapper> std::fmt::Debug for Ring<M> {
@@ -70,7 +67,6 @@ impl<M: DmaMapper> Ring<M> {
             slot,
             busy: vec![false; slots],
             in_use: 0,
-            gather: vec![0; slot].into_boxed_slice(),
         })
     }
 
@@ -100,14 +96,17 @@ impl<M: DmaMapper> Ring<M> {
 
     /// Copies `parts` one after another into slot `i` (a small packet's
     /// headers and payload, so that the whole frame goes out as one
-    /// buffer); returns the IOVA the device reads it at. Errors as for
+    /// buffer); returns the IOVA the device reads it at. The slot's bytes
+    /// after the packet, up to the next 8-byte boundary, become zero. The
+    /// parts are walked twice: once to measure them, once to copy them,
+    /// each 8-byte word stored once. Errors as for
     /// [`fill`](Self::fill), the length being the bytes the parts reach at
     /// the first part that passes the slot (the total when that is the
     /// last: the parts after it are not read).
     pub fn fill_parts<'a>(
         &mut self,
         i: usize,
-        parts: impl Iterator<Item = &'a [u8]>,
+        parts: impl Iterator<Item = &'a [u8]> + Clone,
     ) -> Result<Iova> {
         let slots = self.busy.len();
         let busy = self
@@ -117,25 +116,27 @@ impl<M: DmaMapper> Ring<M> {
         if *busy {
             return Err(Error::SlotBusy { slot: i });
         }
-        // Gathered first, in one pass, so that the slot takes whole-word
-        // stores (parts that end mid-word would each cost a
-        // read-modify-write) and is written only once the whole packet is
-        // known to fit.
+        // Measured first, so that the slot is written only once the whole
+        // packet is known to fit.
         let mut n = 0usize;
-        for p in parts.filter(|p| !p.is_empty()) {
-            let len = n.saturating_add(p.len());
-            let dst = self.gather.get_mut(n..len).ok_or(Error::HeaderTooLarge {
-                len,
-                slot: self.slot,
-            })?;
-            copy_short(dst, p);
-            n = len;
+        for p in parts.clone() {
+            n = n.saturating_add(p.len());
+            if n > self.slot {
+                return Err(Error::HeaderTooLarge {
+                    len: n,
+                    slot: self.slot,
+                });
+            }
         }
         if n == 0 {
             return Err(Error::ZeroLength);
         }
+        // Whole-word stores, each word once; the slot's bytes past the
+        // packet up to an 8-byte boundary become zero (a slot is a whole
+        // number of words, and the device reads only the packet's bytes).
+        // The ring is mapped for the device to read only.
         let at = i * self.slot;
-        self.mem.write(at, &self.gather[..n])?;
+        self.mem.write_parts(at, n, parts)?;
         *busy = true;
         self.in_use += 1;
         Ok(self.mem.iova().offset(at as u64))
@@ -151,31 +152,6 @@ impl<M: DmaMapper> Ring<M> {
             }
         }
     }
-}
-
-/// `dst.copy_from_slice(src)`, inline for parts of 16 to 64 bytes (a small
-/// frame's headers and payload): 16-byte moves from the front, the last
-/// one ending at the end (overlapping the one before), where a call to
-/// `memcpy` costs more. Other lengths take the call.
-///
-/// # Panics
-/// If the lengths differ, as `copy_from_slice`.
-#[inline(always)]
-fn copy_short(dst: &mut [u8], src: &[u8]) {
-    let n = src.len();
-    if dst.len() != n || !(16..=64).contains(&n) {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let mut move16 = |at: usize| dst[at..at + 16].copy_from_slice(&src[at..at + 16]);
-    move16(0);
-    if n > 32 {
-        move16(16);
-        if n > 48 {
-            move16(32);
-        }
-    }
-    move16(n - 16);
 }
 
 #[cfg(test)]
@@ -211,7 +187,7 @@ mod tests {
         let mut r = ring(2);
         r.fill(0, &[0xaa; 20]).unwrap();
         r.release(0);
-        // Parts that end mid-word, gathered into one buffer.
+        // Parts that end mid-word, packed into whole words.
         let slot0 = r
             .fill_parts(0, [&b"abc"[..], b"", b"defgh"].into_iter())
             .unwrap();
@@ -239,13 +215,29 @@ mod tests {
     }
 
     #[test]
-    fn short_copies_match_copy_from_slice() {
-        let src: Vec<u8> = (0..80u8).map(|b| b.wrapping_mul(37) ^ 0x5a).collect();
-        for n in 0..=80 {
-            let mut dst = vec![0xeeu8; n];
-            copy_short(&mut dst, &src[..n]);
-            assert_eq!(dst, src[..n], "{n} bytes");
-        }
+    fn a_packet_that_ends_mid_word_pads_only_that_word_with_zeros() {
+        let mut r = ring(2);
+        r.fill(1, &[0xaa; 24]).unwrap();
+        r.release(1);
+        // 9 bytes: the second 8-byte word is 1 byte and 7 zeros, the
+        // third word as it was.
+        let iova = r
+            .fill_parts(1, [&b"abcd"[..], b"efghi"].into_iter())
+            .unwrap();
+        assert_eq!(
+            device_reads(&r, iova, 20),
+            b"abcdefghi\0\0\0\0\0\0\0\xaa\xaa\xaa\xaa"
+        );
+        r.release(1);
+        // A 63-byte frame from parts that end mid-word, an empty one among
+        // them.
+        let hdr: Vec<u8> = (1..=42).collect();
+        let payload: Vec<u8> = (43..=63).collect();
+        let parts = [&b""[..], &hdr[..], &[][..], &payload[..]];
+        let iova = r.fill_parts(1, parts.into_iter()).unwrap();
+        let mut want: Vec<u8> = (1..=63).collect();
+        want.push(0);
+        assert_eq!(device_reads(&r, iova, 64), want);
     }
 
     #[test]

@@ -56,6 +56,7 @@ pub mod frag;
 pub mod iova;
 pub mod mem;
 pub mod order;
+mod pack;
 pub mod pool;
 mod sync;
 

@@ -10,11 +10,13 @@
 //! `slice_mut` / `slice`, whose callers promise the device is not using the
 //! range. The raw accessors are private to pfrag; outside it, memory is
 //! reached through [`Region::write`] (`&mut self`: one writer, no reader),
-//! `Coherent` (32-bit atomics, safe to share between threads) and frags.
+//! `Coherent` (32-bit atomics, safe to share between threads; the bounce
+//! ring's packed writes, through `&mut` to memory the device only reads,
+//! are 64-bit ones) and frags.
 
 use std::io;
 use std::ptr;
-use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
 
@@ -396,6 +398,30 @@ pub(crate) unsafe fn write_words(addr: VirtAddr, src: &[u8]) {
         // SAFETY: per the contract above.
         unsafe { write_edges(addr, src) };
     }
+}
+
+/// Stores the bytes of `parts`, one after another, from `addr` on, each
+/// 8-byte word with one relaxed 64-bit atomic store, and zeroes the bytes
+/// of the last word past their end ([`pack`](crate::pack)); `words` words
+/// from `addr` are written at most.
+///
+/// # Safety
+/// `addr` is 8-byte aligned, the `words` words from it lie in a live
+/// [`Region`], and no other access to them runs meanwhile, on any thread:
+/// the caller holds them alone (the rest of this module accesses region
+/// memory as 32-bit words, and accesses of two sizes must not race).
+#[inline]
+pub(crate) unsafe fn write_parts<'a>(
+    addr: VirtAddr,
+    words: usize,
+    parts: impl Iterator<Item = &'a [u8]>,
+) {
+    debug_assert_eq!(addr.0 % 8, 0);
+    // SAFETY: per the contract above: aligned for `AtomicU64` (which has
+    // the layout of `u64`), live for the call, and nothing else accesses
+    // the words meanwhile. One reference for the whole range.
+    let ws = unsafe { std::slice::from_raw_parts(addr.0 as *const AtomicU64, words) };
+    crate::pack::store_parts(ws, parts);
 }
 
 /// [`write_words`] of a range with a partial first or last word.

@@ -1,15 +1,12 @@
-//! A DMA domain: a mapper plus the IOVA allocator that serves it, and
-//! coherent regions mapped once for their whole life.
+//! A DMA domain: a mapper plus the IOVA allocator that serves it.
 
-use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
 
 use super::{BatchUnmap, Dir, DmaMapper, IovaSpace, Mapping, Unmapped};
-use crate::addr::{Iova, VirtAddr, PAGE_SIZE};
+use crate::addr::{Iova, VirtAddr};
 use crate::error::{Error, Result};
 use crate::iova::IovaAllocator;
-use crate::mem::{self, Region};
-use std::mem::ManuallyDrop;
 
 /// A mapper and its IOVA allocator. An IOVA freed by a lazy unmap is only
 /// handed out again after the mapper's flush covered it.
@@ -34,7 +31,7 @@ pub struct Domain<M: DmaMapper> {
 pub struct Pinned {
     /// IOVA bytes that stay mapped for good: their unmap failed, or their
     /// owner pinned them for a device that could not be stopped
-    /// ([`Coherent::pin`], [`Frag::pin`](crate::frag::Frag::pin)).
+    /// ([`Coherent::pin`](super::Coherent::pin), [`Frag::pin`](crate::frag::Frag::pin)).
     pub iova_bytes: u64,
     /// Host bytes never freed because a device might still reach them.
     pub host_bytes: u64,
@@ -334,247 +331,11 @@ fn lock(a: &Mutex<IovaAllocator>) -> MutexGuard<'_, IovaAllocator> {
     crate::sync::lock_std(a)
 }
 
-/// A coherent DMA region: memory mapped once at creation and unmapped when
-/// dropped (descriptor rings, header bounce rings).
-///
-/// It is shared between the CPU and a device, so its accessors take `&self`
-/// and the region is `Sync`. The promise:
-///
-/// - **CPU accesses are free of data races.** Every accessor is atomic at
-///   32-bit word granularity: [`read_u32`](Self::read_u32) and
-///   [`write_u32`](Self::write_u32) are single atomic operations;
-///   [`read_u64`](Self::read_u64) and [`write_u64`](Self::write_u64) are two
-///   of them (low-address word first), so a `u64` is *not* single-copy
-///   atomic: another thread may see one half written. [`write`](Self::write)
-///   and [`read`](Self::read) go word by word; a word the range covers only
-///   in part is updated with a compare-and-swap, keeping its other bytes.
-///   Threads writing the same bytes at once leave each word as one of them
-///   wrote it.
-/// - **Device accesses are DMA** (a real device, or a model through
-///   [`Translate`](super::Translate)): the driver hands memory to the device
-///   with its doorbell (a release store, or a fence before an MMIO write)
-///   and takes it back by reading the device's status write-back with
-///   [`read_u32`](Self::read_u32) (acquire), as with real hardware. The
-///   CPU's own stores are relaxed: that handshake orders them. A model's
-///   *writes* through `Translate` ([`write`](super::Translate::write),
-///   [`write_u32`](super::Translate::write_u32)) are 32-bit atomics as
-///   well, so a device write that races the CPU on these bytes is no data
-///   race. A model's *read* ([`read`](super::Translate::read)) is not: it
-///   lends the model the bytes in place as a plain `&[u8]`, and it is
-///   `Translate::read`'s safety contract (nothing writes the bytes during
-///   the call) that rules out a CPU write racing it.
-///
-/// ```
-/// # use std::sync::Arc;
-/// # use pfrag::dma::{Coherent, Dir, Domain, Identity};
-/// let ring = Coherent::new(Arc::new(Domain::new(Identity::new())), 4096, Dir::BIDIRECTIONAL)?;
-/// std::thread::scope(|s| {
-///     s.spawn(|| ring.write(0, b"from one thread"));
-///     s.spawn(|| ring.write_u64(8, 7));
-/// });
-/// # Ok::<(), pfrag::Error>(())
-/// ```
-pub struct Coherent<M: DmaMapper> {
-    domain: Arc<Domain<M>>,
-    /// Freed in `drop` only once the mapping is retired.
-    region: ManuallyDrop<Region>,
-    iova: Iova,
-}
-
-impl<M: DmaMapper> std::fmt::Debug for Coherent<M> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Coherent")
-            .field("iova", &self.iova)
-            .field("len", &self.region.len())
-            .finish()
-    }
-}
-
-impl<M: DmaMapper> Coherent<M> {
-    /// Allocates and maps `len` bytes (rounded up to 4 KiB) for `dir`.
-    pub fn new(domain: Arc<Domain<M>>, len: usize, dir: Dir) -> Result<Coherent<M>> {
-        let region = Region::new(len, PAGE_SIZE as usize, false)?;
-        // SAFETY: `region` lives in the returned `Coherent`, whose drop
-        // retires the mapping before freeing it (or leaks it if that fails).
-        let iova = unsafe { domain.map(region.addr(), region.len() as u64, PAGE_SIZE, dir) }?;
-        Ok(Coherent {
-            domain,
-            region: ManuallyDrop::new(region),
-            iova,
-        })
-    }
-
-    /// Where the device sees the region.
-    pub fn iova(&self) -> Iova {
-        self.iova
-    }
-    /// Where the CPU sees it.
-    pub fn addr(&self) -> VirtAddr {
-        self.region.addr()
-    }
-    /// Its size.
-    pub fn len(&self) -> usize {
-        self.region.len()
-    }
-    /// Always false.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-    /// Keeps the memory allocated and mapped for good, counted in its
-    /// domain's [`pinned`](Domain::pinned) host and IOVA bytes, as a drop
-    /// whose unmap fails does: for memory a device that could not be
-    /// stopped may still reach.
-    pub fn pin(self) {
-        self.domain.pin_host(self.region.len() as u64);
-        self.domain.pin_iova(self.region.len() as u64);
-        std::mem::forget(self);
-    }
-    /// The domain it is mapped in.
-    pub fn domain(&self) -> &Arc<Domain<M>> {
-        &self.domain
-    }
-
-    #[inline]
-    fn at(&self, off: usize, len: usize, align: usize) -> Result<VirtAddr> {
-        let size = self.region.len();
-        match off.checked_add(len) {
-            Some(end) if end <= size && off % align == 0 => Ok(self.region.addr().offset(off)),
-            _ => Err(Error::OutOfRange {
-                what: "coherent region offset (aligned, access inside the region)",
-                value: off as u64,
-                min: 0,
-                max: size.saturating_sub(len) as u64,
-            }),
-        }
-    }
-
-    /// Copies `src` in at `off`, word by word with relaxed atomic stores
-    /// (see the type docs).
-    #[inline]
-    pub fn write(&self, off: usize, src: &[u8]) -> Result<()> {
-        let at = self.at(off, src.len(), 1)?;
-        // SAFETY: in bounds of the live region, whose base is page aligned
-        // and length a page multiple, so every word the range touches lies
-        // inside it; the CPU reaches region memory only through these
-        // 32-bit atomics, and the device only after the doorbell (type
-        // docs).
-        unsafe { mem::write_words(at, src) };
-        Ok(())
-    }
-    /// Copies out from `off`, word by word with relaxed atomic loads. To see
-    /// what a device wrote, read its status word with
-    /// [`read_u32`](Self::read_u32) first.
-    pub fn read(&self, off: usize, dst: &mut [u8]) -> Result<()> {
-        let at = self.at(off, dst.len(), 1)?;
-        // SAFETY: as in `write`.
-        unsafe { mem::read_words(at, dst) };
-        Ok(())
-    }
-    /// Atomic 32-bit load with acquire ordering at `off` (4-byte aligned):
-    /// how a driver polls a status word the device writes back, also when
-    /// a device model runs on another thread (it stores the word with
-    /// [`Translate::write_u32`](super::Translate::write_u32)).
-    pub fn read_u32(&self, off: usize) -> Result<u32> {
-        let at = self.at(off, 4, 4)?;
-        // SAFETY: in bounds and aligned (the region's base is page
-        // aligned); CPU accesses are 32-bit atomics, and a device model
-        // writes such a word only with a 32-bit atomic store.
-        Ok(unsafe { mem::load_u32(at, Ordering::Acquire) })
-    }
-    /// Atomic 32-bit store at `off` (4-byte aligned). Relaxed: the device
-    /// reads it only after the doorbell, which orders it.
-    pub fn write_u32(&self, off: usize, v: u32) -> Result<()> {
-        let at = self.at(off, 4, 4)?;
-        // SAFETY: as in `read_u32`.
-        unsafe { mem::store_u32(at, v, Ordering::Relaxed) };
-        Ok(())
-    }
-    /// Atomic 16-bit load with acquire ordering at `off` (2-byte aligned):
-    /// a split virtqueue's used index, which its device stores with a
-    /// 16-bit atomic.
-    ///
-    /// # Safety
-    /// No access of another size to the 4-byte word around `off` runs
-    /// meanwhile, on any thread (a mixed-size race): this region's CPU
-    /// accesses are otherwise 32-bit atomics, and `Coherent` is `Sync`.
-    pub unsafe fn read_u16(&self, off: usize) -> Result<u16> {
-        let at = self.at(off, 2, 2)?;
-        // SAFETY: in bounds and aligned (the region's base is page
-        // aligned); the caller promised no access of another size races.
-        Ok(unsafe { mem::load_u16(at, Ordering::Acquire) })
-    }
-    /// Atomic 16-bit store with release ordering at `off` (2-byte aligned):
-    /// a split virtqueue's available index, which publishes the entries
-    /// written before it.
-    ///
-    /// # Safety
-    /// As [`read_u16`](Self::read_u16).
-    pub unsafe fn write_u16(&self, off: usize, v: u16) -> Result<()> {
-        let at = self.at(off, 2, 2)?;
-        // SAFETY: as in `read_u16`.
-        unsafe { mem::store_u16(at, v, Ordering::Release) };
-        Ok(())
-    }
-    /// 64-bit store at `off` (8-byte aligned), as two relaxed 32-bit atomic
-    /// stores, low address first: not single-copy atomic (a descriptor is
-    /// read by the device only after the doorbell).
-    #[inline]
-    pub fn write_u64(&self, off: usize, v: u64) -> Result<()> {
-        let at = self.at(off, 8, 8)?;
-        let b = v.to_ne_bytes();
-        let (lo, hi) = (
-            u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
-            u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
-        );
-        // SAFETY: in bounds and aligned, as in `read_u32`, so the range is
-        // two whole words, stored with two relaxed 32-bit atomic stores,
-        // low address first (`write_words`' general loop cost a descriptor
-        // write dozens of instructions more); every other access to them
-        // is a 32-bit atomic too.
-        unsafe {
-            mem::store_u32(at, lo, Ordering::Relaxed);
-            mem::store_u32(at.offset(4), hi, Ordering::Relaxed);
-        }
-        Ok(())
-    }
-    /// 64-bit load at `off` (8-byte aligned), as two 32-bit atomic loads
-    /// with acquire ordering, low address first: not single-copy atomic.
-    pub fn read_u64(&self, off: usize) -> Result<u64> {
-        let at = self.at(off, 8, 8)?;
-        // SAFETY: in bounds and aligned, as in `read_u32`, for both words.
-        let (lo, hi) = unsafe {
-            (
-                mem::load_u32(at, Ordering::Acquire).to_ne_bytes(),
-                mem::load_u32(at.offset(4), Ordering::Acquire).to_ne_bytes(),
-            )
-        };
-        Ok(u64::from_ne_bytes([
-            lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3],
-        ]))
-    }
-}
-
-impl<M: DmaMapper> Drop for Coherent<M> {
-    fn drop(&mut self) {
-        let len = self.region.len() as u64;
-        // SAFETY: the region's mapping is this `Coherent`'s own, made in
-        // `new`; it is going away, and nothing names its IOVA after this.
-        if unsafe { self.domain.retire(self.iova, len) }.is_ok() {
-            // SAFETY: the mapping and its invalidation are complete: no
-            // device can reach the region, and it is not used again.
-            unsafe { ManuallyDrop::drop(&mut self.region) };
-        } else {
-            // A device may still reach the region: keep it allocated for
-            // good, and count it.
-            self.domain.pin_host(len);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dma::{SoftIommu, SoftIommuConfig, Translate};
+    use crate::mem::Region;
 
     #[test]
     fn map_many_is_one_call_for_contiguous_buffers() {
@@ -601,22 +362,6 @@ mod tests {
         // Unaligned host address: the mapper refuses.
         // SAFETY: the map is refused, so nothing can reach the address.
         assert!(unsafe { d.map(VirtAddr(0x1234), 4096, 4096, Dir::TO_DEVICE) }.is_err());
-        assert_eq!(d.iova_in_use(), 0);
-    }
-
-    #[test]
-    fn coherent_region_is_mapped_for_its_life() {
-        let d = Arc::new(Domain::new(
-            SoftIommu::new(SoftIommuConfig::default()).unwrap(),
-        ));
-        let c = Coherent::new(d.clone(), 100, Dir::BIDIRECTIONAL).unwrap();
-        c.write_u32(8, 0xdead_beef).unwrap();
-        assert_eq!(c.read_u32(8).unwrap(), 0xdead_beef);
-        assert!(c.write_u32(4096, 1).is_err());
-        assert!(c.write_u32(2, 1).is_err());
-        let iova = c.iova();
-        drop(c);
-        assert!(d.mapper().translate(iova, Dir::TO_DEVICE).is_err());
         assert_eq!(d.iova_in_use(), 0);
     }
 }

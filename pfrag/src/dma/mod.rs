@@ -7,6 +7,7 @@
 //! with an [`IovaAllocator`](crate::iova::IovaAllocator) that never reuses an
 //! IOVA before the mapper has flushed it.
 
+mod coherent;
 mod domain;
 mod faulty;
 mod fence;
@@ -21,7 +22,8 @@ pub mod watch;
 
 use std::ops::Range;
 
-pub use domain::{Coherent, Domain, PartialUnmap, Pinned};
+pub use coherent::Coherent;
+pub use domain::{Domain, PartialUnmap, Pinned};
 pub use faulty::{Faulty, FaultyConfig, FaultyStats, Op};
 pub use identity::{Identity, MAX_PAGE_MAPPINGS};
 pub use soft::{FaultReason, FaultRecord, SoftIommu};

@@ -4,9 +4,11 @@
 
 use pfrag::dma::DmaMapper;
 
-use super::Queue;
+use super::inflight::Span;
+use super::{Fmt, Hdr, Queue, MAX_PREFIX};
 use crate::device::TxDevice;
 use crate::error::Result;
+use crate::format::{Buf, Format, Packet};
 use crate::offload::Offload;
 
 /// One packet of a burst: what [`Queue::send`] takes.
@@ -64,14 +66,131 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn send_burst(&mut self, pkts: &[TxPacket<'_>]) -> Result<usize> {
-        for (n, p) in pkts.iter().enumerate() {
+        // Nothing the limit reads changes during the call.
+        let limit = self.inline_limit();
+        let mut n = 0;
+        loop {
+            n += self.send_inline_run(&pkts[n..], limit);
+            let Some(p) = pkts.get(n) else {
+                return Ok(n);
+            };
             if let Err(e) = self.send(p.headers, p.payload, p.offload, p.token) {
                 if n == 0 && !e.is_backoff() {
                     return Err(e);
                 }
                 return Ok(n);
             }
+            n += 1;
         }
-        Ok(pkts.len())
+    }
+
+    /// Posts the longest prefix of `pkts` that goes out inline without an
+    /// offload, each packet exactly as [`send`](Self::send) posts it, with
+    /// the checks that do not depend on the packet made once for the run
+    /// (`limit`, from [`inline_limit`](Self::inline_limit)); returns how
+    /// many it posted. It stops, posting nothing more, at the first packet
+    /// it does not take or that fails, which `send` then posts or refuses
+    /// with its error (a failure here, of a slot or a descriptor write,
+    /// fails there the same way and changes nothing either time).
+    fn send_inline_run(&mut self, pkts: &[TxPacket<'_>], limit: Option<usize>) -> usize {
+        let Some(limit) = limit else {
+            return 0;
+        };
+        let room = pkts.len().min(self.free_descs());
+        let (mut posted, mut bytes) = (0usize, 0u64);
+        for p in &pkts[..room] {
+            let (hlen, len) = (p.headers.len(), p.payload.len());
+            if p.offload != Offload::None || hlen == 0 || len == 0 || hlen + len > limit {
+                break;
+            }
+            if self.post_plain_inline(p).is_err() {
+                break;
+            }
+            posted += 1;
+            bytes += len as u64;
+        }
+        self.stats.packets += posted as u64;
+        self.stats.bytes += bytes;
+        self.stats.descs += posted as u64;
+        self.stats.inline_packets += posted as u64;
+        posted
+    }
+
+    /// The most bytes of headers and payload together that a packet
+    /// without an offload may have for [`send_inline_run`](Self::send_inline_run)
+    /// to take it, if it takes any: where every check `send` makes of
+    /// such a packet passes (headers and payload not empty, the format's
+    /// and the pool's payload limits, the MTU, placeable headers, the
+    /// offload supported), and the packet fits a bounce slot and one
+    /// buffer whole.
+    fn inline_limit(&self) -> Option<usize> {
+        let slot = self.bounce.as_ref()?.slot_size();
+        if !self.fmt.supports(Offload::None, None) {
+            return None;
+        }
+        let pre = Fmt::<D>::PREFIX;
+        // With at least one header byte, a frame of at most this many
+        // bytes has at most `pool_max` of payload.
+        let pool_max = super::max_payload::<Fmt<D>>(self.cache.pool().config());
+        let limit = [
+            Fmt::<D>::MAX_PAYLOAD,
+            usize::from(self.cfg.mtu) + super::send::ETH_HLEN,
+            slot.saturating_sub(pre),
+            Fmt::<D>::MAX_BUF.saturating_sub(pre),
+            super::header::max_headers::<Fmt<D>>(),
+            pool_max.saturating_add(1),
+        ];
+        limit.into_iter().min()
+    }
+
+    /// Posts one packet without an offload that fits a bounce slot, as
+    /// [`send`](Self::send) would, minus the counters of the run: the
+    /// caller checked it against [`inline_limit`](Self::inline_limit) and
+    /// the free descriptors. On error nothing is posted.
+    #[inline(always)]
+    fn post_plain_inline(&mut self, p: &TxPacket<'_>) -> Result<()> {
+        let idx = self.tail;
+        let pkt = Packet {
+            offload: Offload::None,
+            hlen: p.headers.len(),
+            len: p.payload.len(),
+            layout: None,
+        };
+        let Some(b) = self.bounce.as_mut() else {
+            unreachable!("inline_limit saw a bounce ring");
+        };
+        let iova = if Fmt::<D>::PREFIX == 0 {
+            let parts = [p.headers, p.payload];
+            b.fill_parts(usize::from(idx), parts.iter().copied())?
+        } else {
+            let mut pre = [0u8; MAX_PREFIX];
+            let pre = &mut pre[..Fmt::<D>::PREFIX];
+            self.fmt.write_prefix(pre, &pkt);
+            let parts = [&*pre, p.headers, p.payload];
+            b.fill_parts(usize::from(idx), parts.iter().copied())?
+        };
+        let report = self.report_next();
+        let buf = Buf {
+            iova,
+            len: Fmt::<D>::PREFIX + pkt.hlen + pkt.len,
+            first: true,
+            last: true,
+            next: self.next(idx),
+            report,
+        };
+        let written = self
+            .write_data(idx, buf, &pkt)
+            .and_then(|()| self.publish(idx));
+        if let Err(e) = written {
+            self.drop_header(Hdr::Slot(usize::from(idx)));
+            return Err(e);
+        }
+        self.note_report(idx, report);
+        self.tail = self.next(idx);
+        self.used += 1;
+        let span = Span::new(idx, idx, 1, report);
+        self.pending
+            .push(span, Hdr::Slot(usize::from(idx)), None, p.token);
+        Ok(())
     }
 }

@@ -79,6 +79,18 @@ pub(super) struct InFlight<M: DmaMapper> {
     /// Position of the oldest packet.
     first: usize,
     len: usize,
+    /// The positions of the packets that ask for a report, oldest first,
+    /// in a ring of the same capacity: the oldest is found without a scan
+    /// ([`first_report`](Self::first_report)).
+    reports: Box<[u32]>,
+    /// Where the oldest of them sits in `reports`.
+    rfirst: usize,
+    /// How many there are.
+    rlen: usize,
+    /// How many packets hold a header frag or payload frags: none, and a
+    /// reap frees its packets without looking for any
+    /// ([`pop_plain`](Self::pop_plain)).
+    holding: usize,
 }
 
 impl<M: DmaMapper> InFlight<M> {
@@ -93,6 +105,10 @@ impl<M: DmaMapper> InFlight<M> {
             frags: std::iter::repeat_with(|| None).take(cap).collect(),
             first: 0,
             len: 0,
+            reports: vec![0; cap].into_boxed_slice(),
+            rfirst: 0,
+            rlen: 0,
+            holding: 0,
         }
     }
 
@@ -107,13 +123,29 @@ impl<M: DmaMapper> InFlight<M> {
     /// The array position of the `k`-th oldest packet.
     #[inline(always)]
     fn at(&self, k: usize) -> usize {
-        let i = self.first + k;
+        self.wrap(self.first + k)
+    }
+
+    /// `i` (below twice the capacity) brought inside the arrays.
+    #[inline(always)]
+    fn wrap(&self, i: usize) -> usize {
         let cap = self.span.len();
         if i >= cap {
             i - cap
         } else {
             i
         }
+    }
+
+    /// Records that the packet at position `i`, the newest, asks for a
+    /// report.
+    #[inline(always)]
+    fn add_report(&mut self, i: usize) {
+        let r = self.wrap(self.rfirst + self.rlen);
+        // Positions are below the capacity, itself a ring's size (at most
+        // 65,536).
+        self.reports[r] = i as u32;
+        self.rlen += 1;
     }
 
     /// Appends a packet, the newest.
@@ -143,12 +175,17 @@ impl<M: DmaMapper> InFlight<M> {
         // A vacant position holds no frags (a [`Popped`] leaves `None`),
         // so only frags are written, never a `None`: that write would put
         // the option together on the stack and copy it in.
+        let holds = matches!(hdr, Hdr::Frag(_)) || frags.is_some();
         match hdr {
             Hdr::Slot(s) => self.slot[i] = s,
             Hdr::Frag(f) => self.hdr_frag[i] = Some(f),
         }
         if frags.is_some() {
             self.frags[i] = frags;
+        }
+        self.holding += usize::from(holds);
+        if span.report() {
+            self.add_report(i);
         }
         self.len += 1;
     }
@@ -165,7 +202,49 @@ impl<M: DmaMapper> InFlight<M> {
         let at = self.first;
         self.first = self.at(1);
         self.len -= 1;
+        self.drop_report(at);
+        if self.hdr_frag[at].is_some() || self.frags[at].is_some() {
+            self.holding -= 1;
+        }
         Some(Popped { q: self, at })
+    }
+
+    /// Forgets the oldest report if it is the packet at position `at`,
+    /// just taken out (every report's packet is in the queue, so the
+    /// oldest report is at or after the oldest packet).
+    #[inline(always)]
+    fn drop_report(&mut self, at: usize) {
+        if self.rlen > 0 && self.reports[self.rfirst] as usize == at {
+            self.rfirst = self.wrap(self.rfirst + 1);
+            self.rlen -= 1;
+        }
+    }
+
+    /// Whether no packet in the queue holds a header frag or payload
+    /// frags: every header is in a bounce slot, and every payload inline.
+    #[inline(always)]
+    pub(super) fn holds_no_frags(&self) -> bool {
+        self.holding == 0
+    }
+
+    /// Takes the `k` oldest packets out (all, if there are fewer), oldest
+    /// first, handing `each` the span, bounce slot and token of each: what
+    /// [`pop`](Self::pop) gives, one loop for all of them, for a queue
+    /// that [`holds_no_frags`](Self::holds_no_frags).
+    ///
+    /// # Panics
+    /// If a packet holds a frag, which the caller checked it does not:
+    /// failing loudly beats leaking the frag.
+    #[inline(always)]
+    pub(super) fn pop_plain(&mut self, k: usize, mut each: impl FnMut(Span, usize, u64)) {
+        assert!(self.holding == 0, "a plain pop of packets that hold frags");
+        for _ in 0..k.min(self.len) {
+            let at = self.first;
+            self.first = self.at(1);
+            self.len -= 1;
+            self.drop_report(at);
+            each(self.span[at], self.slot[at], self.token[at]);
+        }
     }
 
     /// Drops the frags left at position `at`.
@@ -182,19 +261,37 @@ impl<M: DmaMapper> InFlight<M> {
         (k < self.len).then(|| self.span[self.at(k)])
     }
 
-    /// The newest packet's span.
-    pub(super) fn newest_mut(&mut self) -> Option<&mut Span> {
-        let k = self.len.checked_sub(1)?;
+    /// Sets whether the newest packet asks for a report (nothing if the
+    /// queue is empty).
+    pub(super) fn set_newest_report(&mut self, report: bool) {
+        let Some(k) = self.len.checked_sub(1) else {
+            return;
+        };
         let i = self.at(k);
-        Some(&mut self.span[i])
+        match (self.span[i].report(), report) {
+            (false, true) => self.add_report(i),
+            // The newest packet's report is the newest report.
+            (true, false) => self.rlen -= 1,
+            _ => {}
+        }
+        self.span[i].set_report(report);
     }
 
     /// The oldest packet that asked for a report, if one did: how many
     /// packets are older, and where it sits.
+    #[inline(always)]
     pub(super) fn first_report(&self) -> Option<(usize, Span)> {
-        (0..self.len)
-            .map(|k| (k, self.span[self.at(k)]))
-            .find(|(_, s)| s.report())
+        if self.rlen == 0 {
+            return None;
+        }
+        let i = self.reports[self.rfirst] as usize;
+        let cap = self.span.len();
+        let k = if i >= self.first {
+            i - self.first
+        } else {
+            i + cap - self.first
+        };
+        Some((k, self.span[i]))
     }
 }
 
@@ -303,12 +400,13 @@ mod tests {
             }
         }
         assert_eq!(q.span(q.len()), None);
-        let newest = q.newest_mut().unwrap();
-        newest.set_report(true);
+        q.set_newest_report(true);
         let k = q.len() - 1;
         assert!(q.span(k).unwrap().report());
         while q.pop().is_some() {}
-        assert!(q.is_empty() && q.newest_mut().is_none() && q.first_report().is_none());
+        assert!(q.is_empty() && q.first_report().is_none());
+        q.set_newest_report(true);
+        assert!(q.is_empty() && q.first_report().is_none());
     }
 
     #[test]
@@ -327,12 +425,50 @@ mod tests {
         let hdr = cache.refill(64, false).unwrap();
         let payload = vec![cache.refill(512, false).unwrap()];
         q.push(Span::new(0, 0, 2, true), Hdr::Frag(hdr), Some(payload), 1);
+        assert!(!q.holds_no_frags());
         // Popped, its frags left behind: dropped with the `Popped`.
         assert_eq!(q.pop().map(|p| p.token()), Some(1));
+        assert!(q.holds_no_frags());
         q.push(Span::new(0, 0, 1, true), Hdr::Slot(5), None, 2);
+        assert!(q.holds_no_frags());
         let mut p = q.pop().unwrap();
         assert!(matches!(p.take_header(), Hdr::Slot(5)));
         assert!(p.take_frags().is_none());
+        drop(p);
+        // Payload frags alone, behind a bounce slot, count too; taken out,
+        // the queue holds none again.
+        let payload = vec![cache.refill(512, false).unwrap()];
+        q.push(Span::new(0, 0, 2, true), Hdr::Slot(6), Some(payload), 3);
+        assert!(!q.holds_no_frags());
+        let frags = q.pop().unwrap().take_frags().unwrap();
+        assert!(q.holds_no_frags());
+        cache.complete_burst(frags).unwrap();
+    }
+
+    #[test]
+    #[should_panic(expected = "a plain pop of packets that hold frags")]
+    fn a_plain_pop_refuses_a_queue_that_holds_frags() {
+        use pfrag::dma::{Domain, SoftIommuConfig};
+        use pfrag::frag::FragCache;
+        use pfrag::pool::{self, Policy, Pool};
+        use pfrag::Order;
+
+        let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+        let domain = Arc::new(Domain::new(iommu));
+        let pool = Pool::new(
+            domain,
+            pool::Config::new(Order::new(0).unwrap(), Policy::Persistent),
+        )
+        .unwrap();
+        let mut cache = FragCache::new(pool);
+        let mut q = Q::new(2);
+        q.push(
+            Span::new(0, 0, 2, true),
+            Hdr::Frag(cache.refill(64, false).unwrap()),
+            None,
+            1,
+        );
+        q.pop_plain(1, |_, _, _| {});
     }
 
     /// Steps per case: fewer under Miri, whose cases are fewer too and
@@ -344,6 +480,7 @@ mod tests {
     enum Op {
         Push { span: Span, slot: usize },
         Pop,
+        PopPlain(usize),
         Report(bool),
     }
 
@@ -353,6 +490,7 @@ mod tests {
         prop_oneof![
             (span, 0usize..1000).prop_map(|(span, slot)| Op::Push { span, slot }),
             Just(Op::Pop),
+            (0usize..5).prop_map(Op::PopPlain),
             any::<bool>().prop_map(Op::Report),
         ]
     }
@@ -383,9 +521,16 @@ mod tests {
                         }
                         (p, m) => prop_assert!(false, "{:?} against {:?}", p.is_some(), m),
                     },
+                    Op::PopPlain(k) => {
+                        prop_assert!(q.holds_no_frags());
+                        let mut got = Vec::new();
+                        q.pop_plain(k, |span, slot, token| got.push((span, token, slot)));
+                        let want: Vec<_> = model.drain(..k.min(model.len())).collect();
+                        prop_assert_eq!(got, want);
+                    }
                     Op::Report(r) => {
-                        if let (Some(s), Some(m)) = (q.newest_mut(), model.back_mut()) {
-                            s.set_report(r);
+                        q.set_newest_report(r);
+                        if let Some(m) = model.back_mut() {
                             m.0.set_report(r);
                         }
                     }

@@ -65,9 +65,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.read_desc(idx, w)?;
         self.fmt.ask_report(w);
         self.write_desc(idx, w)?;
-        if let Some(s) = self.pending.newest_mut() {
-            s.set_report(true);
-        }
+        self.pending.set_newest_report(true);
         self.reports = Reports::default();
         Ok(before)
     }
@@ -78,9 +76,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// report sooner.
     pub(super) fn unreport(&mut self, before: Reports) {
         if before.last.is_some() {
-            if let Some(s) = self.pending.newest_mut() {
-                s.set_report(false);
-            }
+            self.pending.set_newest_report(false);
         }
         self.reports = before;
     }
@@ -194,6 +190,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// with `status` (the others complete as [`Status::Ok`]): their
     /// descriptors, headers and frags, the frags in one burst.
     fn free_first(&mut self, k: usize, status: Status, done: &mut impl FnMut(Completion)) {
+        if self.pending.holds_no_frags() {
+            return self.free_first_plain(k, status, done);
+        }
         let mut burst = self.spare.pop().unwrap_or_default();
         for i in 0..k {
             let Some(mut p) = self.pending.pop() else {
@@ -215,6 +214,25 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             self.complete_frags(burst.drain(..));
         }
         self.spare.push(burst);
+    }
+
+    /// [`free_first`](Self::free_first) of packets that hold no frag: a
+    /// bounce slot each, given back.
+    #[inline(always)]
+    fn free_first_plain(&mut self, k: usize, status: Status, done: &mut impl FnMut(Completion)) {
+        let (used, bounce) = (&mut self.used, &mut self.bounce);
+        let mut i = 0;
+        self.pending.pop_plain(k, |span, slot, token| {
+            *used -= usize::from(span.ndesc());
+            if let Some(b) = bounce.as_mut() {
+                b.release(slot);
+            }
+            i += 1;
+            done(Completion {
+                token,
+                status: if i == k { status } else { Status::Ok },
+            });
+        });
     }
 
     /// Completes payload frags the queue is done with (reaped, or given

@@ -20,7 +20,7 @@ use crate::offload::{self, Layout, Offload};
 
 /// Bytes of an Ethernet header (no VLAN tag): what a frame has beyond
 /// the MTU.
-const ETH_HLEN: usize = 14;
+pub(super) const ETH_HLEN: usize = 14;
 
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// The most payload one packet may carry: the pool's limit, and the
@@ -435,7 +435,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
 
     /// Publishes the packet whose descriptors start at `head`
     /// ([`Format::publish`]).
-    fn publish(&mut self, head: u16) -> Result<()> {
+    pub(super) fn publish(&mut self, head: u16) -> Result<()> {
         self.fmt
             .publish(&RingMem::new(&self.ring, self.cfg.ring), head)
     }
