@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release --example peers
-//! cargo run --release --example peers -- --reps 11 --cpu 1 --testpmd-samples 5
+//! cargo run --release --example peers -- --reps 11 --cpu 1 --testpmd-samples 3
 //! ```
 //!
 //! Rows: pfrag's frag cache (one frag; 32 frags in one bulk call; 32 single
@@ -18,7 +18,12 @@
 //! `ixgbe-driver`'s `MemPool`; a `crossbeam_queue::ArrayQueue` free list.
 //! DPDK's rows run when the lab was built with `libdpdk` (`pkg-config
 //! libdpdk`) and `dpdk-testpmd` is on the PATH; otherwise they are printed
-//! as skipped with the reason.
+//! as skipped with the reason. testpmd runs in every round too
+//! (`--testpmd-samples` periods of `--testpmd-period` seconds, after one of
+//! warm-up), beside the txonly rows it is compared with, so that a drift
+//! of the machine's speed between rounds reaches both sides; the line
+//! `pfrag/dpdk packets per second by round` gives C, D and E round by
+//! round.
 //!
 //! The last line has the form
 //! `peers: single pfrag/dpdk=A bulk pfrag/mbuf=B txonly-driver pfrag/dpdk=C txonly-off pfrag/dpdk=D txonly-strict pfrag/dpdk=E`:
@@ -55,10 +60,11 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     cpu: usize,
     /// testpmd's statistics period, in seconds.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=60))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=60))]
     testpmd_period: u64,
-    /// testpmd samples (after one period of warm-up).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=100))]
+    /// testpmd samples per round (after one period of warm-up): testpmd
+    /// runs in every round, beside the txonly rows it is compared with.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=100))]
     testpmd_samples: u16,
     /// Leave DPDK out (its rows print as skipped).
     #[arg(long)]

@@ -98,8 +98,9 @@ impl<M: DmaMapper> Ring<M> {
     /// headers and payload, so that the whole frame goes out as one
     /// buffer); returns the IOVA the device reads it at. The slot's bytes
     /// after the packet, up to the next 8-byte boundary, become zero. The
-    /// parts are walked twice: once to measure them, once to copy them,
-    /// each 8-byte word stored once. Errors as for
+    /// parts are walked twice: once to measure them, once to copy them
+    /// (plain copies: the ring holds the slot alone while it is not in
+    /// flight, and its region is one the device only reads). Errors as for
     /// [`fill`](Self::fill), the length being the bytes the parts reach at
     /// the first part that passes the slot (the total when that is the
     /// last: the parts after it are not read).
@@ -131,10 +132,10 @@ impl<M: DmaMapper> Ring<M> {
         if n == 0 {
             return Err(Error::ZeroLength);
         }
-        // Whole-word stores, each word once; the slot's bytes past the
-        // packet up to an 8-byte boundary become zero (a slot is a whole
-        // number of words, and the device reads only the packet's bytes).
-        // The ring is mapped for the device to read only.
+        // The slot's bytes past the packet up to an 8-byte boundary become
+        // zero (a slot is a whole number of words, and the device reads
+        // only the packet's bytes). The ring is mapped for the device to
+        // read only.
         let at = i * self.slot;
         self.mem.write_parts(at, n, parts)?;
         *busy = true;
@@ -187,7 +188,7 @@ mod tests {
         let mut r = ring(2);
         r.fill(0, &[0xaa; 20]).unwrap();
         r.release(0);
-        // Parts that end mid-word, packed into whole words.
+        // Parts that end mid-word, one after another.
         let slot0 = r
             .fill_parts(0, [&b"abc"[..], b"", b"defgh"].into_iter())
             .unwrap();
@@ -238,6 +239,70 @@ mod tests {
         let mut want: Vec<u8> = (1..=63).collect();
         want.push(0);
         assert_eq!(device_reads(&r, iova, 64), want);
+    }
+
+    /// Parts whose walk for the copy differs from the walk that measured
+    /// them (`fill_parts` measures a clone first): the first walk yields
+    /// `first`, every later one `then`.
+    #[derive(Clone)]
+    struct TwoFaced {
+        walks: std::rc::Rc<std::cell::Cell<usize>>,
+        walk: Option<usize>,
+        first: &'static [&'static [u8]],
+        then: &'static [&'static [u8]],
+        at: usize,
+    }
+
+    impl Iterator for TwoFaced {
+        type Item = &'static [u8];
+        fn next(&mut self) -> Option<&'static [u8]> {
+            let walk = *self.walk.get_or_insert_with(|| {
+                let w = self.walks.get();
+                self.walks.set(w + 1);
+                w
+            });
+            let parts = if walk == 0 { self.first } else { self.then };
+            self.at += 1;
+            parts.get(self.at - 1).copied()
+        }
+    }
+
+    fn two_faced(first: &'static [&'static [u8]], then: &'static [&'static [u8]]) -> TwoFaced {
+        TwoFaced {
+            walks: Default::default(),
+            walk: None,
+            first,
+            then,
+            at: 0,
+        }
+    }
+
+    #[test]
+    fn parts_that_change_between_walks_stay_inside_the_slot() {
+        let mut r = ring(2);
+        r.fill(1, &[0x11; 128]).unwrap();
+        // Measured at 3 bytes (one word), then 12 KiB: one word written.
+        static BIG: [u8; 4096] = [0xab; 4096];
+        static THEN: [&[u8]; 3] = [&BIG, &BIG, &BIG];
+        let iova = r.fill_parts(0, two_faced(&[&[1; 3]], &THEN)).unwrap();
+        let got = device_reads(&r, iova, 256);
+        assert_eq!(&got[..8], &[0xab; 8]);
+        assert_eq!(
+            &got[8..128],
+            &[0; 120][..],
+            "the rest of slot 0, never written"
+        );
+        assert_eq!(&got[128..], &[0x11; 128][..], "slot 1 untouched");
+        r.release(0);
+        // Measured at 40 bytes, then 4: the 36 after them become zero, not
+        // the last packet's bytes.
+        r.fill(0, &[0xcc; 48]).unwrap();
+        r.release(0);
+        let iova = r.fill_parts(0, two_faced(&[&[1; 40]], &[&[2; 4]])).unwrap();
+        let got = device_reads(&r, iova, 48);
+        assert_eq!(&got[..4], &[2; 4]);
+        assert_eq!(&got[4..40], &[0; 36][..]);
+        assert_eq!(&got[40..], &[0xcc; 8], "past the measured words: as it was");
     }
 
     #[test]

@@ -56,7 +56,6 @@ pub mod frag;
 pub mod iova;
 pub mod mem;
 pub mod order;
-mod pack;
 pub mod pool;
 mod sync;
 

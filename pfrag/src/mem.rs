@@ -11,12 +11,12 @@
 //! range. The raw accessors are private to pfrag; outside it, memory is
 //! reached through [`Region::write`] (`&mut self`: one writer, no reader),
 //! `Coherent` (32-bit atomics, safe to share between threads; the bounce
-//! ring's packed writes, through `&mut` to memory the device only reads,
-//! are 64-bit ones) and frags.
+//! ring's slot writes, through `&mut` to memory the device only reads,
+//! are plain copies) and frags.
 
 use std::io;
 use std::ptr;
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 
 use memmap2::{MmapMut, MmapOptions, UncheckedAdvice};
 
@@ -400,16 +400,17 @@ pub(crate) unsafe fn write_words(addr: VirtAddr, src: &[u8]) {
     }
 }
 
-/// Stores the bytes of `parts`, one after another, from `addr` on, each
-/// 8-byte word with one relaxed 64-bit atomic store, and zeroes the bytes
-/// of the last word past their end ([`pack`](crate::pack)); `words` words
-/// from `addr` are written at most.
+/// Copies the bytes of `parts`, one after another, to `addr` with plain
+/// (non-atomic) stores, and zeroes the rest of the `words` 8-byte words
+/// from `addr`: every byte of them is written, and none past them (parts
+/// that reach further are cut off there).
 ///
 /// # Safety
 /// `addr` is 8-byte aligned, the `words` words from it lie in a live
 /// [`Region`], and no other access to them runs meanwhile, on any thread:
 /// the caller holds them alone (the rest of this module accesses region
-/// memory as 32-bit words, and accesses of two sizes must not race).
+/// memory with atomics, and a plain access racing any other is a data
+/// race). None of `parts` lies in those words.
 #[inline]
 pub(crate) unsafe fn write_parts<'a>(
     addr: VirtAddr,
@@ -417,11 +418,32 @@ pub(crate) unsafe fn write_parts<'a>(
     parts: impl Iterator<Item = &'a [u8]>,
 ) {
     debug_assert_eq!(addr.0 % 8, 0);
-    // SAFETY: per the contract above: aligned for `AtomicU64` (which has
-    // the layout of `u64`), live for the call, and nothing else accesses
-    // the words meanwhile. One reference for the whole range.
-    let ws = unsafe { std::slice::from_raw_parts(addr.0 as *const AtomicU64, words) };
-    crate::pack::store_parts(ws, parts);
+    let Some(cap) = words.checked_mul(8).filter(|&c| c > 0) else {
+        return;
+    };
+    let base = addr.0 as *mut u8;
+    // SAFETY: the last word lies in the live region and is 8-byte
+    // aligned (`addr` is), and nothing else accesses it meanwhile (the
+    // contract above). Zeroed first (one store): the parts' bytes then
+    // land over it, and a packet that ends inside it leaves the rest zero.
+    unsafe { base.add(cap - 8).cast::<u64>().write(0) };
+    let mut off = 0usize;
+    for p in parts {
+        let n = p.len().min(cap - off);
+        // SAFETY: `off + n <= cap`, so the bytes lie in the words the
+        // contract covers, which nothing else accesses meanwhile; `p` is
+        // a live slice outside them (the contract), so the two do not
+        // overlap.
+        unsafe { ptr::copy_nonoverlapping(p.as_ptr(), base.add(off), n) };
+        off += n;
+    }
+    if off + 8 < cap {
+        // Parts shorter than the caller measured (an iterator whose
+        // second walk yields less): the words they did not reach become
+        // zero too, so no earlier packet's bytes stay.
+        // SAFETY: `off..cap - 8` lies in the words the contract covers.
+        unsafe { ptr::write_bytes(base.add(off), 0, cap - 8 - off) };
+    }
 }
 
 /// [`write_words`] of a range with a partial first or last word.

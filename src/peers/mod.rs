@@ -58,6 +58,30 @@ pub struct Row {
 pub struct Table {
     /// The rows, in print order.
     pub rows: Vec<Row>,
+    /// The txonly ratios of each round on its own (testpmd runs in every
+    /// round, beside pfrag's rows), in round order; empty for a table that
+    /// is not a run's.
+    pub rounds: Vec<Txonly>,
+    /// Peers' rows that failed in a round ([`note_failures`](Self::note_failures)):
+    /// the row's index and the round and reason. Those that ran in another
+    /// round are printed with the spread ([`merge`](Self::merge) kept
+    /// their other samples); a row that failed in every round says why
+    /// itself.
+    pub failures: Vec<(usize, String)>,
+}
+
+/// The txonly ratios C, D and E of the summary: pfrag's packets per second
+/// over testpmd's, 64 B frames (the driver's own time, the whole loop with
+/// the IOMMU off, the whole loop under a strict IOMMU); `None` where
+/// either side did not run.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Txonly {
+    /// C: the driver's own time.
+    pub driver: Option<f64>,
+    /// D: the whole loop, IOMMU off.
+    pub off: Option<f64>,
+    /// E: the whole loop, strict IOMMU.
+    pub strict: Option<f64>,
 }
 
 impl Table {
@@ -80,7 +104,13 @@ impl Table {
     }
 
     /// Adds the repetitions of `other`, a later round of the same rows,
-    /// row by row (a row that failed in either round keeps the failure).
+    /// row by row, and its [`rounds`](Self::rounds) and
+    /// [`failures`](Self::failures) after this table's. A pfrag row that
+    /// failed in either round keeps the failure (its loop is wrong). A
+    /// peer's row that failed in one round but ran in another keeps the
+    /// samples it has: a peer's run can fail for reasons of its own
+    /// (testpmd's start, a deadline), and its other rounds still measured
+    /// it.
     pub fn merge(&mut self, other: Table) -> Result<(), String> {
         if self.rows.len() != other.rows.len() {
             return Err(format!(
@@ -90,13 +120,28 @@ impl Table {
             ));
         }
         for (a, b) in self.rows.iter_mut().zip(other.rows) {
+            let peer = a.who != "pfrag";
             a.result = match (&a.result, b.result) {
                 (Ok(x), Ok(y)) => Ok(x.merged(&y)),
+                (Ok(x), Err(_)) if peer => Ok(x.clone()),
+                (Err(_), Ok(y)) if peer => Ok(y),
                 (Err(e), _) => Err(e.clone()),
                 (_, Err(e)) => Err(e),
             };
         }
+        self.rounds.extend(other.rounds);
+        self.failures.extend(other.failures);
         Ok(())
+    }
+
+    /// Notes every peer's row that failed in this table, a round's, as
+    /// failed in round `round` (counted from 1).
+    pub fn note_failures(&mut self, round: usize) {
+        for (i, r) in self.rows.iter().enumerate() {
+            if let (true, Err(e)) = (r.who != "pfrag", &r.result) {
+                self.failures.push((i, format!("round {round}: {e}")));
+            }
+        }
     }
 
     fn reference(&self, g: Group) -> Option<&Timing> {
@@ -187,6 +232,40 @@ impl Table {
         ) + &line(
             "virtio/82576 format, the driver's ns per 64 B frame",
             self.format_ratio(),
+        ) + &self.by_round()
+            + &self.partial_failures()
+    }
+
+    /// One line per round a peer's row failed in while it ran in others.
+    fn partial_failures(&self) -> String {
+        self.failures
+            .iter()
+            .filter_map(|(i, why)| {
+                let r = self.rows.get(*i).filter(|r| r.result.is_ok())?;
+                Some(format!(
+                    "{} {}: failed in {why}; its other rounds are kept\n",
+                    r.who, r.what
+                ))
+            })
+            .collect()
+    }
+
+    /// One line of the txonly ratios round by round, if the table has
+    /// rounds: how much of the summary's spread is the machine's drift
+    /// between rounds.
+    fn by_round(&self) -> String {
+        if self.rounds.is_empty() {
+            return String::new();
+        }
+        let f = |r: Option<f64>| r.map_or("n/a".into(), |r| format!("{r:.2}"));
+        let each: Vec<String> = self
+            .rounds
+            .iter()
+            .map(|t| format!("{}/{}/{}", f(t.driver), f(t.off), f(t.strict)))
+            .collect();
+        format!(
+            "pfrag/dpdk packets per second by round (driver/off/strict): {}\n",
+            each.join(", ")
         )
     }
 
@@ -208,19 +287,30 @@ impl Table {
     /// B frames, the driver's own time, then the whole loop on the null
     /// device with the IOMMU off, then strict.
     pub fn summary(&self) -> String {
-        let testpmd = self.dpdk(Group::Txonly);
-        let tx = |what: &str| match (self.row(Group::Txonly, "pfrag", what), testpmd) {
-            (Some(p), Some(d)) => format!("{:.2}", d.ratio(p).0),
-            _ => "n/a".into(),
-        };
+        let t = self.txonly();
+        let f = |r: Option<f64>| r.map_or("n/a".into(), |r| format!("{r:.2}"));
         let mbuf = self.mbuf_ratio().0;
         format!(
             "peers: single pfrag/dpdk={} bulk pfrag/mbuf={mbuf} txonly-driver pfrag/dpdk={} txonly-off pfrag/dpdk={} txonly-strict pfrag/dpdk={}",
             self.ratio(Group::Single, false).0,
-            tx(TX_DRIVER),
-            tx(TX_OFF),
-            tx(TX_STRICT),
+            f(t.driver),
+            f(t.off),
+            f(t.strict),
         )
+    }
+
+    /// The txonly ratios at the medians of every repetition in the table.
+    pub fn txonly(&self) -> Txonly {
+        let testpmd = self.dpdk(Group::Txonly);
+        let tx = |what: &str| match (self.row(Group::Txonly, "pfrag", what), testpmd) {
+            (Some(p), Some(d)) => Some(d.ratio(p).0),
+            _ => None,
+        };
+        Txonly {
+            driver: tx(TX_DRIVER),
+            off: tx(TX_OFF),
+            strict: tx(TX_STRICT),
+        }
     }
 
     /// pfrag's burst against `rte_pktmbuf_alloc_bulk`+`free_bulk`, per
@@ -310,6 +400,106 @@ mod tests {
         );
         let text = tab.render();
         assert!(text.contains("1.33"), "{text}");
+    }
+
+    /// A round's txonly rows: pfrag's three rows at `drv`, `off` and
+    /// `strict` ns, testpmd at `pmd`.
+    fn txonly_round(drv: f64, off: f64, strict: f64, pmd: f64) -> Table {
+        let mut tab = Table::default();
+        tab.push(Group::Txonly, "pfrag", TX_STRICT, t(strict), true);
+        tab.push(Group::Txonly, "pfrag", TX_OFF, t(off), false);
+        tab.push(Group::Txonly, "pfrag", TX_DRIVER, t(drv), false);
+        tab.push(Group::Txonly, "dpdk", "testpmd", t(pmd), false);
+        tab.rounds = vec![tab.txonly()];
+        tab
+    }
+
+    #[test]
+    fn rounds_keep_their_own_ratios_and_the_summary_takes_all_samples() {
+        let mut tab = txonly_round(10.0, 20.0, 40.0, 10.0);
+        // testpmd four times as slow in the second round, pfrag twice.
+        tab.merge(txonly_round(20.0, 40.0, 80.0, 40.0)).unwrap();
+        let (a, b) = (
+            Txonly {
+                driver: Some(1.0),
+                off: Some(0.5),
+                strict: Some(0.25),
+            },
+            Txonly {
+                driver: Some(2.0),
+                off: Some(1.0),
+                strict: Some(0.5),
+            },
+        );
+        assert_eq!(tab.rounds, vec![a, b]);
+        let line = "pfrag/dpdk packets per second by round (driver/off/strict): \
+                    1.00/0.50/0.25, 2.00/1.00/0.50\n";
+        assert!(tab.spread().ends_with(line), "{}", tab.spread());
+        // The summary's ratios are of the medians of both rounds' samples
+        // together (testpmd 23.5 ns, the driver 14.5), not of one round
+        // nor the mean of the rounds' ratios.
+        let driver = tab.txonly().driver.unwrap();
+        assert!((driver - 23.5 / 14.5).abs() < 1e-9, "{driver}");
+        assert!(tab.summary().contains("txonly-driver pfrag/dpdk=1.62 "));
+        // A round without testpmd says n/a there, and keeps its place.
+        let mut lone = Table::default();
+        lone.push(Group::Txonly, "pfrag", TX_DRIVER, t(5.0), false);
+        lone.rounds = vec![lone.txonly()];
+        assert_eq!(lone.rounds, vec![Txonly::default()]);
+        assert!(lone
+            .spread()
+            .ends_with("(driver/off/strict): n/a/n/a/n/a\n"));
+    }
+
+    #[test]
+    fn a_peer_that_fails_in_one_round_keeps_the_others_and_says_so() {
+        let round = |i: usize, pmd: Result<Timing, String>| {
+            let mut tab = txonly_round(10.0, 20.0, 40.0, 10.0);
+            tab.rows.last_mut().unwrap().result = pmd;
+            tab.rounds = vec![tab.txonly()];
+            tab.note_failures(i);
+            tab
+        };
+        let mut tab = round(1, t(10.0));
+        tab.merge(round(2, Err("testpmd gave 0 of 2 samples".into())))
+            .unwrap();
+        tab.merge(round(3, t(10.0))).unwrap();
+        assert!(
+            tab.summary().ends_with("txonly-driver pfrag/dpdk=1.00 txonly-off pfrag/dpdk=0.50 txonly-strict pfrag/dpdk=0.25"),
+            "{}",
+            tab.summary()
+        );
+        let spread = tab.spread();
+        assert!(
+            spread.contains("1.00/0.50/0.25, n/a/n/a/n/a, 1.00/0.50/0.25"),
+            "{spread}"
+        );
+        assert!(
+            spread.contains("dpdk testpmd: failed in round 2: testpmd gave 0 of 2 samples; its other rounds are kept"),
+            "{spread}"
+        );
+        // Failed in every round: the row says why itself, once.
+        let mut all = round(1, Err("no testpmd".into()));
+        all.merge(round(2, Err("no testpmd".into()))).unwrap();
+        assert!(all.summary().contains("txonly-driver pfrag/dpdk=n/a"));
+        assert!(!all.spread().contains("failed in"), "{}", all.spread());
+        assert!(all.render().contains("skipped: no testpmd"));
+        // A pfrag row that failed in one round stays failed.
+        let mut bad = txonly_round(10.0, 20.0, 40.0, 10.0);
+        bad.rows[0].result = Err("device delivered 0 of 64 bytes".into());
+        let mut tab = txonly_round(10.0, 20.0, 40.0, 10.0);
+        tab.merge(bad).unwrap();
+        assert!(tab.rows[0].result.is_err());
+        assert!(tab.summary().ends_with("txonly-strict pfrag/dpdk=n/a"));
+    }
+
+    #[test]
+    fn a_table_without_rounds_prints_no_round_line() {
+        let tab = txonly_round(10.0, 20.0, 40.0, 10.0);
+        let mut bare = tab.clone();
+        bare.rounds.clear();
+        assert!(!bare.spread().contains("by round"));
+        assert!(tab.spread().contains("by round"));
     }
 
     #[test]

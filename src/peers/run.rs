@@ -1,6 +1,6 @@
 //! One peers run: every row measured in each of several rounds (so that a
-//! drift of the machine's speed hits every row alike), the rounds' samples
-//! merged per row, then testpmd.
+//! drift of the machine's speed hits every row alike), testpmd included,
+//! the rounds' samples merged per row.
 
 use std::time::Duration;
 
@@ -18,54 +18,74 @@ pub struct Settings {
     pub cpu: usize,
     /// testpmd's statistics period.
     pub testpmd_period: Duration,
-    /// testpmd samples after one period of warm-up.
+    /// testpmd samples per round, after one period of warm-up.
     pub testpmd_samples: usize,
     /// Leave DPDK out.
     pub no_dpdk: bool,
 }
 
-/// Runs every round, merges them, and adds testpmd's row.
+/// Runs every round and merges them; each round's txonly ratios go to
+/// [`Table::rounds`].
 pub fn run(s: &Settings) -> Result<Table, String> {
     let mut table: Option<Table> = None;
     for r in 0..s.rounds.max(1) {
         eprintln!("round {} of {}", r + 1, s.rounds.max(1));
-        let t = round(s, r % 2 == 1);
+        let mut t = round(s, r % 2 == 1);
+        t.rounds = vec![t.txonly()];
+        t.note_failures(r + 1);
         match table.as_mut() {
             Some(all) => all.merge(t)?,
             None => table = Some(t),
         }
     }
-    let mut table = table.unwrap_or_default();
-    let pmd = if s.no_dpdk {
-        Err("--no-dpdk".to_string())
-    } else {
-        eprintln!("running dpdk-testpmd txonly...");
-        let main = usize::from(s.cpu == 0);
-        dpdk::testpmd(main, s.cpu, s.testpmd_period, s.testpmd_samples)
-    };
-    let what = "testpmd txonly, 64 B, net_null (its own Tx-pps)";
-    table.push(Group::Txonly, "dpdk", what, pmd, false);
-    Ok(table)
+    Ok(table.unwrap_or_default())
 }
 
-/// One round: every in-process row and DPDK's child, the child first when
-/// `dpdk_first` (rounds alternate, so that neither side always runs just
-/// after the other). The rows are in the same order either way.
+/// What testpmd's row says it measured.
+pub const TESTPMD: &str = "testpmd txonly, 64 B, net_null (its own Tx-pps)";
+
+/// One round: pfrag's frag rows, DPDK's child, pfrag's TX rows, then
+/// testpmd; or, when `dpdk_first`, the same backwards (rounds alternate,
+/// so that neither side always runs just after the other, and testpmd
+/// runs next to the txonly rows it is compared with either way). The rows
+/// are in the same order either way, testpmd's last.
 pub fn round(s: &Settings, dpdk_first: bool) -> Table {
-    let child = |s: &Settings| {
-        if s.no_dpdk {
-            Err("--no-dpdk".to_string())
-        } else {
-            dpdk::run_child(&s.harness, s.cpu)
-        }
-    };
-    let early = dpdk_first.then(|| child(s));
-    let mut t = Table::default();
-    frag_rows(&mut t, &s.harness);
-    tx_rows(&mut t, &s.harness);
-    let rows = early.unwrap_or_else(|| child(s));
-    dpdk_rows(&mut t, rows);
+    let (mut frag, mut tx) = (Table::default(), Table::default());
+    let (child, pmd);
+    if dpdk_first {
+        pmd = testpmd(s);
+        tx_rows(&mut tx, &s.harness);
+        child = dpdk_child(s);
+        frag_rows(&mut frag, &s.harness);
+    } else {
+        frag_rows(&mut frag, &s.harness);
+        child = dpdk_child(s);
+        tx_rows(&mut tx, &s.harness);
+        pmd = testpmd(s);
+    }
+    let mut t = frag;
+    t.rows.extend(tx.rows);
+    dpdk_rows(&mut t, child);
+    t.push(Group::Txonly, "dpdk", TESTPMD, pmd, false);
     t
+}
+
+/// DPDK's loops in their child process, unless `--no-dpdk`.
+fn dpdk_child(s: &Settings) -> Result<Vec<(String, Timing)>, String> {
+    if s.no_dpdk {
+        return Err("--no-dpdk".to_string());
+    }
+    dpdk::run_child(&s.harness, s.cpu)
+}
+
+/// testpmd txonly on the CPU of the timed loops, unless `--no-dpdk`.
+fn testpmd(s: &Settings) -> Result<Timing, String> {
+    if s.no_dpdk {
+        return Err("--no-dpdk".to_string());
+    }
+    eprintln!("running dpdk-testpmd txonly...");
+    let main = usize::from(s.cpu == 0);
+    dpdk::testpmd(main, s.cpu, s.testpmd_period, s.testpmd_samples)
 }
 
 fn frag_rows(t: &mut Table, h: &Harness) {
@@ -186,5 +206,40 @@ fn dpdk_rows(t: &mut Table, child: Result<Vec<(String, Timing)>, String>) {
     ];
     for (g, what, key) in rows {
         t.push(g, "dpdk", what, row(key), false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peers::Txonly;
+
+    #[test]
+    fn a_round_has_the_same_rows_either_way_with_testpmd_last() {
+        let s = Settings {
+            harness: Harness {
+                reps: 1,
+                target: Duration::from_millis(1),
+            },
+            rounds: 2,
+            cpu: 0,
+            testpmd_period: Duration::from_secs(1),
+            testpmd_samples: 1,
+            no_dpdk: true,
+        };
+        let what = |t: &Table| -> Vec<(Group, &str, String)> {
+            t.rows
+                .iter()
+                .map(|r| (r.group, r.who, r.what.clone()))
+                .collect()
+        };
+        let (a, b) = (round(&s, false), round(&s, true));
+        assert_eq!(what(&a), what(&b));
+        let last = a.rows.last().unwrap();
+        assert_eq!((last.who, last.what.as_str()), ("dpdk", TESTPMD));
+        assert_eq!(last.result, Err("--no-dpdk".to_string()));
+        // A run keeps each round's ratios (none here: no testpmd).
+        let t = run(&s).unwrap();
+        assert_eq!(t.rounds, vec![Txonly::default(); 2]);
     }
 }

@@ -26,11 +26,10 @@ use crate::mem::{self, Region};
 ///   in part is updated with a compare-and-swap, keeping its other bytes.
 ///   Threads writing the same bytes at once leave each word as one of them
 ///   wrote it. The one exception is crate-private: a header bounce ring
-///   writes its own region's slots with 64-bit atomic stores
-///   (`write_parts`), through `&mut` (so no other CPU access runs) and
-///   only in a region the device may not write (so no device write can
-///   race it either: it faults in translation). Accesses of two sizes
-///   never meet.
+///   writes its own region's slots with plain copies (`write_parts`),
+///   through `&mut` (so no other CPU access runs) and only in a region
+///   the device may not write (so no device write can race it either: it
+///   faults in translation). Plain and atomic accesses never meet.
 /// - **Device accesses are DMA** (a real device, or a model through
 ///   [`Translate`](super::Translate)): the driver hands memory to the device
 ///   with its doorbell (a release store, or a fence before an MMIO write)
@@ -140,19 +139,20 @@ impl<M: DmaMapper> Coherent<M> {
         // SAFETY: in bounds of the live region, whose base is page aligned
         // and length a page multiple, so every word the range touches lies
         // inside it; the CPU reaches region memory only through these
-        // 32-bit atomics (`write_parts`' 64-bit stores take `&mut self`, so
+        // 32-bit atomics (`write_parts`' plain copies take `&mut self`, so
         // none runs now), and the device only after the doorbell (type
         // docs).
         unsafe { mem::write_words(at, src) };
         Ok(())
     }
     /// Copies the bytes of `parts`, one after another, in at `off` (8-byte
-    /// aligned), `len` bytes in all, each 8-byte word with one 64-bit
-    /// relaxed atomic store, and zeroes the bytes from `off + len` to the
-    /// next 8-byte boundary, which must lie inside the region too. The
-    /// caller measured the parts: past `len` bytes nothing is written.
+    /// aligned), `len` bytes in all, with plain (non-atomic) stores, and
+    /// zeroes the bytes from `off + len` to the next 8-byte boundary, which
+    /// must lie inside the region too. The caller measured the parts: past
+    /// that boundary nothing is written, even by parts that reach further,
+    /// and parts that end sooner leave zeros up to it.
     ///
-    /// Crate-private: the words are not the 32-bit ones every other
+    /// Crate-private: the stores are not the 32-bit atomics every other
     /// accessor uses, so no other access to them may run meanwhile. `&mut
     /// self` rules out the CPU's (through this region; its memory is
     /// reached no other way), and a region the device may write is refused
@@ -170,7 +170,7 @@ impl<M: DmaMapper> Coherent<M> {
     ) -> Result<()> {
         if self.dir.contains(Dir::FROM_DEVICE) {
             return Err(Error::BadConfig {
-                what: "coherent region for 64-bit stores (the device may write it)",
+                what: "coherent region for plain copies (the device may write it)",
                 value: u64::from(self.dir.bits()),
             });
         }
@@ -184,7 +184,10 @@ impl<M: DmaMapper> Coherent<M> {
         let at = self.at(off, bytes, 8)?;
         // SAFETY: in bounds and aligned (the region's base is page
         // aligned), live while `self` is; no other access runs meanwhile,
-        // as said above.
+        // as said above. No part lies in the region: safe code never holds
+        // a reference into it (its bytes are lent as `&[u8]` only to a
+        // device model inside the `unsafe` `Translate::read`, whose caller
+        // promised that nothing writes them meanwhile).
         unsafe { mem::write_parts(at, words, parts) };
         Ok(())
     }
@@ -301,7 +304,7 @@ impl<M: DmaMapper> Drop for Coherent<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dma::{SoftIommu, SoftIommuConfig, Translate};
+    use crate::dma::{Identity, SoftIommu, SoftIommuConfig, Translate};
 
     #[test]
     fn coherent_region_is_mapped_for_its_life() {
@@ -320,7 +323,7 @@ mod tests {
     }
 
     #[test]
-    fn packed_writes_only_reach_memory_the_device_cannot_write() {
+    fn slot_copies_only_reach_memory_the_device_cannot_write() {
         let d = Arc::new(Domain::new(
             SoftIommu::new(SoftIommuConfig::default()).unwrap(),
         ));
@@ -344,5 +347,46 @@ mod tests {
         assert!(ro.write_parts(0, usize::MAX, parts()).is_err());
         ro.read(0, &mut got).unwrap();
         assert_eq!(&got[8..24], b"abcdefghijk\0\0\0\0\0");
+    }
+
+    fn config() -> proptest::prelude::ProptestConfig {
+        let mut c = proptest::prelude::ProptestConfig::with_cases(if cfg!(miri) { 8 } else { 256 });
+        if cfg!(miri) {
+            c.failure_persistence = None;
+        }
+        c
+    }
+
+    proptest::proptest! {
+        #![proptest_config(config())]
+
+        /// Any parts, empty and short ones too, land as their
+        /// concatenation, zero-padded to a whole word, and nothing past
+        /// that word changes; parts that reach further than the length
+        /// given are cut off at its last word, and parts that end sooner
+        /// leave zeros up to it (the length a caller measured on a first
+        /// walk of an iterator whose second walk differs).
+        #[test]
+        fn parts_land_as_their_concatenation_and_no_further(
+            parts in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..20), 0..6),
+            word in 0usize..4,
+            delta in -9i64..=17,
+        ) {
+            let d = Arc::new(Domain::new(Identity::new()));
+            let mut c = Coherent::new(d, 4096, Dir::TO_DEVICE).unwrap();
+            c.write(0, &[0xee; 256]).unwrap();
+            let all: Vec<u8> = parts.concat();
+            let len = (all.len() as i64 + delta).max(0) as usize;
+            let off = 8 * word;
+            c.write_parts(off, len, parts.iter().map(|p| &p[..])).unwrap();
+            let mut got = [0u8; 256];
+            c.read(0, &mut got).unwrap();
+            let end = off + len.div_ceil(8) * 8;
+            let mut want = vec![0xeeu8; 256];
+            let copied = all.len().min(end - off);
+            want[off..off + copied].copy_from_slice(&all[..copied]);
+            want[off + copied..end].fill(0);
+            proptest::prop_assert_eq!(&got[..], &want[..]);
+        }
     }
 }
