@@ -1,13 +1,17 @@
 //! The packets in flight, oldest first: a queue of fixed capacity (the
-//! ring's size; every packet takes at least one descriptor) kept as one
-//! array per field, indexed by the packet's position.
+//! ring's size; every packet takes at least one descriptor) kept in
+//! arrays indexed by the packet's position: one of the fields every
+//! packet has (its span, token and bounce slot), and one each for the
+//! frags a packet may hold.
 //!
-//! Posting a packet stores each field in its own array. A queue of
-//! structs (`VecDeque<Pending>`, as before) had the compiler put the struct
-//! together on the stack, with narrow stores for its small fields, and
-//! copy it into the queue with wide loads that those stores could not
+//! Posting a packet stores each field in place, one by one. A queue of
+//! whole structs (`VecDeque<Pending>`, as before) had the compiler put the
+//! struct together on the stack, with narrow stores for its small fields,
+//! and copy it into the queue with wide loads that those stores could not
 //! forward: a store-forwarding stall on every packet, about a tenth of the
-//! 64-byte send loop's time in `perf record` (`docs/benchmarks.md`).
+//! 64-byte send loop's time in `perf record` (`docs/benchmarks.md`). The
+//! fields every packet has share one array so that a push or a pop checks
+//! one bound for them, not one per field.
 
 use pfrag::dma::DmaMapper;
 use pfrag::frag::Frag;
@@ -64,13 +68,21 @@ impl Span {
     }
 }
 
-/// The packets in flight; see the module docs.
-pub(super) struct InFlight<M: DmaMapper> {
-    span: Box<[Span]>,
-    token: Box<[u64]>,
+/// The fields of a packet in flight that every packet has, side by side:
+/// written field by field (never put together on the stack first), and
+/// reached with one bounds check.
+#[derive(Clone, Copy, Debug, Default)]
+struct Rec {
+    span: Span,
+    token: u64,
     /// A header in a bounce slot: the slot ([`Hdr::Slot`]), read when
     /// `hdr_frag` is `None`.
-    slot: Box<[usize]>,
+    slot: usize,
+}
+
+/// The packets in flight; see the module docs.
+pub(super) struct InFlight<M: DmaMapper> {
+    rec: Box<[Rec]>,
     /// A header in a frag of its own ([`Hdr::Frag`]). The two arrays
     /// stand for a `Hdr`, which would be put together on the stack and
     /// copied in, as the structs were.
@@ -98,9 +110,7 @@ impl<M: DmaMapper> InFlight<M> {
     /// more.
     pub(super) fn new(cap: usize) -> InFlight<M> {
         InFlight {
-            span: vec![Span::default(); cap].into_boxed_slice(),
-            token: vec![0; cap].into_boxed_slice(),
-            slot: vec![0; cap].into_boxed_slice(),
+            rec: vec![Rec::default(); cap].into_boxed_slice(),
             hdr_frag: std::iter::repeat_with(|| None).take(cap).collect(),
             frags: std::iter::repeat_with(|| None).take(cap).collect(),
             first: 0,
@@ -129,7 +139,7 @@ impl<M: DmaMapper> InFlight<M> {
     /// `i` (below twice the capacity) brought inside the arrays.
     #[inline(always)]
     fn wrap(&self, i: usize) -> usize {
-        let cap = self.span.len();
+        let cap = self.rec.len();
         if i >= cap {
             i - cap
         } else {
@@ -166,18 +176,19 @@ impl<M: DmaMapper> InFlight<M> {
         token: u64,
     ) {
         assert!(
-            self.len < self.span.len(),
+            self.len < self.rec.len(),
             "more packets in flight than the ring has descriptors"
         );
         let i = self.at(self.len);
-        self.span[i] = span;
-        self.token[i] = token;
+        let rec = &mut self.rec[i];
+        rec.span = span;
+        rec.token = token;
         // A vacant position holds no frags (a [`Popped`] leaves `None`),
         // so only frags are written, never a `None`: that write would put
         // the option together on the stack and copy it in.
         let holds = matches!(hdr, Hdr::Frag(_)) || frags.is_some();
         match hdr {
-            Hdr::Slot(s) => self.slot[i] = s,
+            Hdr::Slot(s) => rec.slot = s,
             Hdr::Frag(f) => self.hdr_frag[i] = Some(f),
         }
         if frags.is_some() {
@@ -243,7 +254,8 @@ impl<M: DmaMapper> InFlight<M> {
             self.first = self.at(1);
             self.len -= 1;
             self.drop_report(at);
-            each(self.span[at], self.slot[at], self.token[at]);
+            let r = self.rec[at];
+            each(r.span, r.slot, r.token);
         }
     }
 
@@ -258,7 +270,7 @@ impl<M: DmaMapper> InFlight<M> {
     /// Where the `k`-th oldest packet sits, if there are that many.
     #[cfg(test)]
     fn span(&self, k: usize) -> Option<Span> {
-        (k < self.len).then(|| self.span[self.at(k)])
+        (k < self.len).then(|| self.rec[self.at(k)].span)
     }
 
     /// Sets whether the newest packet asks for a report (nothing if the
@@ -268,13 +280,13 @@ impl<M: DmaMapper> InFlight<M> {
             return;
         };
         let i = self.at(k);
-        match (self.span[i].report(), report) {
+        match (self.rec[i].span.report(), report) {
             (false, true) => self.add_report(i),
             // The newest packet's report is the newest report.
             (true, false) => self.rlen -= 1,
             _ => {}
         }
-        self.span[i].set_report(report);
+        self.rec[i].span.set_report(report);
     }
 
     /// The oldest packet that asked for a report, if one did: how many
@@ -285,13 +297,13 @@ impl<M: DmaMapper> InFlight<M> {
             return None;
         }
         let i = self.reports[self.rfirst] as usize;
-        let cap = self.span.len();
+        let cap = self.rec.len();
         let k = if i >= self.first {
             i - self.first
         } else {
             i + cap - self.first
         };
-        Some((k, self.span[i]))
+        Some((k, self.rec[i].span))
     }
 }
 
@@ -305,12 +317,12 @@ pub(super) struct Popped<'a, M: DmaMapper> {
 impl<M: DmaMapper> Popped<'_, M> {
     #[inline(always)]
     pub(super) fn span(&self) -> Span {
-        self.q.span[self.at]
+        self.q.rec[self.at].span
     }
 
     #[inline(always)]
     pub(super) fn token(&self) -> u64 {
-        self.q.token[self.at]
+        self.q.rec[self.at].token
     }
 
     /// Its header, taken out.
@@ -324,7 +336,7 @@ impl<M: DmaMapper> Popped<'_, M> {
                 return Hdr::Frag(f);
             }
         }
-        Hdr::Slot(self.q.slot[self.at])
+        Hdr::Slot(self.q.rec[self.at].slot)
     }
 
     /// Its payload frags, taken out.
