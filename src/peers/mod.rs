@@ -257,11 +257,13 @@ impl Table {
         if self.rounds.is_empty() {
             return String::new();
         }
-        let f = |r: Option<f64>| r.map_or("n/a".into(), |r| format!("{r:.2}"));
         let each: Vec<String> = self
             .rounds
             .iter()
-            .map(|t| format!("{}/{}/{}", f(t.driver), f(t.off), f(t.strict)))
+            .map(|t| {
+                let [d, o, s] = [t.driver, t.off, t.strict].map(two_places);
+                format!("{d}/{o}/{s}")
+            })
             .collect();
         format!(
             "pfrag/dpdk packets per second by round (driver/off/strict): {}\n",
@@ -288,14 +290,13 @@ impl Table {
     /// device with the IOMMU off, then strict.
     pub fn summary(&self) -> String {
         let t = self.txonly();
-        let f = |r: Option<f64>| r.map_or("n/a".into(), |r| format!("{r:.2}"));
         let mbuf = self.mbuf_ratio().0;
         format!(
             "peers: single pfrag/dpdk={} bulk pfrag/mbuf={mbuf} txonly-driver pfrag/dpdk={} txonly-off pfrag/dpdk={} txonly-strict pfrag/dpdk={}",
             self.ratio(Group::Single, false).0,
-            f(t.driver),
-            f(t.off),
-            f(t.strict),
+            two_places(t.driver),
+            two_places(t.off),
+            two_places(t.strict),
         )
     }
 
@@ -330,6 +331,11 @@ impl Table {
             .find(|r| r.group == g && r.who == who && r.what.starts_with(what))
             .and_then(|r| r.result.as_ref().ok())
     }
+}
+
+/// A ratio with two decimals, or `n/a` where a side did not run.
+fn two_places(r: Option<f64>) -> String {
+    r.map_or("n/a".into(), |r| format!("{r:.2}"))
 }
 
 /// `a` over `b` in ns: the median ratio, its range, and the ratio of the

@@ -5,10 +5,11 @@
 use pfrag::dma::DmaMapper;
 
 use super::inflight::Span;
+use super::send::Ctx;
 use super::{Fmt, Hdr, Queue, MAX_PREFIX};
 use crate::device::TxDevice;
 use crate::error::Result;
-use crate::format::{Buf, Format, Packet};
+use crate::format::{Format, Packet};
 use crate::offload::Offload;
 
 /// One packet of a burst: what [`Queue::send`] takes.
@@ -170,21 +171,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             b.fill_parts(usize::from(idx), parts.iter().copied())?
         };
         let report = self.report_next();
-        let buf = Buf {
-            iova,
-            len: Fmt::<D>::PREFIX + pkt.hlen + pkt.len,
-            first: true,
-            last: true,
-            next: self.next(idx),
-            report,
-        };
-        let written = self
-            .write_data(idx, buf, &pkt)
-            .and_then(|()| self.publish(idx));
-        if let Err(e) = written {
-            self.drop_header(Hdr::Slot(usize::from(idx)));
-            return Err(e);
-        }
+        self.write_inline(idx, idx, iova, Ctx::NotNeeded, &pkt, report)?;
         self.note_report(idx, report);
         self.tail = self.next(idx);
         self.used += 1;

@@ -210,14 +210,23 @@ impl<M: DmaMapper> InFlight<M> {
         if self.len == 0 {
             return None;
         }
-        let at = self.first;
-        self.first = self.at(1);
-        self.len -= 1;
-        self.drop_report(at);
+        let at = self.take_oldest();
         if self.hdr_frag[at].is_some() || self.frags[at].is_some() {
             self.holding -= 1;
         }
         Some(Popped { q: self, at })
+    }
+
+    /// Moves the queue past its oldest packet (there is one), with its
+    /// report if it asked for one; returns the packet's position, whose
+    /// fields the caller takes.
+    #[inline(always)]
+    fn take_oldest(&mut self) -> usize {
+        let at = self.first;
+        self.first = self.at(1);
+        self.len -= 1;
+        self.drop_report(at);
+        at
     }
 
     /// Forgets the oldest report if it is the packet at position `at`,
@@ -250,10 +259,7 @@ impl<M: DmaMapper> InFlight<M> {
     pub(super) fn pop_plain(&mut self, k: usize, mut each: impl FnMut(Span, usize, u64)) {
         assert!(self.holding == 0, "a plain pop of packets that hold frags");
         for _ in 0..k.min(self.len) {
-            let at = self.first;
-            self.first = self.at(1);
-            self.len -= 1;
-            self.drop_report(at);
+            let at = self.take_oldest();
             let r = self.rec[at];
             each(r.span, r.slot, r.token);
         }

@@ -135,27 +135,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             let b = q.bounce.as_mut().expect("inline_fits saw a bounce ring");
             b.fill_parts(usize::from(idx), bytes)
         })?;
-        let buf = Buf {
-            iova,
-            len: Fmt::<D>::PREFIX + headers.len() + pkt.len,
-            first: true,
-            last: true,
-            next: self.next(idx),
-            report: self.report_next(),
-        };
         let head = self.tail;
-        let written = self
-            .write_context(self.tail, ctx)
-            .and_then(|()| self.write_data(idx, buf, &pkt))
-            .and_then(|()| self.publish(head));
-        if let Err(e) = written {
-            self.drop_header(Hdr::Slot(usize::from(idx)));
-            return Err(e);
-        }
+        let report = self.report_next();
+        self.write_inline(head, idx, iova, ctx, &pkt, report)?;
         self.stats.inline_packets += 1;
         self.advance(
             head,
-            (idx, buf.report),
+            (idx, report),
             nctx + 1,
             ctx,
             Hdr::Slot(usize::from(idx)),
@@ -163,6 +149,42 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             &pkt,
             token,
         );
+        Ok(())
+    }
+
+    /// Writes a packet that lies whole in bounce slot `idx` (at `iova`):
+    /// its context descriptor at `head` if `ctx` asks for one, its one data
+    /// descriptor at `idx` (asking for a report if `report`), then
+    /// publishes it from `head`. On error the slot is given back and
+    /// nothing is posted: what [`send_inline`](Self::send_inline) and
+    /// `send_burst`'s run of plain packets both do once the slot is
+    /// filled.
+    #[inline(always)]
+    pub(super) fn write_inline(
+        &mut self,
+        head: u16,
+        idx: u16,
+        iova: Iova,
+        ctx: Ctx<FmtContext<D>>,
+        pkt: &Packet,
+        report: bool,
+    ) -> Result<()> {
+        let buf = Buf {
+            iova,
+            len: Fmt::<D>::PREFIX + pkt.hlen + pkt.len,
+            first: true,
+            last: true,
+            next: self.next(idx),
+            report,
+        };
+        let written = self
+            .write_context(head, ctx)
+            .and_then(|()| self.write_data(idx, buf, pkt))
+            .and_then(|()| self.publish(head));
+        if let Err(e) = written {
+            self.drop_header(Hdr::Slot(usize::from(idx)));
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -443,7 +465,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
 
 /// What a packet needs of the device's offload context `C`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Ctx<C> {
+pub(super) enum Ctx<C> {
     /// No offload (or a format without a context): no context.
     NotNeeded,
     /// The device holds the same context already: no descriptor.
