@@ -26,26 +26,42 @@ pub(super) struct Reports {
     last: Option<u16>,
 }
 
+impl Reports {
+    /// Whether the next packet posted asks the device to report its
+    /// completion: every packet, unless the format defers reports (`F`);
+    /// then every `every`-th ([`Config::report_every`](super::Config::report_every)).
+    #[inline(always)]
+    pub(super) fn due<F: Format>(self, every: u16) -> bool {
+        !F::DEFERRED_REPORT || self.since + 1 >= every
+    }
+
+    /// The reports after a packet whose last descriptor sits in slot
+    /// `idx`, and asked for a report if `report`.
+    #[inline(always)]
+    pub(super) fn after(self, idx: u16, report: bool) -> Reports {
+        if report {
+            Reports::default()
+        } else {
+            Reports {
+                since: self.since + 1,
+                last: Some(idx),
+            }
+        }
+    }
+}
+
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// Whether the next packet posted asks the device to report its
-    /// completion: every packet, unless the format defers reports; then
-    /// every [`Config::report_every`](super::Config::report_every)-th.
+    /// completion ([`Reports::due`]).
     pub(super) fn report_next(&self) -> bool {
-        !Fmt::<D>::DEFERRED_REPORT || self.reports.since + 1 >= self.cfg.report_every
+        self.reports.due::<Fmt<D>>(self.cfg.report_every)
     }
 
     /// Records the packet just posted, whose last descriptor sits in slot
     /// `idx` and asked for a report if `report`.
     #[inline(always)]
     pub(super) fn note_report(&mut self, idx: u16, report: bool) {
-        self.reports = if report {
-            Reports::default()
-        } else {
-            Reports {
-                since: self.reports.since + 1,
-                last: Some(idx),
-            }
-        };
+        self.reports = self.reports.after(idx, report);
     }
 
     /// Before a doorbell: the last packet posted asks for a report, so
@@ -220,10 +236,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// bounce slot each, given back.
     #[inline(always)]
     fn free_first_plain(&mut self, k: usize, status: Status, done: &mut impl FnMut(Completion)) {
-        let (used, bounce) = (&mut self.used, &mut self.bounce);
-        let mut i = 0;
+        let bounce = &mut self.bounce;
+        let (mut i, mut descs) = (0, 0);
         self.pending.pop_plain(k, |span, slot, token| {
-            *used -= usize::from(span.ndesc());
+            descs += usize::from(span.ndesc());
             if let Some(b) = bounce.as_mut() {
                 b.release(slot);
             }
@@ -233,6 +249,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 status: if i == k { status } else { Status::Ok },
             });
         });
+        self.used -= descs;
     }
 
     /// Completes payload frags the queue is done with (reaped, or given
