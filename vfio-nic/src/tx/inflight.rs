@@ -249,8 +249,10 @@ impl<M: DmaMapper> InFlight<M> {
 
     /// Takes the `k` oldest packets out (all, if there are fewer), oldest
     /// first, handing `each` the span, bounce slot and token of each: what
-    /// [`pop`](Self::pop) gives, one loop for all of them, for a queue
-    /// that [`holds_no_frags`](Self::holds_no_frags).
+    /// [`pop`](Self::pop) gives, for a queue that
+    /// [`holds_no_frags`](Self::holds_no_frags). They sit in at most two
+    /// runs of the array (the second from its start, past the wrap), each
+    /// walked in one loop; the queue and its reports move once after.
     ///
     /// # Panics
     /// If a packet holds a frag, which the caller checked it does not:
@@ -258,11 +260,25 @@ impl<M: DmaMapper> InFlight<M> {
     #[inline(always)]
     pub(super) fn pop_plain(&mut self, k: usize, mut each: impl FnMut(Span, usize, u64)) {
         assert!(self.holding == 0, "a plain pop of packets that hold frags");
-        for _ in 0..k.min(self.len) {
-            let at = self.take_oldest();
-            let r = self.rec[at];
+        let k = k.min(self.len);
+        let cap = self.rec.len();
+        let end = self.first + k;
+        let (run, wrapped) = if end > cap {
+            (self.first..cap, 0..end - cap)
+        } else {
+            (self.first..end, 0..0)
+        };
+        let mut reports = 0;
+        for r in self.rec[run].iter().chain(&self.rec[wrapped]) {
+            reports += usize::from(r.span.report());
             each(r.span, r.slot, r.token);
         }
+        self.first = self.wrap(end);
+        self.len -= k;
+        // The reports of the packets taken are the oldest ones (every
+        // report's packet is in the queue, in the order of the packets).
+        self.rfirst = self.wrap(self.rfirst + reports);
+        self.rlen -= reports;
     }
 
     /// Drops the frags left at position `at`.
