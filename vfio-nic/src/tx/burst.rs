@@ -5,6 +5,7 @@
 use pfrag::dma::DmaMapper;
 
 use super::inflight::Span;
+use super::reap::Reports;
 use super::send::Ctx;
 use super::{Fmt, Hdr, Queue, MAX_PREFIX};
 use crate::device::TxDevice;
@@ -98,30 +99,40 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             return 0;
         };
         let room = pkts.len().min(self.free_descs());
-        let (mut posted, mut bytes) = (0usize, 0u64);
-        // The tail and the reports are kept here for the run and stored
-        // once after it (in the queue, each packet's update would wait on
-        // the last one's store).
-        let (mut tail, mut reports, every) = (self.tail, self.reports, self.cfg.report_every);
-        for p in &pkts[..room] {
+        let every = self.cfg.report_every;
+        // The tail and the count of packets since the last report are kept
+        // here for the run and stored once after it (in the queue, each
+        // packet's update would wait on the last one's store). The rest is
+        // worked out after it, so that the loop carries little.
+        let (mut tail, mut since) = (self.tail, self.reports.since());
+        let mut posted = 0;
+        while let Some(p) = pkts[..room].get(posted) {
             let (hlen, len) = (p.headers.len(), p.payload.len());
             if !matches!(p.offload, Offload::None) || hlen == 0 || len == 0 || hlen + len > limit {
                 break;
             }
-            let report = reports.due::<Fmt<D>>(every);
+            let report = Reports::due::<Fmt<D>>(since, every);
             if self.post_plain_inline(p, tail, report).is_err() {
                 break;
             }
-            reports = reports.after(tail, report);
+            since = Reports::count(since, report);
             tail = self.next(tail);
             posted += 1;
-            bytes += len as u64;
         }
+        if posted == 0 {
+            return 0;
+        }
+        let last = if tail == 0 {
+            self.cfg.ring - 1
+        } else {
+            tail - 1
+        };
+        self.reports = Reports::at(since, last);
         self.tail = tail;
         self.used += posted;
-        self.reports = reports;
+        let bytes: usize = pkts[..posted].iter().map(|p| p.payload.len()).sum();
         self.stats.packets += posted as u64;
-        self.stats.bytes += bytes;
+        self.stats.bytes += bytes as u64;
         self.stats.descs += posted as u64;
         self.stats.inline_packets += posted as u64;
         posted

@@ -27,25 +27,39 @@ pub(super) struct Reports {
 }
 
 impl Reports {
-    /// Whether the next packet posted asks the device to report its
-    /// completion: every packet, unless the format defers reports (`F`);
-    /// then every `every`-th ([`Config::report_every`](super::Config::report_every)).
+    /// Packets posted since the last one that asked for a report.
     #[inline(always)]
-    pub(super) fn due<F: Format>(self, every: u16) -> bool {
-        !F::DEFERRED_REPORT || self.since + 1 >= every
+    pub(super) fn since(self) -> u16 {
+        self.since
     }
 
-    /// The reports after a packet whose last descriptor sits in slot
-    /// `idx`, and asked for a report if `report`.
+    /// Whether a packet posted after `since` packets without a report
+    /// asks the device to report its completion: every packet, unless the
+    /// format defers reports (`F`); then every `every`-th
+    /// ([`Config::report_every`](super::Config::report_every)).
     #[inline(always)]
-    pub(super) fn after(self, idx: u16, report: bool) -> Reports {
+    pub(super) fn due<F: Format>(since: u16, every: u16) -> bool {
+        !F::DEFERRED_REPORT || since + 1 >= every
+    }
+
+    /// The packets since the last report once one more is posted, which
+    /// asked for a report if `report`.
+    #[inline(always)]
+    pub(super) fn count(since: u16, report: bool) -> u16 {
         if report {
-            Reports::default()
+            0
         } else {
-            Reports {
-                since: self.since + 1,
-                last: Some(idx),
-            }
+            since + 1
+        }
+    }
+
+    /// The reports when the last packet posted ended in slot `idx`, `since`
+    /// packets after the last report (if it asked for one, none).
+    #[inline(always)]
+    pub(super) fn at(since: u16, idx: u16) -> Reports {
+        Reports {
+            since,
+            last: (since > 0).then_some(idx),
         }
     }
 }
@@ -54,14 +68,14 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// Whether the next packet posted asks the device to report its
     /// completion ([`Reports::due`]).
     pub(super) fn report_next(&self) -> bool {
-        self.reports.due::<Fmt<D>>(self.cfg.report_every)
+        Reports::due::<Fmt<D>>(self.reports.since, self.cfg.report_every)
     }
 
     /// Records the packet just posted, whose last descriptor sits in slot
     /// `idx` and asked for a report if `report`.
     #[inline(always)]
     pub(super) fn note_report(&mut self, idx: u16, report: bool) {
-        self.reports = self.reports.after(idx, report);
+        self.reports = Reports::at(Reports::count(self.reports.since, report), idx);
     }
 
     /// Before a doorbell: the last packet posted asks for a report, so
