@@ -303,12 +303,15 @@ pub unsafe trait Format {
     /// rung (the device call failed): the next flush must ask again.
     fn unflush(&mut self) {}
 
-    /// The completion of the oldest packet in flight, whose descriptors
-    /// are the slots `head..=last`: `None` while the device is not done.
-    /// By default the [`status`](Self::status) of the word at
+    /// The completion of a packet in flight that asked for a report, whose
+    /// descriptors are the slots `head..=last`: `None` while the device is
+    /// not done. By default the [`status`](Self::status) of the word at
     /// [`STATUS_OFFSET`](Self::STATUS_OFFSET) in its last descriptor;
     /// virtio reads its used ring. Called for packets in the order they
-    /// were published.
+    /// were published, from the oldest in flight on: a reap asks about
+    /// the next reported packet after each done one and frees them all
+    /// after the walk, so the packets before this one may still be in
+    /// flight (done) when it is asked.
     fn done<M: DmaMapper>(
         &mut self,
         ring: &RingMem<'_, M>,

@@ -313,12 +313,19 @@ impl<M: DmaMapper> InFlight<M> {
 
     /// The oldest packet that asked for a report, if one did: how many
     /// packets are older, and where it sits.
+    #[cfg(test)]
+    fn first_report(&self) -> Option<(usize, Span)> {
+        self.report(0)
+    }
+
+    /// The `j`-th oldest packet that asked for a report (0: the oldest),
+    /// if that many did: how many packets are older, and where it sits.
     #[inline(always)]
-    pub(super) fn first_report(&self) -> Option<(usize, Span)> {
-        if self.rlen == 0 {
+    pub(super) fn report(&self, j: usize) -> Option<(usize, Span)> {
+        if j >= self.rlen {
             return None;
         }
-        let i = self.reports[self.rfirst] as usize;
+        let i = self.reports[self.wrap(self.rfirst + j)] as usize;
         let cap = self.rec.len();
         let k = if i >= self.first {
             i - self.first
@@ -573,6 +580,9 @@ mod tests {
                 prop_assert_eq!(q.is_empty(), model.is_empty());
                 let first = model.iter().position(|m| m.0.report());
                 prop_assert_eq!(q.first_report(), first.map(|k| (k, model[k].0)));
+                let reported: Vec<_> = (0..).map_while(|j| q.report(j)).collect();
+                let want: Vec<_> = model.iter().enumerate().filter(|m| m.1.0.report()).map(|(k, m)| (k, m.0)).collect();
+                prop_assert_eq!(reported, want);
                 for k in 0..=cap {
                     prop_assert_eq!(q.span(k), model.get(k).map(|m| m.0));
                 }

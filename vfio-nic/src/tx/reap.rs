@@ -64,6 +64,17 @@ impl Reports {
     }
 }
 
+/// How a walk of the reports ([`Queue::reported`]) ended.
+enum Walk {
+    /// At a packet the device is not done with, or past the last report.
+    Waiting,
+    /// At a report that is not [`Status::Ok`], the last packet it
+    /// completes: later reports may be done too.
+    NotOk,
+    /// At a report that could not be read.
+    Failed(Error),
+}
+
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// Whether the next packet posted asks the device to report its
     /// completion ([`Reports::due`]).
@@ -192,28 +203,51 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
 
     fn reap_with(&mut self, mut done: impl FnMut(Completion)) -> Result<usize> {
         let mut n = 0;
-        // The oldest packet that asked for a report; the packets before it
-        // complete with it (a format that defers reports completes in
-        // order). Every packet asks where the format does not defer.
-        while let Some((k, s)) = self.pending.first_report() {
-            let ring = RingMem::new(&self.ring, self.cfg.ring);
-            let status = match self.fmt.done(&ring, s.head(), s.last()) {
-                Ok(Some(status)) => status,
-                Ok(None) => break,
+        loop {
+            let (k, status, walk) = self.reported();
+            if k > 0 {
+                self.free_first(k, status, &mut done);
+                n += k;
+            }
+            match walk {
+                Walk::NotOk => {}
+                Walk::Waiting => break,
                 // Packets already freed (their tokens handed over) are
                 // counted and their number returned; the packet whose
                 // status could not be read is asked about again next call.
-                Err(_) if n > 0 => break,
-                Err(e) => return Err(e),
-            };
-            if status != Status::Ok {
-                self.stats.device_errors += 1;
+                Walk::Failed(_) if n > 0 => break,
+                Walk::Failed(e) => return Err(e),
             }
-            self.free_first(k + 1, status, &mut done);
-            n += k + 1;
         }
         self.stats.completed += n as u64;
         Ok(n)
+    }
+
+    /// Walks the packets that asked for a report, oldest first, while the
+    /// device reports them done with [`Status::Ok`] (every packet asks
+    /// where the format does not defer reports; where it does, the packets
+    /// before a reported one complete with it, in order). Returns how many
+    /// of the oldest packets complete, the status of the last of them, and
+    /// how the walk ended; the caller frees them all at once. A report
+    /// that is not OK ends the walk, the last of its packets, and is
+    /// counted in [`Stats::device_errors`](super::Stats::device_errors).
+    fn reported(&mut self) -> (usize, Status, Walk) {
+        let ring = RingMem::new(&self.ring, self.cfg.ring);
+        let mut k = 0;
+        let mut j = 0;
+        while let Some((older, s)) = self.pending.report(j) {
+            match self.fmt.done(&ring, s.head(), s.last()) {
+                Ok(Some(Status::Ok)) => k = older + 1,
+                Ok(Some(status)) => {
+                    self.stats.device_errors += 1;
+                    return (older + 1, status, Walk::NotOk);
+                }
+                Ok(None) => break,
+                Err(e) => return (k, Status::Ok, Walk::Failed(e)),
+            }
+            j += 1;
+        }
+        (k, Status::Ok, Walk::Waiting)
     }
 
     /// Frees the `k` oldest packets, the last of which the device reported
