@@ -92,8 +92,8 @@ pub(super) struct InFlight<M: DmaMapper> {
     first: usize,
     len: usize,
     /// The positions of the packets that ask for a report, oldest first,
-    /// in a ring of the same capacity: the oldest is found without a scan
-    /// ([`first_report`](Self::first_report)).
+    /// in a ring of the same capacity: each is found without a scan
+    /// ([`report`](Self::report)).
     reports: Box<[u32]>,
     /// Where the oldest of them sits in `reports`.
     rfirst: usize,
