@@ -24,7 +24,6 @@ pub struct Ring<M: DmaMapper> {
     mem: Coherent<M>,
     slot: usize,
     busy: Vec<bool>,
-    in_use: usize,
 }
 
 impl<M: DmaMapper> std::fmt::Debug for Ring<M> {
@@ -32,7 +31,7 @@ impl<M: DmaMapper> std::fmt::Debug for Ring<M> {
         f.debug_struct("bounce::Ring")
             .field("slots", &self.busy.len())
             .field("slot", &self.slot)
-            .field("in_use", &self.in_use)
+            .field("in_use", &self.in_use())
             .finish()
     }
 }
@@ -66,7 +65,6 @@ impl<M: DmaMapper> Ring<M> {
             mem,
             slot,
             busy: vec![false; slots],
-            in_use: 0,
         })
     }
 
@@ -78,9 +76,11 @@ impl<M: DmaMapper> Ring<M> {
     pub fn slot_size(&self) -> usize {
         self.slot
     }
-    /// Slots filled and not released.
+    /// Slots filled and not released: counted when asked (a look at
+    /// every slot), so that filling and releasing a slot touch only its
+    /// own flag.
     pub fn in_use(&self) -> usize {
-        self.in_use
+        self.busy.iter().filter(|&&b| b).count()
     }
     /// IOVA of the whole ring.
     pub fn iova(&self) -> Iova {
@@ -139,7 +139,6 @@ impl<M: DmaMapper> Ring<M> {
         let at = i * self.slot;
         self.mem.write_parts(at, n, parts)?;
         *busy = true;
-        self.in_use += 1;
         Ok(self.mem.iova().offset(at as u64))
     }
 
@@ -147,10 +146,7 @@ impl<M: DmaMapper> Ring<M> {
     /// nothing.
     pub fn release(&mut self, i: usize) {
         if let Some(b) = self.busy.get_mut(i) {
-            if *b {
-                *b = false;
-                self.in_use -= 1;
-            }
+            *b = false;
         }
     }
 }

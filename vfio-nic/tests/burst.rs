@@ -81,6 +81,31 @@ fn a_bad_packet_ends_the_burst_after_the_good_ones_and_leads_the_next() {
     assert_eq!(q.send_burst(&[]).unwrap(), 0);
 }
 
+/// A run that ends at the ring's last slot, its tail wrapping to 0, has
+/// the doorbell ask for the report in that last slot: the device reports
+/// the whole run. (With reports deferred past the run, only the doorbell
+/// asks for one.)
+#[test]
+fn a_run_that_ends_at_the_ring_end_is_reported_whole() {
+    let cfg = tx::Config {
+        ring: 8,
+        report_every: 32,
+        ..tx::Config::default()
+    };
+    let mut q = common::capture_queue(1, cfg).unwrap();
+    let payload = [7u8; 50];
+    let pkts: Vec<_> = (0..5).map(|t| pkt(&payload, t)).collect();
+    assert_eq!(q.send_burst(&pkts[..3]).unwrap(), 3);
+    q.kick().unwrap();
+    assert_eq!(q.reap().unwrap(), 3);
+    // Slots 3 to 7: the tail wraps to 0.
+    assert_eq!(q.send_burst(&pkts).unwrap(), 5);
+    q.kick().unwrap();
+    assert_eq!(q.reap().unwrap(), 5, "the doorbell asked in slot 7");
+    assert_eq!(q.in_flight(), 0);
+    assert_eq!(q.take_frames().len(), 8);
+}
+
 /// A threaded device reads each inline packet's bounce slot before the
 /// queue fills the slot again: bursts into a ring of 8, reaped while the
 /// device thread runs, every frame on the wire as sent.

@@ -21,14 +21,22 @@ thread_local! {
     /// How many more `done` calls succeed before one fails (`None`:
     /// never). Per thread: each test drives its own queue.
     static DONE_OK_LEFT: Cell<Option<u32>> = const { Cell::new(None) };
+    /// How many more packets `done` reports done before it reports one
+    /// with an error status (`None`: never).
+    static DONE_BEFORE_ERROR: Cell<Option<u32>> = const { Cell::new(None) };
 }
 
-/// The 82576's format, whose `done` fails once as [`DONE_OK_LEFT`] says.
+/// The status word of a packet [`FailingDone`] reports with an error.
+const BAD_STATUS: u32 = 0xbad;
+
+/// The 82576's format, whose `done` fails once as [`DONE_OK_LEFT`] says,
+/// and reports one packet with an error as [`DONE_BEFORE_ERROR`] says.
 #[derive(Clone, Copy, Debug, Default)]
 struct FailingDone;
 
 // SAFETY: every descriptor and status is Advanced's; `done` either fails
-// (having read nothing) or answers as Advanced does.
+// (having read nothing) or answers as Advanced does, an error status
+// standing for a packet Advanced says is done.
 unsafe impl Format for FailingDone {
     const NAME: &'static str = "failing done";
     const DESC_SIZE: usize = Advanced::DESC_SIZE;
@@ -66,7 +74,20 @@ unsafe impl Format for FailingDone {
             }
             left => DONE_OK_LEFT.set(left.map(|n| n - 1)),
         }
-        Advanced.done(ring, head, last)
+        let done = Advanced.done(ring, head, last)?;
+        if done.is_none() {
+            return Ok(None);
+        }
+        match DONE_BEFORE_ERROR.get() {
+            Some(0) => {
+                DONE_BEFORE_ERROR.set(None);
+                Ok(Some(Status::Error(BAD_STATUS)))
+            }
+            left => {
+                DONE_BEFORE_ERROR.set(left.map(|n| n - 1));
+                Ok(done)
+            }
+        }
     }
 }
 
@@ -142,6 +163,30 @@ fn a_reap_that_fails_before_freeing_anything_changes_nothing() {
     assert_eq!((q.stats().completed, q.in_flight()), (0, 3));
     assert_eq!(q.reap_tokens(&mut out).unwrap(), 3);
     assert_eq!(out, [1, 2, 3]);
+}
+
+/// A report with an error status ends the batch of packets a reap frees
+/// as its last packet, counted once in `device_errors`, and the reports
+/// after it that the device has written are reaped in the same call.
+#[test]
+fn a_packet_reported_with_an_error_completes_with_it_and_the_rest_follow() {
+    // The software NIC sends all three inside the doorbell.
+    let mut q = three_sent();
+    DONE_BEFORE_ERROR.set(Some(1));
+    let mut out = Vec::new();
+    assert_eq!(q.reap_completions(&mut out).unwrap(), 3);
+    let got: Vec<_> = out.iter().map(|c| (c.token, c.status)).collect();
+    let want = [
+        (1, Status::Ok),
+        (2, Status::Error(BAD_STATUS)),
+        (3, Status::Ok),
+    ];
+    assert_eq!(got, want);
+    let s = q.stats();
+    assert_eq!((s.device_errors, s.completed, q.in_flight()), (1, 3, 0));
+    // A reap after it finds nothing and counts nothing again.
+    assert_eq!(q.reap_completions(&mut out).unwrap(), 0);
+    assert_eq!(q.stats().device_errors, 1);
 }
 
 /// `tx::Stats::since` with the later counters as `earlier` gives zeros,

@@ -21,9 +21,11 @@ use crate::mem::{self, Region};
 ///   [`write_u32`](Self::write_u32) are single atomic operations;
 ///   [`read_u64`](Self::read_u64) and [`write_u64`](Self::write_u64) are two
 ///   of them (low-address word first), so a `u64` is *not* single-copy
-///   atomic: another thread may see one half written. [`write`](Self::write)
-///   and [`read`](Self::read) go word by word; a word the range covers only
-///   in part is updated with a compare-and-swap, keeping its other bytes.
+///   atomic: another thread may see one half written
+///   ([`write_u64s`](Self::write_u64s) is `write_u64` word after word).
+///   [`write`](Self::write) and [`read`](Self::read) go word by word; a
+///   word the range covers only in part is updated with a compare-and-swap,
+///   keeping its other bytes.
 ///   Threads writing the same bytes at once leave each word as one of them
 ///   wrote it. The one exception is crate-private: a header bounce ring
 ///   writes its own region's slots with plain copies (`write_parts`),
@@ -267,6 +269,36 @@ impl<M: DmaMapper> Coherent<M> {
         }
         Ok(())
     }
+    /// [`write_u64`](Self::write_u64) of each of `words` in turn, from
+    /// `off` on (8-byte aligned), with one bounds check for them all (a
+    /// descriptor of two or four words). Nothing is written if any word
+    /// falls outside the region.
+    #[inline]
+    pub fn write_u64s(&self, off: usize, words: &[u64]) -> Result<()> {
+        let len = words.len().checked_mul(8).ok_or(Error::OutOfRange {
+            what: "coherent region length (whole 8-byte words)",
+            value: words.len() as u64,
+            min: 0,
+            max: (self.region.len() / 8) as u64,
+        })?;
+        let at = self.at(off, len, 8)?;
+        for (i, w) in words.iter().enumerate() {
+            let b = w.to_ne_bytes();
+            let (lo, hi) = (
+                u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+                u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+            );
+            let at = at.offset(8 * i);
+            // SAFETY: the `words.len()` words from `at` lie in the live
+            // region and are 8-byte aligned (checked above), so each is two
+            // whole 32-bit words, stored as in `write_u64`.
+            unsafe {
+                mem::store_u32(at, lo, Ordering::Relaxed);
+                mem::store_u32(at.offset(4), hi, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
     /// 64-bit load at `off` (8-byte aligned), as two 32-bit atomic loads
     /// with acquire ordering, low address first: not single-copy atomic.
     pub fn read_u64(&self, off: usize) -> Result<u64> {
@@ -320,6 +352,29 @@ mod tests {
         drop(c);
         assert!(d.mapper().translate(iova, Dir::TO_DEVICE).is_err());
         assert_eq!(d.iova_in_use(), 0);
+    }
+
+    #[test]
+    fn words_go_in_all_or_none() {
+        let d = Arc::new(Domain::new(
+            SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+        ));
+        let c = Coherent::new(d, 4096, Dir::BIDIRECTIONAL).unwrap();
+        let words = [0x0102_0304_0506_0708, u64::MAX, 0, 0xdead_beef_0bad_f00d];
+        c.write_u64s(4096 - 32, &words).unwrap();
+        for (i, w) in words.iter().enumerate() {
+            assert_eq!(c.read_u64(4096 - 32 + 8 * i).unwrap(), *w, "word {i}");
+        }
+        c.write_u64s(16, &[]).unwrap();
+        // One word past the end, or unaligned: nothing written.
+        c.write_u64(4096 - 40, 7).unwrap();
+        for off in [4096 - 24, 4096 - 36, usize::MAX - 7] {
+            assert!(c.write_u64s(off, &[1, 2, 3, 4]).is_err(), "at {off}");
+        }
+        assert!(c.write_u64s(4, &[1]).is_err());
+        assert_eq!(c.read_u64(4096 - 40).unwrap(), 7);
+        assert_eq!(c.read_u64(4096 - 24).unwrap(), words[1]);
+        assert_eq!(c.read_u64(0).unwrap(), 0);
     }
 
     #[test]

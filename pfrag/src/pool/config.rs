@@ -113,8 +113,8 @@ pub struct Config {
     pub dir: Dir,
     /// Chunks per grow (one arena, one map call). 0 (the default) = 1 MiB
     /// worth (2 MiB with huge pages, 64 KiB under Miri), at least 1. At
-    /// most [`MAX_REGION_LEN`](crate::mem::MAX_REGION_LEN) bytes of chunks
-    /// (else [`Error::OutOfRange`](crate::Error::OutOfRange)).
+    /// most [`MAX_REGION_LEN`] bytes of chunks
+    /// (else [`Error::OutOfRange`]).
     pub grow_batch: usize,
     /// Free chunks above which the pool shrinks. 0 (the default) = the
     /// larger of 4 grow batches and 32 MiB of chunks: a TX ring reaped in
@@ -123,12 +123,12 @@ pub struct Config {
     /// calls in steady state).
     pub high_watermark: usize,
     /// Chunks per shrink. 0 (the default) = the grow batch. At most
-    /// [`MAX_REGION_LEN`](crate::mem::MAX_REGION_LEN) bytes of chunks, as
+    /// [`MAX_REGION_LEN`] bytes of chunks, as
     /// `grow_batch`.
     pub shrink_batch: usize,
     /// Most bytes of chunk memory the pool may hold, chunks pinned after a
     /// failed unmap included (they stay held for good); past it, growth is
-    /// refused with [`Error::LimitReached`](crate::Error::LimitReached).
+    /// refused with [`Error::LimitReached`].
     /// `None` (the default) = unlimited.
     pub max_bytes: Option<u64>,
     /// Largest payload one `FragCache::frags` call accepts. Default
@@ -229,7 +229,7 @@ impl Config {
 }
 
 /// Refuses a batch of `n` chunks of `chunk` bytes past
-/// [`MAX_REGION_LEN`](crate::mem::MAX_REGION_LEN) bytes (one arena is one
+/// [`MAX_REGION_LEN`] bytes (one arena is one
 /// region), so that `n * chunk` never overflows where the pool computes it.
 fn batch_bytes(what: &'static str, n: usize, chunk: usize) -> Result<()> {
     let max = MAX_REGION_LEN / chunk;

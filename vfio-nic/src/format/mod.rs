@@ -149,7 +149,11 @@ pub enum Status {
 /// [`status`](Self::status) says it is done, so `status` returns `Some`
 /// only for a word the device wrote back after it finished reading every
 /// buffer of the packet, never for what `write_data` itself left there;
-/// the same holds for [`done`](Self::done), if overridden.
+/// the same holds for [`done`](Self::done), if overridden, which judges
+/// each packet on its own: a reap asks it about a reported packet while
+/// older ones may still be in flight, so an answer worked out from the
+/// packet's place relative to the oldest (a head index compared with the
+/// slots) would free buffers the device still reads.
 /// [`ask_report`](Self::ask_report) leaves a descriptor naming exactly
 /// the memory it named before, and only adds the request for the status
 /// write-back; where the format defers reports
@@ -303,12 +307,16 @@ pub unsafe trait Format {
     /// rung (the device call failed): the next flush must ask again.
     fn unflush(&mut self) {}
 
-    /// The completion of the oldest packet in flight, whose descriptors
-    /// are the slots `head..=last`: `None` while the device is not done.
-    /// By default the [`status`](Self::status) of the word at
+    /// The completion of a packet in flight that asked for a report, whose
+    /// descriptors are the slots `head..=last`: `None` while the device is
+    /// not done. By default the [`status`](Self::status) of the word at
     /// [`STATUS_OFFSET`](Self::STATUS_OFFSET) in its last descriptor;
-    /// virtio reads its used ring. Called for packets in the order they
-    /// were published.
+    /// virtio reads its used ring. Called for the packets that asked for a
+    /// report, in the order they were published, from the oldest of them
+    /// in flight on: a reap asks about the next one after each done one
+    /// and frees them all after the walk, so the packets before this one
+    /// may still be in flight (done) when it is asked (see the trait's
+    /// safety section).
     fn done<M: DmaMapper>(
         &mut self,
         ring: &RingMem<'_, M>,

@@ -104,9 +104,19 @@ impl Layout {
     pub fn avail_idx(&self) -> usize {
         self.avail + 2
     }
+    /// `i % size` (0 for a ring of no entries): a mask for a size that is
+    /// a power of two, as every device takes (no division per packet).
+    fn entry(&self, i: u16) -> usize {
+        let at = if self.size.is_power_of_two() {
+            i & (self.size - 1)
+        } else {
+            i.checked_rem(self.size).unwrap_or(0)
+        };
+        usize::from(at)
+    }
     /// Offset of available ring entry `i % size`.
     pub fn avail_entry(&self, i: u16) -> usize {
-        self.avail + 4 + 2 * usize::from(i.checked_rem(self.size).unwrap_or(0))
+        self.avail + 4 + 2 * self.entry(i)
     }
     /// Offset of the used ring's `flags`.
     pub fn used_flags(&self) -> usize {
@@ -118,8 +128,7 @@ impl Layout {
     }
     /// Offset of used ring entry `i % size` (its `id`; `len` follows).
     pub fn used_entry(&self, i: u16) -> usize {
-        let at = usize::from(i.checked_rem(self.size).unwrap_or(0));
-        self.used + 4 + size_of::<vring_used_elem>() * at
+        self.used + 4 + size_of::<vring_used_elem>() * self.entry(i)
     }
     /// Offset of `avail_event`, after the used ring's entries.
     pub fn avail_event(&self) -> usize {
@@ -376,6 +385,22 @@ mod tests {
         assert_eq!((l.avail, l.used, l.bytes), (0, 8, 14));
         for i in [0, 1, u16::MAX] {
             assert_eq!((l.avail_entry(i), l.used_entry(i)), (4, 12));
+        }
+    }
+
+    /// Entry `i` is entry `i % size` for every index, the masked sizes
+    /// (powers of two) and the others alike.
+    #[test]
+    fn entries_wrap_at_the_ring_size() {
+        let sizes = [1u16, 2, 3, 8, 256, 384, 1024, 32768, u16::MAX];
+        let step = if cfg!(miri) { 4099 } else { 1 };
+        for size in sizes {
+            let l = Layout::new(size);
+            for i in (0..=u16::MAX).step_by(step).chain([u16::MAX]) {
+                let at = usize::from(i % size);
+                assert_eq!(l.avail_entry(i), l.avail + 4 + 2 * at, "{i} of {size}");
+                assert_eq!(l.used_entry(i), l.used + 4 + 8 * at, "{i} of {size}");
+            }
         }
     }
 

@@ -5,6 +5,7 @@
 use pfrag::dma::DmaMapper;
 
 use super::inflight::Span;
+use super::reap::Reports;
 use super::send::Ctx;
 use super::{Fmt, Hdr, Queue, MAX_PREFIX};
 use crate::device::TxDevice;
@@ -98,20 +99,40 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             return 0;
         };
         let room = pkts.len().min(self.free_descs());
-        let (mut posted, mut bytes) = (0usize, 0u64);
-        for p in &pkts[..room] {
+        let every = self.cfg.report_every;
+        // The tail and the count of packets since the last report are kept
+        // here for the run and stored once after it (in the queue, each
+        // packet's update would wait on the last one's store). The rest is
+        // worked out after it, so that the loop carries little.
+        let (mut tail, mut since) = (self.tail, self.reports.since());
+        let mut posted = 0;
+        while let Some(p) = pkts[..room].get(posted) {
             let (hlen, len) = (p.headers.len(), p.payload.len());
-            if p.offload != Offload::None || hlen == 0 || len == 0 || hlen + len > limit {
+            if !matches!(p.offload, Offload::None) || hlen == 0 || len == 0 || hlen + len > limit {
                 break;
             }
-            if self.post_plain_inline(p).is_err() {
+            let report = Reports::due::<Fmt<D>>(since, every);
+            if self.post_plain_inline(p, tail, report).is_err() {
                 break;
             }
+            since = Reports::count(since, report);
+            tail = self.next(tail);
             posted += 1;
-            bytes += len as u64;
         }
+        if posted == 0 {
+            return 0;
+        }
+        let last = if tail == 0 {
+            self.cfg.ring - 1
+        } else {
+            tail - 1
+        };
+        self.reports = Reports::at(since, last);
+        self.tail = tail;
+        self.used += posted;
+        let bytes: usize = pkts[..posted].iter().map(|p| p.payload.len()).sum();
         self.stats.packets += posted as u64;
-        self.stats.bytes += bytes;
+        self.stats.bytes += bytes as u64;
         self.stats.descs += posted as u64;
         self.stats.inline_packets += posted as u64;
         posted
@@ -145,12 +166,14 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     }
 
     /// Posts one packet without an offload that fits a bounce slot, as
-    /// [`send`](Self::send) would, minus the counters of the run: the
-    /// caller checked it against [`inline_limit`](Self::inline_limit) and
-    /// the free descriptors. On error nothing is posted.
+    /// [`send`](Self::send) would, in slot `idx` (the run's tail), minus
+    /// what the run keeps for all its packets (the tail, the descriptors
+    /// in use, the reports, the counters; `report`: whether this one asks
+    /// for one): the caller checked it against
+    /// [`inline_limit`](Self::inline_limit) and the free descriptors. On
+    /// error nothing is posted.
     #[inline(always)]
-    fn post_plain_inline(&mut self, p: &TxPacket<'_>) -> Result<()> {
-        let idx = self.tail;
+    fn post_plain_inline(&mut self, p: &TxPacket<'_>, idx: u16, report: bool) -> Result<()> {
         let pkt = Packet {
             offload: Offload::None,
             hlen: p.headers.len(),
@@ -170,11 +193,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             let parts = [&*pre, p.headers, p.payload];
             b.fill_parts(usize::from(idx), parts.iter().copied())?
         };
-        let report = self.report_next();
         self.write_inline(idx, idx, iova, Ctx::NotNeeded, &pkt, report)?;
-        self.note_report(idx, report);
-        self.tail = self.next(idx);
-        self.used += 1;
         let span = Span::new(idx, idx, 1, report);
         self.pending
             .push(span, Hdr::Slot(usize::from(idx)), None, p.token);

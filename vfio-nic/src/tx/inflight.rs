@@ -92,8 +92,8 @@ pub(super) struct InFlight<M: DmaMapper> {
     first: usize,
     len: usize,
     /// The positions of the packets that ask for a report, oldest first,
-    /// in a ring of the same capacity: the oldest is found without a scan
-    /// ([`first_report`](Self::first_report)).
+    /// in a ring of the same capacity: each is found without a scan
+    /// ([`report`](Self::report)).
     reports: Box<[u32]>,
     /// Where the oldest of them sits in `reports`.
     rfirst: usize,
@@ -249,8 +249,10 @@ impl<M: DmaMapper> InFlight<M> {
 
     /// Takes the `k` oldest packets out (all, if there are fewer), oldest
     /// first, handing `each` the span, bounce slot and token of each: what
-    /// [`pop`](Self::pop) gives, one loop for all of them, for a queue
-    /// that [`holds_no_frags`](Self::holds_no_frags).
+    /// [`pop`](Self::pop) gives, for a queue that
+    /// [`holds_no_frags`](Self::holds_no_frags). They sit in at most two
+    /// runs of the array (the second from its start, past the wrap), each
+    /// walked in one loop; the queue and its reports move once after.
     ///
     /// # Panics
     /// If a packet holds a frag, which the caller checked it does not:
@@ -258,11 +260,25 @@ impl<M: DmaMapper> InFlight<M> {
     #[inline(always)]
     pub(super) fn pop_plain(&mut self, k: usize, mut each: impl FnMut(Span, usize, u64)) {
         assert!(self.holding == 0, "a plain pop of packets that hold frags");
-        for _ in 0..k.min(self.len) {
-            let at = self.take_oldest();
-            let r = self.rec[at];
+        let k = k.min(self.len);
+        let cap = self.rec.len();
+        let end = self.first + k;
+        let (run, wrapped) = if end > cap {
+            (self.first..cap, 0..end - cap)
+        } else {
+            (self.first..end, 0..0)
+        };
+        let mut reports = 0;
+        for r in self.rec[run].iter().chain(&self.rec[wrapped]) {
+            reports += usize::from(r.span.report());
             each(r.span, r.slot, r.token);
         }
+        self.first = self.wrap(end);
+        self.len -= k;
+        // The reports of the packets taken are the oldest ones (every
+        // report's packet is in the queue, in the order of the packets).
+        self.rfirst = self.wrap(self.rfirst + reports);
+        self.rlen -= reports;
     }
 
     /// Drops the frags left at position `at`.
@@ -297,12 +313,19 @@ impl<M: DmaMapper> InFlight<M> {
 
     /// The oldest packet that asked for a report, if one did: how many
     /// packets are older, and where it sits.
+    #[cfg(test)]
+    fn first_report(&self) -> Option<(usize, Span)> {
+        self.report(0)
+    }
+
+    /// The `j`-th oldest packet that asked for a report (0: the oldest),
+    /// if that many did: how many packets are older, and where it sits.
     #[inline(always)]
-    pub(super) fn first_report(&self) -> Option<(usize, Span)> {
-        if self.rlen == 0 {
+    pub(super) fn report(&self, j: usize) -> Option<(usize, Span)> {
+        if j >= self.rlen {
             return None;
         }
-        let i = self.reports[self.rfirst] as usize;
+        let i = self.reports[self.wrap(self.rfirst + j)] as usize;
         let cap = self.rec.len();
         let k = if i >= self.first {
             i - self.first
@@ -557,6 +580,9 @@ mod tests {
                 prop_assert_eq!(q.is_empty(), model.is_empty());
                 let first = model.iter().position(|m| m.0.report());
                 prop_assert_eq!(q.first_report(), first.map(|k| (k, model[k].0)));
+                let reported: Vec<_> = (0..).map_while(|j| q.report(j)).collect();
+                let want: Vec<_> = model.iter().enumerate().filter(|m| m.1.0.report()).map(|(k, m)| (k, m.0)).collect();
+                prop_assert_eq!(reported, want);
                 for k in 0..=cap {
                     prop_assert_eq!(q.span(k), model.get(k).map(|m| m.0));
                 }

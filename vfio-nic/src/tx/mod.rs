@@ -417,10 +417,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// Writes the descriptor the format encoded into `words` at `idx`.
     fn write_desc(&self, idx: u16, words: &[u64]) -> Result<()> {
         let off = usize::from(idx) * Fmt::<D>::DESC_SIZE;
-        for (i, w) in words.iter().enumerate() {
-            self.ring.write_u64(off + 8 * i, *w)?;
-        }
-        Ok(())
+        Ok(self.ring.write_u64s(off, words)?)
     }
 
     /// Reads the words of the descriptor in slot `idx` back into `words`

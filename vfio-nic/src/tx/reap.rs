@@ -26,26 +26,67 @@ pub(super) struct Reports {
     last: Option<u16>,
 }
 
+impl Reports {
+    /// Packets posted since the last one that asked for a report.
+    #[inline(always)]
+    pub(super) fn since(self) -> u16 {
+        self.since
+    }
+
+    /// Whether a packet posted after `since` packets without a report
+    /// asks the device to report its completion: every packet, unless the
+    /// format defers reports (`F`); then every `every`-th
+    /// ([`Config::report_every`](super::Config::report_every)).
+    #[inline(always)]
+    pub(super) fn due<F: Format>(since: u16, every: u16) -> bool {
+        !F::DEFERRED_REPORT || since + 1 >= every
+    }
+
+    /// The packets since the last report once one more is posted, which
+    /// asked for a report if `report`.
+    #[inline(always)]
+    pub(super) fn count(since: u16, report: bool) -> u16 {
+        if report {
+            0
+        } else {
+            since + 1
+        }
+    }
+
+    /// The reports when the last packet posted ended in slot `idx`, `since`
+    /// packets after the last report (if it asked for one, none).
+    #[inline(always)]
+    pub(super) fn at(since: u16, idx: u16) -> Reports {
+        Reports {
+            since,
+            last: (since > 0).then_some(idx),
+        }
+    }
+}
+
+/// How a walk of the reports ([`Queue::reported`]) ended.
+enum Walk {
+    /// At a packet the device is not done with, or past the last report.
+    Waiting,
+    /// At a report that is not [`Status::Ok`], the last packet it
+    /// completes: later reports may be done too.
+    NotOk,
+    /// At a report that could not be read.
+    Failed(Error),
+}
+
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// Whether the next packet posted asks the device to report its
-    /// completion: every packet, unless the format defers reports; then
-    /// every [`Config::report_every`](super::Config::report_every)-th.
+    /// completion ([`Reports::due`]).
     pub(super) fn report_next(&self) -> bool {
-        !Fmt::<D>::DEFERRED_REPORT || self.reports.since + 1 >= self.cfg.report_every
+        Reports::due::<Fmt<D>>(self.reports.since, self.cfg.report_every)
     }
 
     /// Records the packet just posted, whose last descriptor sits in slot
     /// `idx` and asked for a report if `report`.
     #[inline(always)]
     pub(super) fn note_report(&mut self, idx: u16, report: bool) {
-        self.reports = if report {
-            Reports::default()
-        } else {
-            Reports {
-                since: self.reports.since + 1,
-                last: Some(idx),
-            }
-        };
+        self.reports = Reports::at(Reports::count(self.reports.since, report), idx);
     }
 
     /// Before a doorbell: the last packet posted asks for a report, so
@@ -162,28 +203,51 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
 
     fn reap_with(&mut self, mut done: impl FnMut(Completion)) -> Result<usize> {
         let mut n = 0;
-        // The oldest packet that asked for a report; the packets before it
-        // complete with it (a format that defers reports completes in
-        // order). Every packet asks where the format does not defer.
-        while let Some((k, s)) = self.pending.first_report() {
-            let ring = RingMem::new(&self.ring, self.cfg.ring);
-            let status = match self.fmt.done(&ring, s.head(), s.last()) {
-                Ok(Some(status)) => status,
-                Ok(None) => break,
+        loop {
+            let (k, status, walk) = self.reported();
+            if k > 0 {
+                self.free_first(k, status, &mut done);
+                n += k;
+            }
+            match walk {
+                Walk::NotOk => {}
+                Walk::Waiting => break,
                 // Packets already freed (their tokens handed over) are
                 // counted and their number returned; the packet whose
                 // status could not be read is asked about again next call.
-                Err(_) if n > 0 => break,
-                Err(e) => return Err(e),
-            };
-            if status != Status::Ok {
-                self.stats.device_errors += 1;
+                Walk::Failed(_) if n > 0 => break,
+                Walk::Failed(e) => return Err(e),
             }
-            self.free_first(k + 1, status, &mut done);
-            n += k + 1;
         }
         self.stats.completed += n as u64;
         Ok(n)
+    }
+
+    /// Walks the packets that asked for a report, oldest first, while the
+    /// device reports them done with [`Status::Ok`] (every packet asks
+    /// where the format does not defer reports; where it does, the packets
+    /// before a reported one complete with it, in order). Returns how many
+    /// of the oldest packets complete, the status of the last of them, and
+    /// how the walk ended; the caller frees them all at once. A report
+    /// that is not OK ends the walk, the last of its packets, and is
+    /// counted in [`Stats::device_errors`](super::Stats::device_errors).
+    fn reported(&mut self) -> (usize, Status, Walk) {
+        let ring = RingMem::new(&self.ring, self.cfg.ring);
+        let mut k = 0;
+        let mut j = 0;
+        while let Some((older, s)) = self.pending.report(j) {
+            match self.fmt.done(&ring, s.head(), s.last()) {
+                Ok(Some(Status::Ok)) => k = older + 1,
+                Ok(Some(status)) => {
+                    self.stats.device_errors += 1;
+                    return (older + 1, status, Walk::NotOk);
+                }
+                Ok(None) => break,
+                Err(e) => return (k, Status::Ok, Walk::Failed(e)),
+            }
+            j += 1;
+        }
+        (k, Status::Ok, Walk::Waiting)
     }
 
     /// Frees the `k` oldest packets, the last of which the device reported
@@ -220,10 +284,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// bounce slot each, given back.
     #[inline(always)]
     fn free_first_plain(&mut self, k: usize, status: Status, done: &mut impl FnMut(Completion)) {
-        let (used, bounce) = (&mut self.used, &mut self.bounce);
-        let mut i = 0;
+        let bounce = &mut self.bounce;
+        let (mut i, mut descs) = (0, 0);
         self.pending.pop_plain(k, |span, slot, token| {
-            *used -= usize::from(span.ndesc());
+            descs += usize::from(span.ndesc());
             if let Some(b) = bounce.as_mut() {
                 b.release(slot);
             }
@@ -233,6 +297,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 status: if i == k { status } else { Status::Ok },
             });
         });
+        self.used -= descs;
     }
 
     /// Completes payload frags the queue is done with (reaped, or given
