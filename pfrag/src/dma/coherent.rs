@@ -252,22 +252,7 @@ impl<M: DmaMapper> Coherent<M> {
     /// read by the device only after the doorbell).
     #[inline]
     pub fn write_u64(&self, off: usize, v: u64) -> Result<()> {
-        let at = self.at(off, 8, 8)?;
-        let b = v.to_ne_bytes();
-        let (lo, hi) = (
-            u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
-            u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
-        );
-        // SAFETY: in bounds and aligned, as in `read_u32`, so the range is
-        // two whole words, stored with two relaxed 32-bit atomic stores,
-        // low address first (`write_words`' general loop cost a descriptor
-        // write dozens of instructions more); every other access to them
-        // is a 32-bit atomic too.
-        unsafe {
-            mem::store_u32(at, lo, Ordering::Relaxed);
-            mem::store_u32(at.offset(4), hi, Ordering::Relaxed);
-        }
-        Ok(())
+        self.write_u64s(off, &[v])
     }
     /// [`write_u64`](Self::write_u64) of each of `words` in turn, from
     /// `off` on (8-byte aligned), with one bounds check for them all (a
@@ -275,13 +260,8 @@ impl<M: DmaMapper> Coherent<M> {
     /// falls outside the region.
     #[inline]
     pub fn write_u64s(&self, off: usize, words: &[u64]) -> Result<()> {
-        let len = words.len().checked_mul(8).ok_or(Error::OutOfRange {
-            what: "coherent region length (whole 8-byte words)",
-            value: words.len() as u64,
-            min: 0,
-            max: (self.region.len() / 8) as u64,
-        })?;
-        let at = self.at(off, len, 8)?;
+        // A slice's bytes never overflow a `usize`.
+        let at = self.at(off, size_of_val(words), 8)?;
         for (i, w) in words.iter().enumerate() {
             let b = w.to_ne_bytes();
             let (lo, hi) = (
@@ -289,9 +269,12 @@ impl<M: DmaMapper> Coherent<M> {
                 u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
             );
             let at = at.offset(8 * i);
-            // SAFETY: the `words.len()` words from `at` lie in the live
-            // region and are 8-byte aligned (checked above), so each is two
-            // whole 32-bit words, stored as in `write_u64`.
+            // SAFETY: in bounds and aligned, as in `read_u32`, for all the
+            // `words.len()` words from `at` (checked above), so each is two
+            // whole words, stored with two relaxed 32-bit atomic stores, low
+            // address first (`write_words`' general loop cost a descriptor
+            // write dozens of instructions more); every other access to
+            // them is a 32-bit atomic too.
             unsafe {
                 mem::store_u32(at, lo, Ordering::Relaxed);
                 mem::store_u32(at.offset(4), hi, Ordering::Relaxed);

@@ -311,13 +311,6 @@ impl<M: DmaMapper> InFlight<M> {
         self.rec[i].span.set_report(report);
     }
 
-    /// The oldest packet that asked for a report, if one did: how many
-    /// packets are older, and where it sits.
-    #[cfg(test)]
-    fn first_report(&self) -> Option<(usize, Span)> {
-        self.report(0)
-    }
-
     /// The `j`-th oldest packet that asked for a report (0: the oldest),
     /// if that many did: how many packets are older, and where it sits.
     #[inline(always)]
@@ -429,7 +422,7 @@ mod tests {
                 next += 1;
             }
             let k = usize::from(!oldest.is_multiple_of(2));
-            let (found, span) = q.first_report().unwrap();
+            let (found, span) = q.report(0).unwrap();
             assert_eq!((found, span.head()), (k, (oldest + k as u64) as u16));
             for _ in 0..=round % 3 {
                 let mut p = q.pop().unwrap();
@@ -445,9 +438,9 @@ mod tests {
         let k = q.len() - 1;
         assert!(q.span(k).unwrap().report());
         while q.pop().is_some() {}
-        assert!(q.is_empty() && q.first_report().is_none());
+        assert!(q.is_empty() && q.report(0).is_none());
         q.set_newest_report(true);
-        assert!(q.is_empty() && q.first_report().is_none());
+        assert!(q.is_empty() && q.report(0).is_none());
     }
 
     #[test]
@@ -541,7 +534,7 @@ mod tests {
 
         /// Any sequence of pushes (while there is room), pops and report
         /// flags on the newest gives what a `VecDeque` of records gives:
-        /// order, fields, `first_report`, `span(k)` and the length.
+        /// order, fields, `report(j)`, `span(k)` and the length.
         #[test]
         fn matches_a_queue_of_records(cap in 1usize..10, ops in proptest::collection::vec(op(), 0..MAX_OPS)) {
             let mut q = Q::new(cap);
@@ -579,7 +572,7 @@ mod tests {
                 prop_assert_eq!(q.len(), model.len());
                 prop_assert_eq!(q.is_empty(), model.is_empty());
                 let first = model.iter().position(|m| m.0.report());
-                prop_assert_eq!(q.first_report(), first.map(|k| (k, model[k].0)));
+                prop_assert_eq!(q.report(0), first.map(|k| (k, model[k].0)));
                 let reported: Vec<_> = (0..).map_while(|j| q.report(j)).collect();
                 let want: Vec<_> = model.iter().enumerate().filter(|m| m.1.0.report()).map(|(k, m)| (k, m.0)).collect();
                 prop_assert_eq!(reported, want);
