@@ -9,6 +9,8 @@
 //! does ([`NicStats::faults`], `faulted_packets`): one per descriptor it
 //! could not read, one per packet whose buffers do not all translate
 //! (that packet is dropped), one per status word it could not write back.
+//! A chain longer than a packet may be is dropped as malformed
+//! ([`NicStats::bad_desc`]), whatever its buffers' translations.
 
 use pfrag::dma::{Dir, Fault, Translate};
 use pfrag::{Iova, PAGE_SIZE};
@@ -119,8 +121,8 @@ impl<T: Translate> NullNic<T> {
         let eop = d.cmd().contains(Dcmd::EOP);
         if self.bufs == 0 && eop {
             // A packet of one buffer is counted straight from it: the
-            // state that gathers longer packets is neither read nor
-            // written.
+            // state that gathers longer packets is not written (only
+            // `bufs` is read, to tell that none was gathered).
             return self.count_packet(buf, offloaded(d));
         }
         self.bufs += 1;
@@ -375,5 +377,92 @@ mod tests {
         // Frames of 100, 100, 100, 154 and 100 bytes, each with its FCS.
         assert_eq!(st.wire_bytes, 4 * 104 + 158, "{st:?}");
         assert_eq!((st.pages, st.write_backs), (1 + 2 + 2 + 1 + 1, 5), "{st:?}");
+    }
+
+    /// A translation for the overflow test: the software IOMMU for the
+    /// ring, and every IOVA from 2^63 up translating to the front page of
+    /// `mem` (which the model never reads: it reads no payload).
+    struct TopHalf {
+        inner: SoftIommu,
+        mem: pfrag::mem::Region,
+    }
+
+    // SAFETY: a translation from 2^63 up names bytes of the first page of
+    // `mem` (`len` from the IOVA's page offset, so inside that page), which
+    // stays allocated while `self` lives and which nothing unmaps; every
+    // other translation, `hold` and every access are the inner mapper's,
+    // whose accesses fault from 2^48 up, touching nothing.
+    unsafe impl Translate for TopHalf {
+        fn translate(&self, iova: Iova, access: Dir) -> Result<pfrag::dma::Translation, Fault> {
+            if iova.raw() < 1 << 63 {
+                return self.inner.translate(iova, access);
+            }
+            let off = iova.raw() & (PAGE_SIZE - 1);
+            Ok(pfrag::dma::Translation {
+                addr: self.mem.addr().offset(off as usize),
+                len: PAGE_SIZE - off,
+            })
+        }
+        unsafe fn hold(&self) -> pfrag::dma::Hold<'_> {
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.inner.hold() }
+        }
+        unsafe fn read(
+            &self,
+            iova: Iova,
+            len: usize,
+            f: &mut dyn FnMut(&[u8]),
+        ) -> Result<(), Fault> {
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.inner.read(iova, len, f) }
+        }
+        unsafe fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.inner.write(iova, src) }
+        }
+        unsafe fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.inner.write_u32(iova, v) }
+        }
+    }
+
+    /// A buffer that would run past the top of the 64-bit IOVA space
+    /// faults (its first page translates, the next has no address); one
+    /// that ends exactly at the top is delivered.
+    #[test]
+    fn a_buffer_past_the_top_of_the_iova_space_faults() {
+        use crate::desc::{Data, Popts};
+        use pfrag::dma::Mapping;
+        use pfrag::mem::Region;
+        let ring = Region::new(4096, 4096, false).unwrap();
+        let inner = SoftIommu::new(SoftIommuConfig::default()).unwrap();
+        let base = Iova(1 << 20);
+        let m = Mapping {
+            iova: base,
+            addr: ring.addr(),
+            len: 4096,
+            dir: Dir::BIDIRECTIONAL,
+            huge: false,
+        };
+        // SAFETY: `ring` is live and outlives the model (declared first),
+        // its only reader.
+        unsafe { inner.map(&m) }.unwrap();
+        let end = Dcmd::EOP | Dcmd::RS;
+        let one = |addr, len| Desc::Data(Data::new(addr, len, end, 0, Popts::empty()));
+        put(&ring, 0, one(u64::MAX - 15, 32));
+        put(&ring, 1, one(u64::MAX - 4095, 4096));
+        let mem = Region::new(4096, 4096, false).unwrap();
+        let mut nic = NullNic::new(TopHalf { inner, mem });
+        // SAFETY: the ring lies at `base`; only the model reads it.
+        unsafe { nic.attach(base, 8) }.unwrap();
+        // SAFETY: descriptors 0 and 1 are handed over.
+        unsafe { nic.kick(2) }.unwrap();
+        let st = nic.counters();
+        assert_eq!((st.packets, st.frames), (2, 1), "{st:?}");
+        assert_eq!((st.faults, st.faulted_packets), (1, 1), "{st:?}");
+        assert_eq!((st.delivered_bytes, st.pages), (4096, 1), "{st:?}");
+        // Nothing was asked past the top (an address wrapped to 0 would
+        // have faulted in the software IOMMU).
+        assert_eq!(nic.iommu.inner.stats().faults, 0);
     }
 }
