@@ -9,6 +9,8 @@
 //! does ([`NicStats::faults`], `faulted_packets`): one per descriptor it
 //! could not read, one per packet whose buffers do not all translate
 //! (that packet is dropped), one per status word it could not write back.
+//! A chain longer than a packet may be is dropped as malformed
+//! ([`NicStats::bad_desc`]), whatever its buffers' translations.
 
 use pfrag::dma::{Dir, Fault, Translate};
 use pfrag::{Iova, PAGE_SIZE};
@@ -72,16 +74,18 @@ impl<T: Translate> NullNic<T> {
 
     /// Translates every page of a buffer for reading, touching nothing.
     fn translate(&self, iova: Iova, len: usize) -> Result<u64, Fault> {
-        let mut off = 0u64;
-        let mut pages = 0;
-        while off < len as u64 {
-            let at = iova.checked_add(off).ok_or(Fault {
-                iova,
-                access: Dir::TO_DEVICE,
-            })?;
+        let (mut at, mut left, mut pages) = (iova, len as u64, 0);
+        while left > 0 {
             let t = self.iommu.translate(at, Dir::TO_DEVICE)?;
-            off += t.len.min(PAGE_SIZE - (at.raw() & (PAGE_SIZE - 1)));
+            let step = t.len.min(PAGE_SIZE - (at.raw() & (PAGE_SIZE - 1)));
             pages += 1;
+            left = left.saturating_sub(step);
+            if left > 0 {
+                at = at.checked_add(step).ok_or(Fault {
+                    iova,
+                    access: Dir::TO_DEVICE,
+                })?;
+            }
         }
         Ok(pages)
     }
@@ -109,43 +113,63 @@ impl<T: Translate> NullNic<T> {
     }
 
     fn data(&mut self, d: desc::Data) {
-        self.bufs += 1;
-        let offloaded = *self
-            .offloaded
-            .get_or_insert(!d.popts().is_empty() || d.cmd().contains(Dcmd::TSE));
-        match self.translate(Iova(d.addr), usize::from(d.len())) {
-            Ok(p) => {
-                self.cur.0 += u64::from(d.len());
-                self.cur.1 += p;
-            }
-            Err(_) => self.cur.2 = true,
+        // This buffer's bytes and pages, or its fault.
+        let buf = match self.translate(Iova(d.addr), usize::from(d.len())) {
+            Ok(pages) => (u64::from(d.len()), pages, false),
+            Err(_) => (0, 0, true),
+        };
+        let eop = d.cmd().contains(Dcmd::EOP);
+        if self.bufs == 0 && eop {
+            // A packet of one buffer is counted straight from it: the
+            // state that gathers longer packets is not written (only
+            // `bufs` is read, to tell that none was gathered).
+            return self.count_packet(buf, offloaded(d));
         }
-        if d.cmd().contains(Dcmd::EOP) || self.bufs > MAX_BUFS {
-            let (bytes, pages, faulted) = std::mem::take(&mut self.cur);
+        self.bufs += 1;
+        let offloaded = *self.offloaded.get_or_insert_with(|| offloaded(d));
+        self.cur = (self.cur.0 + buf.0, self.cur.1 + buf.1, self.cur.2 | buf.2);
+        if eop || self.bufs > MAX_BUFS {
+            let cur = std::mem::take(&mut self.cur);
+            let broken = self.bufs > MAX_BUFS;
             self.offloaded = None;
-            // Payload: what follows the headers of an offloaded packet.
-            let payload = if offloaded {
-                bytes.saturating_sub(self.hlen)
-            } else {
-                bytes
-            };
-            self.stats.packets += 1;
-            if self.bufs > MAX_BUFS {
+            self.bufs = 0;
+            if broken {
                 // A broken chain: dropped, its rest skipped.
+                self.stats.packets += 1;
                 self.stats.bad_desc += 1;
                 self.resync.dropped(d);
-            } else if faulted {
-                self.stats.count_read_fault();
             } else {
-                self.stats.frames += 1;
-                self.stats.pages += pages;
-                self.stats.payload_bytes += payload;
-                self.stats.wire_bytes += softnic::frame_bytes(bytes);
-                self.stats.delivered_bytes += payload;
+                self.count_packet(cur, offloaded);
             }
-            self.bufs = 0;
         }
     }
+
+    /// Counts a whole packet of `bytes` over `pages` pages, lost if
+    /// `faulted`; `offloaded`: its headers (`hlen`) are not payload.
+    fn count_packet(&mut self, (bytes, pages, faulted): (u64, u64, bool), offloaded: bool) {
+        self.stats.packets += 1;
+        if faulted {
+            self.stats.count_read_fault();
+            return;
+        }
+        // Payload: what follows the headers of an offloaded packet.
+        let payload = if offloaded {
+            bytes.saturating_sub(self.hlen)
+        } else {
+            bytes
+        };
+        self.stats.frames += 1;
+        self.stats.pages += pages;
+        self.stats.payload_bytes += payload;
+        self.stats.wire_bytes += softnic::frame_bytes(bytes);
+        self.stats.delivered_bytes += payload;
+    }
+}
+
+/// Whether the packet that `first`, its first data descriptor, starts is
+/// offloaded: it asks for checksums or TSO.
+fn offloaded(first: desc::Data) -> bool {
+    !first.popts().is_empty() || first.cmd().contains(Dcmd::TSE)
 }
 
 impl<T: Translate> TxDevice for NullNic<T> {
@@ -274,5 +298,171 @@ mod tests {
         let st = nic.counters();
         assert_eq!((st.descs, st.bad_desc, st.faults), (280, 256, 24));
         assert_eq!(iommu.stats().faults, 1);
+    }
+
+    /// Writes descriptor `i` of the ring at host address `ring`.
+    fn put(ring: &pfrag::mem::Region, i: usize, d: Desc) {
+        assert!((i + 1) * desc::SIZE <= ring.len());
+        let w = d.encode();
+        // SAFETY: inside the live region (checked above), which no model
+        // reads meanwhile (no doorbell is running).
+        unsafe {
+            let p = (ring.addr().0 as *mut u8).add(i * desc::SIZE).cast::<u64>();
+            p.write_unaligned(w[0].to_le());
+            p.add(1).write_unaligned(w[1].to_le());
+        }
+    }
+
+    /// Packets of one buffer each, counted straight from it, among packets
+    /// of two: nothing of one packet reaches the next.
+    #[test]
+    fn packets_of_one_buffer_count_alone() {
+        use crate::desc::{Context, Data, Popts};
+        use pfrag::dma::Mapping;
+        use pfrag::mem::Region;
+        // Two mapped pages: the ring at the front of the first, buffers
+        // after it. Declared first, the memory outlives the model's reads.
+        let mem = Region::new(8192, 4096, false).unwrap();
+        let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+        let base = Iova(1 << 20);
+        let m = Mapping {
+            iova: base,
+            addr: mem.addr(),
+            len: 8192,
+            dir: Dir::BIDIRECTIONAL,
+            huge: false,
+        };
+        // SAFETY: `mem` is live and outlives the model, the only reader.
+        unsafe { iommu.map(&m) }.unwrap();
+        let at = |off: u64| base.raw() + off;
+        let end = Dcmd::EOP | Dcmd::RS;
+        let one = |addr, len, cmd, popts| Desc::Data(Data::new(addr, len, cmd, 0, popts));
+        let none = Popts::empty();
+        let descs = [
+            // Delivered: 100 bytes in one page.
+            one(at(2048), 100, end, none),
+            // Lost: its buffer is not mapped.
+            one(0x7700_0000, 100, end, none),
+            // Delivered: 100 bytes across the two pages.
+            one(at(4096 - 50), 100, Dcmd::EOP, none),
+            // Two buffers, 60 + 40 bytes.
+            one(at(2048), 60, Dcmd::empty(), none),
+            one(at(3000), 40, end, none),
+            // Offloaded (checksums) with 54 header bytes: 100 of payload.
+            Desc::Context(Context::tcp_ipv4(14, 20, 20, 0)),
+            one(at(2048), 154, end, Popts::TXSM),
+            // Not offloaded: the context's headers are payload.
+            one(at(2048), 100, Dcmd::EOP, none),
+            // Lost: its first buffer is not mapped, its second is.
+            one(0x7700_0000, 60, Dcmd::empty(), none),
+            one(at(2048), 40, end, none),
+        ];
+        for (i, d) in descs.into_iter().enumerate() {
+            put(&mem, i, d);
+        }
+        let mut nic = NullNic::new(iommu.clone());
+        // SAFETY: the ring lies at `base`; only the model reads it.
+        unsafe { nic.attach(base, 16) }.unwrap();
+        // Two doorbells, the second from the middle of the two-buffer
+        // packet.
+        // SAFETY: descriptors 0..4 are handed over.
+        unsafe { nic.kick(4) }.unwrap();
+        // SAFETY: and 4..10.
+        unsafe { nic.kick(10) }.unwrap();
+        let st = nic.counters();
+        assert_eq!((st.descs, st.packets, st.frames), (10, 7, 5), "{st:?}");
+        assert_eq!((st.faults, st.faulted_packets), (2, 2), "{st:?}");
+        assert_eq!(st.delivered_bytes, 500, "{st:?}");
+        assert_eq!(st.payload_bytes, 500, "{st:?}");
+        // Frames of 100, 100, 100, 154 and 100 bytes, each with its FCS.
+        assert_eq!(st.wire_bytes, 4 * 104 + 158, "{st:?}");
+        assert_eq!((st.pages, st.write_backs), (1 + 2 + 2 + 1 + 1, 5), "{st:?}");
+    }
+
+    /// A translation for the overflow test: the software IOMMU for the
+    /// ring, and every IOVA from 2^63 up translating to the front page of
+    /// `mem` (which the model never reads: it reads no payload).
+    struct TopHalf {
+        inner: SoftIommu,
+        mem: pfrag::mem::Region,
+    }
+
+    // SAFETY: a translation from 2^63 up names bytes of the first page of
+    // `mem` (`len` from the IOVA's page offset, so inside that page), which
+    // stays allocated while `self` lives and which nothing unmaps; every
+    // other translation, `hold` and every access are the inner mapper's,
+    // whose accesses fault from 2^48 up, touching nothing.
+    unsafe impl Translate for TopHalf {
+        fn translate(&self, iova: Iova, access: Dir) -> Result<pfrag::dma::Translation, Fault> {
+            if iova.raw() < 1 << 63 {
+                return self.inner.translate(iova, access);
+            }
+            let off = iova.raw() & (PAGE_SIZE - 1);
+            Ok(pfrag::dma::Translation {
+                addr: self.mem.addr().offset(off as usize),
+                len: PAGE_SIZE - off,
+            })
+        }
+        unsafe fn hold(&self) -> pfrag::dma::Hold<'_> {
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.inner.hold() }
+        }
+        unsafe fn read(
+            &self,
+            iova: Iova,
+            len: usize,
+            f: &mut dyn FnMut(&[u8]),
+        ) -> Result<(), Fault> {
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.inner.read(iova, len, f) }
+        }
+        unsafe fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault> {
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.inner.write(iova, src) }
+        }
+        unsafe fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.inner.write_u32(iova, v) }
+        }
+    }
+
+    /// A buffer that would run past the top of the 64-bit IOVA space
+    /// faults (its first page translates, the next has no address); one
+    /// that ends exactly at the top is delivered.
+    #[test]
+    fn a_buffer_past_the_top_of_the_iova_space_faults() {
+        use crate::desc::{Data, Popts};
+        use pfrag::dma::Mapping;
+        use pfrag::mem::Region;
+        let ring = Region::new(4096, 4096, false).unwrap();
+        let inner = SoftIommu::new(SoftIommuConfig::default()).unwrap();
+        let base = Iova(1 << 20);
+        let m = Mapping {
+            iova: base,
+            addr: ring.addr(),
+            len: 4096,
+            dir: Dir::BIDIRECTIONAL,
+            huge: false,
+        };
+        // SAFETY: `ring` is live and outlives the model (declared first),
+        // its only reader.
+        unsafe { inner.map(&m) }.unwrap();
+        let end = Dcmd::EOP | Dcmd::RS;
+        let one = |addr, len| Desc::Data(Data::new(addr, len, end, 0, Popts::empty()));
+        put(&ring, 0, one(u64::MAX - 15, 32));
+        put(&ring, 1, one(u64::MAX - 4095, 4096));
+        let mem = Region::new(4096, 4096, false).unwrap();
+        let mut nic = NullNic::new(TopHalf { inner, mem });
+        // SAFETY: the ring lies at `base`; only the model reads it.
+        unsafe { nic.attach(base, 8) }.unwrap();
+        // SAFETY: descriptors 0 and 1 are handed over.
+        unsafe { nic.kick(2) }.unwrap();
+        let st = nic.counters();
+        assert_eq!((st.packets, st.frames), (2, 1), "{st:?}");
+        assert_eq!((st.faults, st.faulted_packets), (1, 1), "{st:?}");
+        assert_eq!((st.delivered_bytes, st.pages), (4096, 1), "{st:?}");
+        // Nothing was asked past the top (an address wrapped to 0 would
+        // have faulted in the software IOMMU).
+        assert_eq!(nic.iommu.inner.stats().faults, 0);
     }
 }
