@@ -266,24 +266,32 @@ mod tests {
         assert!(iommu.stats().iotlb_misses > 0);
     }
 
-    #[test]
-    fn a_run_stops_at_its_page_and_faults_whole() {
+    /// A region of `len` bytes whose first `map_len` bytes a software IOMMU
+    /// maps at `1 << 20`. The caller declares the region before the model
+    /// that reads it, so the memory outlives every read.
+    fn mapped(len: usize, map_len: u64) -> (pfrag::mem::Region, Arc<SoftIommu>, Iova) {
         use pfrag::dma::Mapping;
-        use pfrag::mem::Region;
-        // A ring of 512 descriptors (two pages) whose second page is not
-        // mapped. Declared first, the memory outlives the model's reads.
-        let mem = Region::new(8192, 4096, false).unwrap();
+        let mem = pfrag::mem::Region::new(len, 4096, false).unwrap();
         let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
         let base = Iova(1 << 20);
         let m = Mapping {
             iova: base,
             addr: mem.addr(),
-            len: 4096,
+            len: map_len,
             dir: Dir::BIDIRECTIONAL,
             huge: false,
         };
-        // SAFETY: `mem` is live and outlives the model, the only reader.
+        // SAFETY: `mem` is live, and outlives the model that is the
+        // mapping's only user (the caller's promise above).
         unsafe { iommu.map(&m) }.unwrap();
+        (mem, iommu, base)
+    }
+
+    #[test]
+    fn a_run_stops_at_its_page_and_faults_whole() {
+        // A ring of 512 descriptors (two pages) whose second page is not
+        // mapped. Declared first, the memory outlives the model's reads.
+        let (_mem, iommu, base) = mapped(8192, 4096);
         let mut nic = NullNic::new(iommu.clone());
         // SAFETY: the ring lies at `base`; its descriptors are zeros.
         unsafe { nic.attach(base, 512) }.unwrap();
@@ -318,22 +326,9 @@ mod tests {
     #[test]
     fn packets_of_one_buffer_count_alone() {
         use crate::desc::{Context, Data, Popts};
-        use pfrag::dma::Mapping;
-        use pfrag::mem::Region;
         // Two mapped pages: the ring at the front of the first, buffers
         // after it. Declared first, the memory outlives the model's reads.
-        let mem = Region::new(8192, 4096, false).unwrap();
-        let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
-        let base = Iova(1 << 20);
-        let m = Mapping {
-            iova: base,
-            addr: mem.addr(),
-            len: 8192,
-            dir: Dir::BIDIRECTIONAL,
-            huge: false,
-        };
-        // SAFETY: `mem` is live and outlives the model, the only reader.
-        unsafe { iommu.map(&m) }.unwrap();
+        let (mem, iommu, base) = mapped(8192, 8192);
         let at = |off: u64| base.raw() + off;
         let end = Dcmd::EOP | Dcmd::RS;
         let one = |addr, len, cmd, popts| Desc::Data(Data::new(addr, len, cmd, 0, popts));
@@ -383,7 +378,7 @@ mod tests {
     /// ring, and every IOVA from 2^63 up translating to the front page of
     /// `mem` (which the model never reads: it reads no payload).
     struct TopHalf {
-        inner: SoftIommu,
+        inner: Arc<SoftIommu>,
         mem: pfrag::mem::Region,
     }
 
@@ -432,26 +427,13 @@ mod tests {
     #[test]
     fn a_buffer_past_the_top_of_the_iova_space_faults() {
         use crate::desc::{Data, Popts};
-        use pfrag::dma::Mapping;
-        use pfrag::mem::Region;
-        let ring = Region::new(4096, 4096, false).unwrap();
-        let inner = SoftIommu::new(SoftIommuConfig::default()).unwrap();
-        let base = Iova(1 << 20);
-        let m = Mapping {
-            iova: base,
-            addr: ring.addr(),
-            len: 4096,
-            dir: Dir::BIDIRECTIONAL,
-            huge: false,
-        };
-        // SAFETY: `ring` is live and outlives the model (declared first),
-        // its only reader.
-        unsafe { inner.map(&m) }.unwrap();
+        // Declared first, the ring outlives the model's reads.
+        let (ring, inner, base) = mapped(4096, 4096);
         let end = Dcmd::EOP | Dcmd::RS;
         let one = |addr, len| Desc::Data(Data::new(addr, len, end, 0, Popts::empty()));
         put(&ring, 0, one(u64::MAX - 15, 32));
         put(&ring, 1, one(u64::MAX - 4095, 4096));
-        let mem = Region::new(4096, 4096, false).unwrap();
+        let mem = pfrag::mem::Region::new(4096, 4096, false).unwrap();
         let mut nic = NullNic::new(TopHalf { inner, mem });
         // SAFETY: the ring lies at `base`; only the model reads it.
         unsafe { nic.attach(base, 8) }.unwrap();
