@@ -21,7 +21,7 @@ use super::Model;
 use crate::desc::{self, Dcmd, Desc};
 use crate::device::TxDevice;
 use crate::error::Result;
-use crate::model::softnic::{self, NicStats, MAX_BUFS};
+use crate::model::softnic::{NicStats, MAX_BUFS};
 
 /// The null device; see the module docs.
 pub struct NullNic<T: Translate> {
@@ -128,9 +128,9 @@ impl<T: Translate> NullNic<T> {
         self.bufs += 1;
         let offloaded = *self.offloaded.get_or_insert_with(|| offloaded(d));
         self.cur = (self.cur.0 + buf.0, self.cur.1 + buf.1, self.cur.2 | buf.2);
-        if eop || self.bufs > MAX_BUFS {
+        let broken = self.bufs > MAX_BUFS;
+        if eop || broken {
             let cur = std::mem::take(&mut self.cur);
-            let broken = self.bufs > MAX_BUFS;
             self.offloaded = None;
             self.bufs = 0;
             if broken {
@@ -158,11 +158,7 @@ impl<T: Translate> NullNic<T> {
         } else {
             bytes
         };
-        self.stats.frames += 1;
-        self.stats.pages += pages;
-        self.stats.payload_bytes += payload;
-        self.stats.wire_bytes += softnic::frame_bytes(bytes);
-        self.stats.delivered_bytes += payload;
+        self.stats.count_frame(bytes, payload, pages);
     }
 }
 
