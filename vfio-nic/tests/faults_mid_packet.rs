@@ -26,16 +26,14 @@ use vfio_nic::model::null::NullNic;
 use vfio_nic::model::softnic::{self, SoftNic};
 use vfio_nic::model::Model;
 
-/// Writes descriptor `i` of the ring at host address `base`.
-fn put(base: *mut u8, i: usize, d: Desc) {
-    let w = d.encode();
-    // SAFETY: test memory of at least `(i + 1) * 16` bytes, not handed to
-    // the device yet (or between doorbells, with nothing in flight there).
-    unsafe {
-        let p = base.add(i * 16).cast::<u64>();
-        p.write_unaligned(w[0].to_le());
-        p.add(1).write_unaligned(w[1].to_le());
-    }
+/// Writes descriptor `i` of the ring in `ring` (no doorbell runs
+/// meanwhile).
+fn put(ring: &mut Region, i: usize, d: Desc) {
+    let [lo, hi] = d.encode();
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&lo.to_le_bytes());
+    b[8..].copy_from_slice(&hi.to_le_bytes());
+    ring.write(i * 16, &b).unwrap();
 }
 
 /// A 512-descriptor ring (two pages) whose second page is not mapped: the
@@ -80,10 +78,9 @@ fn data(base: Iova, len: u16, paylen: u32, end: bool) -> Desc {
 /// wrap (0, 1: 100 bytes) is delivered alone, 100 bytes, not 2100.
 #[test]
 fn null_nic_drops_a_packet_whose_end_faulted_and_delivers_the_next() {
-    let (mem, iommu, base) = half_mapped_ring();
-    let p = mem.addr().0 as *mut u8;
-    put(p, 254, data(base, 1000, 3000, false));
-    put(p, 255, data(base, 1000, 0, false));
+    let (mut mem, iommu, base) = half_mapped_ring();
+    put(&mut mem, 254, data(base, 1000, 3000, false));
+    put(&mut mem, 255, data(base, 1000, 0, false));
     let mut nic = NullNic::new(iommu.clone());
     // SAFETY: the ring lies at `base`; only the model reads it.
     unsafe { nic.attach(base, 512) }.unwrap();
@@ -92,8 +89,8 @@ fn null_nic_drops_a_packet_whose_end_faulted_and_delivers_the_next() {
     unsafe { nic.kick(256) }.unwrap();
     let before = nic.counters();
     // Second doorbell: 256..512 (faults), the wrap, then B.
-    put(p, 0, data(base, 60, 100, false));
-    put(p, 1, data(base, 40, 0, true));
+    put(&mut mem, 0, data(base, 60, 100, false));
+    put(&mut mem, 1, data(base, 40, 0, true));
     // SAFETY: as above.
     unsafe { nic.kick(2) }.unwrap();
     let st = nic.counters().since(&before);
@@ -107,8 +104,7 @@ fn null_nic_drops_a_packet_whose_end_faulted_and_delivers_the_next() {
 /// past its first fault is sent, not dropped as glued to A.
 #[test]
 fn softnic_drops_a_packet_whose_end_faulted_and_sends_the_next() {
-    let (mem, iommu, base) = half_mapped_ring();
-    let p = mem.addr().0 as *mut u8;
+    let (mut mem, iommu, base) = half_mapped_ring();
     let cfg = softnic::Config {
         verify: false,
         capture: true,
@@ -119,12 +115,12 @@ fn softnic_drops_a_packet_whose_end_faulted_and_sends_the_next() {
     unsafe { nic.attach(base, 512) }.unwrap();
     // Packet A: its first buffer at 255 (PAYLEN 3000), the rest at 256..,
     // in the unmapped page.
-    put(p, 255, data(base, 1000, 3000, false));
+    put(&mut mem, 255, data(base, 1000, 3000, false));
     // SAFETY: as above.
     unsafe { nic.kick(256) }.unwrap();
     let before = nic.stats();
-    put(p, 0, data(base, 60, 100, false));
-    put(p, 1, data(base, 40, 0, true));
+    put(&mut mem, 0, data(base, 60, 100, false));
+    put(&mut mem, 1, data(base, 40, 0, true));
     // SAFETY: as above.
     unsafe { nic.kick(2) }.unwrap();
     let st = nic.stats().since(&before);
@@ -177,12 +173,11 @@ unsafe impl Translate for OneBadRead {
 /// `bad` faults. Packet A is descriptors 0 (first, PAYLEN 1100), 1 and 2
 /// (its end); packet B is descriptor 3 alone (100 bytes).
 fn fault_at(bad: u64) -> (Region, Arc<OneBadRead>, Iova) {
-    let (mem, iommu, base) = half_mapped_ring();
-    let p = mem.addr().0 as *mut u8;
-    put(p, 0, data(base, 60, 1100, false));
-    put(p, 1, data(base, 1000, 0, false));
-    put(p, 2, data(base, 40, 0, true));
-    put(p, 3, data(base, 100, 100, true));
+    let (mut mem, iommu, base) = half_mapped_ring();
+    put(&mut mem, 0, data(base, 60, 1100, false));
+    put(&mut mem, 1, data(base, 1000, 0, false));
+    put(&mut mem, 2, data(base, 40, 0, true));
+    put(&mut mem, 3, data(base, 100, 100, true));
     let t = Arc::new(OneBadRead {
         inner: iommu,
         bad: Iova(base.raw() + 16 * bad),

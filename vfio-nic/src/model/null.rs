@@ -21,7 +21,7 @@ use super::Model;
 use crate::desc::{self, Dcmd, Desc};
 use crate::device::TxDevice;
 use crate::error::Result;
-use crate::model::softnic::{self, NicStats, MAX_BUFS};
+use crate::model::softnic::{NicStats, MAX_BUFS};
 
 /// The null device; see the module docs.
 pub struct NullNic<T: Translate> {
@@ -128,9 +128,9 @@ impl<T: Translate> NullNic<T> {
         self.bufs += 1;
         let offloaded = *self.offloaded.get_or_insert_with(|| offloaded(d));
         self.cur = (self.cur.0 + buf.0, self.cur.1 + buf.1, self.cur.2 | buf.2);
-        if eop || self.bufs > MAX_BUFS {
+        let broken = self.bufs > MAX_BUFS;
+        if eop || broken {
             let cur = std::mem::take(&mut self.cur);
-            let broken = self.bufs > MAX_BUFS;
             self.offloaded = None;
             self.bufs = 0;
             if broken {
@@ -158,11 +158,7 @@ impl<T: Translate> NullNic<T> {
         } else {
             bytes
         };
-        self.stats.frames += 1;
-        self.stats.pages += pages;
-        self.stats.payload_bytes += payload;
-        self.stats.wire_bytes += softnic::frame_bytes(bytes);
-        self.stats.delivered_bytes += payload;
+        self.stats.count_frame(bytes, payload, pages);
     }
 }
 
@@ -308,17 +304,14 @@ mod tests {
         assert_eq!(iommu.stats().faults, 1);
     }
 
-    /// Writes descriptor `i` of the ring at host address `ring`.
-    fn put(ring: &pfrag::mem::Region, i: usize, d: Desc) {
-        assert!((i + 1) * desc::SIZE <= ring.len());
-        let w = d.encode();
-        // SAFETY: inside the live region (checked above), which no model
-        // reads meanwhile (no doorbell is running).
-        unsafe {
-            let p = (ring.addr().0 as *mut u8).add(i * desc::SIZE).cast::<u64>();
-            p.write_unaligned(w[0].to_le());
-            p.add(1).write_unaligned(w[1].to_le());
-        }
+    /// Writes descriptor `i` of the ring in `ring` (no doorbell runs
+    /// meanwhile).
+    fn put(ring: &mut pfrag::mem::Region, i: usize, d: Desc) {
+        let [lo, hi] = d.encode();
+        let mut b = [0u8; desc::SIZE];
+        b[..8].copy_from_slice(&lo.to_le_bytes());
+        b[8..].copy_from_slice(&hi.to_le_bytes());
+        ring.write(i * desc::SIZE, &b).unwrap();
     }
 
     /// Packets of one buffer each, counted straight from it, among packets
@@ -328,7 +321,7 @@ mod tests {
         use crate::desc::{Context, Data, Popts};
         // Two mapped pages: the ring at the front of the first, buffers
         // after it. Declared first, the memory outlives the model's reads.
-        let (mem, iommu, base) = mapped(8192, 8192);
+        let (mut mem, iommu, base) = mapped(8192, 8192);
         let at = |off: u64| base.raw() + off;
         let end = Dcmd::EOP | Dcmd::RS;
         let one = |addr, len, cmd, popts| Desc::Data(Data::new(addr, len, cmd, 0, popts));
@@ -353,7 +346,7 @@ mod tests {
             one(at(2048), 40, end, none),
         ];
         for (i, d) in descs.into_iter().enumerate() {
-            put(&mem, i, d);
+            put(&mut mem, i, d);
         }
         let mut nic = NullNic::new(iommu.clone());
         // SAFETY: the ring lies at `base`; only the model reads it.
@@ -428,11 +421,11 @@ mod tests {
     fn a_buffer_past_the_top_of_the_iova_space_faults() {
         use crate::desc::{Data, Popts};
         // Declared first, the ring outlives the model's reads.
-        let (ring, inner, base) = mapped(4096, 4096);
+        let (mut ring, inner, base) = mapped(4096, 4096);
         let end = Dcmd::EOP | Dcmd::RS;
         let one = |addr, len| Desc::Data(Data::new(addr, len, end, 0, Popts::empty()));
-        put(&ring, 0, one(u64::MAX - 15, 32));
-        put(&ring, 1, one(u64::MAX - 4095, 4096));
+        put(&mut ring, 0, one(u64::MAX - 15, 32));
+        put(&mut ring, 1, one(u64::MAX - 4095, 4096));
         let mem = pfrag::mem::Region::new(4096, 4096, false).unwrap();
         let mut nic = NullNic::new(TopHalf { inner, mem });
         // SAFETY: the ring lies at `base`; only the model reads it.

@@ -94,10 +94,18 @@ impl NicStats {
 
     /// Counts a frame of `len` bytes sent as given, over `pages` pages.
     pub(super) fn count_raw(&mut self, len: usize, pages: u64) {
+        self.count_frame(len as u64, len as u64, pages);
+    }
+
+    /// Counts one frame of `len` bytes delivered whole, `payload` of them
+    /// payload (all of a frame sent as given; what follows the headers of
+    /// an offloaded one), over `pages` pages.
+    #[inline]
+    pub(super) fn count_frame(&mut self, len: u64, payload: u64, pages: u64) {
         self.pages += pages;
-        self.payload_bytes += len as u64;
-        self.wire_bytes += frame_bytes(len as u64);
-        self.delivered_bytes += len as u64;
+        self.payload_bytes += payload;
+        self.wire_bytes += frame_bytes(len);
+        self.delivered_bytes += payload;
         self.frames += 1;
     }
 
