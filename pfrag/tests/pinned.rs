@@ -2,6 +2,8 @@
 //! a device that could not be stopped) is counted in its domain's
 //! [`pinned`](Domain::pinned) bytes: the host bytes that stay allocated and
 //! the IOVA bytes that stay mapped, each once, under every mapping policy.
+//! A pool whose drop unwinds (a panic in its account's code) frees none of
+//! the memory a device may still reach.
 
 use std::sync::Arc;
 
@@ -122,4 +124,122 @@ fn a_pinned_coherent_region_counts_its_mapping_and_memory() {
         }
     );
     assert!(iommu.translate(iova, Dir::FROM_DEVICE).is_ok());
+}
+
+/// A pressure hook that panics when its account leaves pressure.
+struct PanicOnLeave;
+
+impl pfrag::account::PressureHooks for PanicOnLeave {
+    fn leave(&self, _bytes: u64) {
+        panic!("the hook panics on leaving pressure");
+    }
+}
+
+/// A pool whose drop unwinds (a pressure hook panics as the pool gives its
+/// memory back) frees none of its memory: a pinned frag's chunk stays
+/// mapped and its bytes stay alive, so a device reading it reads what was
+/// there.
+#[test]
+fn a_pool_whose_drop_panics_keeps_a_pinned_chunk_alive() {
+    use pfrag::account::{Limits, MemAccount};
+    const KIB: u64 = 1 << 10;
+    // Split unmaps allowed, so the arena's other chunks are unmapped and
+    // given back (uncharged) while the pinned one stays.
+    let iommu = Arc::new(
+        SoftIommu::new(SoftIommuConfig {
+            whole_unmaps: false,
+            ..SoftIommuConfig::default()
+        })
+        .unwrap(),
+    );
+    let d = Arc::new(Domain::new(iommu.clone()));
+    let limits = Limits {
+        min: 48 * KIB,
+        pressure: 48 * KIB,
+        max: 1 << 30,
+    };
+    let acct = MemAccount::new(limits, PanicOnLeave).unwrap();
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    // One arena of 64 KiB: past `pressure` at once.
+    cfg.grow_batch = 16;
+    let pool = Pool::with_account(d, cfg, acct.clone()).unwrap();
+    let mut cache = FragCache::new(pool.clone());
+    let mut f = cache.refill(64, true).unwrap();
+    f.as_mut_slice().fill(0xab);
+    let iova = f.iova();
+    f.pin();
+    drop(cache);
+    assert!(acct.under_pressure());
+    // The drop gives back 60 KiB: the account leaves pressure, the hook
+    // panics.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(pool)));
+    assert!(r.is_err(), "the hook panicked inside the pool's drop");
+    // Were the arena freed, this read would reach memory no longer
+    // allocated. It is kept, its pages given back to the kernel as for
+    // any pinned arena: a device reads zeroes.
+    let mut seen = Vec::new();
+    // SAFETY: nothing writes the 64 bytes at `iova` during the call.
+    unsafe { iommu.read(iova, 64, &mut |b| seen.extend_from_slice(b)) }.unwrap();
+    assert_eq!(seen, [0; 64], "the pinned chunk, released to zeroes");
+}
+
+/// An account whose `pin` panics while `PANIC_ON_PIN` is set.
+#[derive(Default)]
+struct PanicOnPin(Arc<std::sync::atomic::AtomicBool>);
+
+static PANIC_ON_PIN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl pfrag::account::Charge for PanicOnPin {
+    fn charge(&self, _: u64) -> pfrag::Result<()> {
+        Ok(())
+    }
+    fn uncharge(&self, _: u64) {}
+    fn pressure_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.0.clone()
+    }
+    fn pin(&self, _: u64) {
+        if PANIC_ON_PIN.load(std::sync::atomic::Ordering::Relaxed) {
+            panic!("the account panics on a pin");
+        }
+    }
+}
+
+/// A pool whose drop unwinds before it has settled its memory (its
+/// account panics on pinning a chunk whose unmap failed) frees no arena:
+/// that chunk, still mapped, still holds its bytes.
+#[test]
+fn a_pool_whose_drop_panics_early_frees_no_arena() {
+    use pfrag::dma::{Faulty, FaultyConfig};
+    let faults = FaultyConfig {
+        unmap_rate: 1.0,
+        ..FaultyConfig::default()
+    };
+    let m = Faulty::new(SoftIommu::new(SoftIommuConfig::default()).unwrap(), faults).unwrap();
+    m.arm(false);
+    let d = Arc::new(Domain::new(m));
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    cfg.grow_batch = 1;
+    let pool = Pool::with_account(d.clone(), cfg, Arc::new(PanicOnPin::default())).unwrap();
+    let mut cache = FragCache::new(pool.clone());
+    let mut f = cache.refill(64, true).unwrap();
+    f.as_mut_slice().fill(0xcd);
+    let iova = f.iova();
+    drop(f);
+    drop(cache);
+    // The drop's unmap fails: the chunk stays mapped and is pinned, and
+    // the account's `pin` panics.
+    d.mapper().arm(true);
+    PANIC_ON_PIN.store(true, std::sync::atomic::Ordering::Relaxed);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(pool)));
+    PANIC_ON_PIN.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(r.is_err(), "the account panicked inside the pool's drop");
+    let iommu = d.mapper().inner();
+    assert!(
+        iommu.translate(iova, Dir::TO_DEVICE).is_ok(),
+        "still mapped"
+    );
+    let mut seen = Vec::new();
+    // SAFETY: nothing writes the 64 bytes at `iova` during the call.
+    unsafe { iommu.read(iova, 64, &mut |b| seen.extend_from_slice(b)) }.unwrap();
+    assert_eq!(seen, [0xcd; 64], "the chunk's bytes, kept");
 }

@@ -439,9 +439,10 @@ impl<M: DmaMapper> Drop for Shared<M> {
         if !parked_ok {
             parked.into_iter().for_each(|c| self.pin_listed(c));
         }
-        // What stays charged is what stays pinned.
-        self.uncharge(self.counters.chunks.load(Ordering::Relaxed) * size);
         self.keep_pinned_arenas();
+        // What stays charged is what stays pinned. Last: a pressure hook
+        // runs here, and a panic from it must find the memory settled.
+        self.uncharge(self.counters.chunks.load(Ordering::Relaxed) * size);
     }
 }
 
@@ -474,13 +475,17 @@ impl<M: DmaMapper> Shared<M> {
             });
             self.domain.pin_iova((kept.count() * size) as u64);
         }
-        for a in arenas.iter().filter(|a| a.pinned) {
-            // SAFETY: the pool is going away: no frag, list or cache can
-            // reach this memory any more, and the region stays mapped in the
-            // process for good (a pinned arena's region is never dropped).
-            let _ = unsafe { a.region.release(0, a.region.len()) };
+        for a in arenas.iter_mut() {
+            if a.pinned {
+                // SAFETY: the pool is going away: no frag, list or cache
+                // can reach this memory any more, and the region stays
+                // mapped in the process for good (its `free` stays false).
+                let _ = unsafe { a.region.release(0, a.region.len()) };
+            } else {
+                a.free = true;
+            }
         }
-        // Dropping an arena frees its memory unless it is pinned.
+        // Dropping an arena frees its memory only if `free` (not pinned).
         drop(arenas);
     }
 }
