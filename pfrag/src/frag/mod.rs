@@ -451,6 +451,11 @@ impl<M: DmaMapper> FragCache<M> {
                     out.push(f);
                 }
                 Err(e) => {
+                    // Not handed out after all: uncounted, and their bytes
+                    // (which the cursor has passed) counted as waste.
+                    let back = &out[mark..];
+                    self.stats.frags -= back.len() as u64;
+                    self.stats.bytes -= back.iter().map(|f| f.len() as u64).sum::<u64>();
                     let failed = self.complete_burst_counting(out.drain(mark..));
                     return Err((e, failed));
                 }

@@ -226,7 +226,9 @@ pub(super) fn release_header<M: DmaMapper>(
     match h {
         Hdr::Slot(i) => {
             if let Some(b) = bounce.as_mut() {
-                b.release(i);
+                // The slot the queue filled for this packet: in range.
+                let r = b.release(i);
+                debug_assert!(r.is_ok(), "{r:?}");
             }
         }
         Hdr::Frag(f) => {
