@@ -10,6 +10,10 @@
 //!   pool and pools give free memory back to the OS.
 //! - Growth past `max` fails with [`Error::MemoryLimit`]; nothing is mapped
 //!   or allocated for it.
+//! - A pool [`reserve`](MemAccount::reserve)s a grow's bytes before it
+//!   allocates and maps them, and [`commit`](MemAccount::commit)s them once
+//!   it has: a grow that fails gives them back having moved neither the
+//!   peak nor pressure.
 //!
 //! The hot path reads the pressure state with one relaxed load of an
 //! `AtomicBool`. The user's [`PressureHooks`] run only on transitions, once
@@ -121,6 +125,21 @@ pub trait Charge: Send + Sync {
     /// Records that `bytes` of charged memory were pinned for good (a
     /// failed unmap): they stay charged, and are reported apart.
     fn pin(&self, bytes: u64);
+    /// Charges `bytes` for a grow that may still fail: counted in the
+    /// usage, so that `max` holds for every charge meanwhile, but with no
+    /// effect on pressure (no hook runs) until [`commit`](Self::commit).
+    /// A grow that fails gives them back with [`uncharge`](Self::uncharge),
+    /// leaving the account as it was. By default a plain
+    /// [`charge`](Self::charge).
+    fn reserve(&self, bytes: u64) -> Result<()> {
+        self.charge(bytes)
+    }
+    /// The grow that reserved `bytes` succeeded (or pinned its memory for
+    /// good): they count as charged now, pressure included. By default
+    /// nothing.
+    fn commit(&self, bytes: u64) {
+        let _ = bytes;
+    }
 }
 
 /// Counters of an account.
@@ -221,8 +240,19 @@ impl<H: PressureHooks> MemAccount<H> {
     /// with [`Error::MemoryLimit`] (and changes nothing) past `max`, or
     /// past `u64::MAX` (even without a limit).
     pub fn charge(&self, bytes: u64) -> Result<()> {
+        self.reserve(bytes)?;
+        self.commit(bytes);
+        Ok(())
+    }
+
+    /// [`charge`](Self::charge) without its effect on the peak and on
+    /// pressure, which wait for [`commit`](Self::commit): for a grow that
+    /// may still fail and [`uncharge`](Self::uncharge) them, after which
+    /// the account is as it was (a pressure hysteresis the charge did not
+    /// cross is not crossed).
+    pub fn reserve(&self, bytes: u64) -> Result<()> {
         let mut cur = self.bytes.load(Ordering::Relaxed);
-        let new = loop {
+        loop {
             let sum = cur.checked_add(bytes).filter(|&n| n <= self.limits.max);
             let Some(new) = sum else {
                 self.refused.fetch_add(1, Ordering::Relaxed);
@@ -236,13 +266,19 @@ impl<H: PressureHooks> MemAccount<H> {
                 .bytes
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
             {
-                Ok(_) => break new,
+                Ok(_) => return Ok(()),
                 Err(now) => cur = now,
             }
-        };
-        self.peak.fetch_max(new, Ordering::Relaxed);
+        }
+    }
+
+    /// Makes the `bytes` [`reserve`](Self::reserve)d count as charged:
+    /// the peak and pressure follow the usage (which counts them already).
+    pub fn commit(&self, bytes: u64) {
+        let _ = bytes;
+        self.peak
+            .fetch_max(self.bytes.load(Ordering::Acquire), Ordering::Relaxed);
         self.settle();
-        Ok(())
     }
 
     /// Brings the pressure flag in line with the usage. Each transition is
@@ -313,6 +349,12 @@ impl<H: PressureHooks> Charge for MemAccount<H> {
     fn pin(&self, bytes: u64) {
         self.pinned.fetch_add(bytes, Ordering::Relaxed);
     }
+    fn reserve(&self, bytes: u64) -> Result<()> {
+        MemAccount::reserve(self, bytes)
+    }
+    fn commit(&self, bytes: u64) {
+        MemAccount::commit(self, bytes)
+    }
 }
 
 #[cfg(test)]
@@ -363,6 +405,36 @@ mod tests {
         // Ends at 0 < min: every enter was followed by its leave.
         assert_eq!(st.entered, st.left);
         assert!(!a.under_pressure());
+    }
+
+    /// A reservation counts against `max` at once but moves neither the
+    /// peak nor pressure until it is committed; given back uncommitted, it
+    /// leaves the account as it was.
+    #[test]
+    fn a_reservation_waits_for_its_commit() {
+        let l = Limits {
+            min: 10,
+            pressure: 100,
+            max: 200,
+        };
+        let a = MemAccount::new(l, CountHooks::default()).unwrap();
+        a.charge(50).unwrap();
+        let before = a.stats();
+        a.reserve(100).unwrap();
+        assert!(!a.under_pressure());
+        assert_eq!((a.bytes(), a.stats().peak), (150, 50));
+        assert!(a.reserve(51).is_err(), "past max with the reservation");
+        a.uncharge(100);
+        let refused = AccountStats {
+            refused: 1,
+            ..before
+        };
+        assert_eq!(a.stats(), refused, "as it was, but the refusal");
+        assert_eq!(a.hooks().calls(), 0);
+        a.reserve(100).unwrap();
+        a.commit(100);
+        assert!(a.under_pressure());
+        assert_eq!((a.stats().peak, a.stats().entered), (150, 1));
     }
 
     /// Uncharging more than is charged leaves the usage at zero (it used

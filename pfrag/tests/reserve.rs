@@ -374,3 +374,48 @@ fn cross_thread_completions_keep_the_books_straight() {
         pool.reserved_chunks() as u64 * pool.chunk_size() as u64
     );
 }
+
+/// A grow whose map fails leaves the account as it was: the charge it
+/// made past `pressure` is given back without entering pressure, running
+/// a hook or raising the peak. A grow that succeeds then enters it.
+#[test]
+fn a_grow_that_fails_leaves_the_account_as_it_was() {
+    use pfrag::dma::{Faulty, FaultyConfig, Op};
+    const KIB: u64 = 1 << 10;
+    let limits = Limits {
+        min: 32 * KIB,
+        pressure: 100 * KIB,
+        max: 1 << 30,
+    };
+    let acct = MemAccount::new(limits, CountHooks::default()).unwrap();
+    // The first grow's map succeeds, the second's fails.
+    let faults = FaultyConfig {
+        fail_nth: Some((Op::Map, 2)),
+        ..FaultyConfig::default()
+    };
+    let m = Faulty::new(SoftIommu::new(SoftIommuConfig::default()).unwrap(), faults).unwrap();
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    cfg.grow_batch = 16;
+    let pool = Pool::with_account(Arc::new(Domain::new(m)), cfg, acct.clone()).unwrap();
+    let mut cache = FragCache::new(pool);
+    let held: Vec<_> = (0..16).map(|_| cache.refill(4096, true).unwrap()).collect();
+    let before = acct.stats();
+    assert_eq!(before.bytes, 64 * KIB);
+    // 64 KiB more would pass `pressure`; the map fails.
+    let e = cache.refill(4096, true).unwrap_err();
+    assert!(matches!(e, Error::Map { .. }), "{e:?}");
+    assert_eq!(acct.stats(), before, "the account as it was");
+    assert!(!acct.under_pressure());
+    let hooks = acct.hooks();
+    assert_eq!(hooks.enter.load(Ordering::Relaxed), 0, "no hook ran");
+    assert_eq!(hooks.leave.load(Ordering::Relaxed), 0, "no hook ran");
+    // The next grow maps: past `pressure` now, once.
+    let more = cache.refill(4096, true).unwrap();
+    let after = acct.stats();
+    assert_eq!(
+        (after.bytes, after.peak, after.entered),
+        (128 * KIB, 128 * KIB, 1)
+    );
+    assert!(acct.under_pressure());
+    drop((held, more));
+}

@@ -74,9 +74,11 @@ impl<M: DmaMapper> Shared<M> {
         let fresh = reuse == 0;
         let count = if fresh { batch } else { reuse };
         self.check_limit(count)?;
+        // Reserved, not charged: a grow that fails gives it back with no
+        // effect on the account's pressure.
         let charge = (count * size) as u64;
         if let Some(a) = &self.account {
-            a.charge(charge)?;
+            a.reserve(charge)?;
         }
         let (chunks, huge) = if fresh {
             match self.new_arena(&mut arenas) {
@@ -100,6 +102,7 @@ impl<M: DmaMapper> Shared<M> {
                 if matches!(e, Error::Unmap { .. }) {
                     // A run stayed mapped after the batch failed: a device
                     // may reach the memory, so it never comes back.
+                    self.commit(charge);
                     chunks.iter().for_each(|&c| self.pin_unlisted(c));
                 } else {
                     // Nothing mapped: the chunks are released chunks again
@@ -120,6 +123,7 @@ impl<M: DmaMapper> Shared<M> {
         for c in chunks {
             self.push_free(c);
         }
+        self.commit(charge);
         Ok(())
     }
 
@@ -179,6 +183,13 @@ impl<M: DmaMapper> Shared<M> {
     pub(super) fn uncharge(&self, bytes: u64) {
         if let Some(a) = &self.account {
             a.uncharge(bytes);
+        }
+    }
+
+    /// Commits `bytes` a grow reserved in the account, if any.
+    fn commit(&self, bytes: u64) {
+        if let Some(a) = &self.account {
+            a.commit(bytes);
         }
     }
 
