@@ -156,7 +156,22 @@ pub fn orders(s: &str) -> Result<Vec<u32>, String> {
         }
         v.extend(a..=b);
     }
+    distinct("--orders", &v)?;
     Ok(v)
+}
+
+/// Refuses a list that names a value twice (`flag` is the option's name):
+/// each value is a run of its own, and two runs of one configuration
+/// could not be told apart in the rows, the CSV or the ratios.
+pub fn distinct<T: PartialEq + std::fmt::Debug>(flag: &str, values: &[T]) -> Result<(), String> {
+    for (i, v) in values.iter().enumerate() {
+        if values[..i].contains(v) {
+            return Err(format!(
+                "{flag} names {v:?} twice: each value is one run, so list it once"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks, before any run, that `path` can be written: creates (or
@@ -220,6 +235,16 @@ fn normalized(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_listed_twice_is_refused_with_its_flag() {
+        assert_eq!(orders("0-2,4").unwrap(), [0, 1, 2, 4]);
+        let e = orders("0-2,1").unwrap_err();
+        assert!(e.contains("--orders names 1 twice"), "{e}");
+        distinct("--flows", &[200, 1000]).unwrap();
+        let e = distinct("--flows", &[200, 1000, 200]).unwrap_err();
+        assert!(e.contains("--flows names 200 twice"), "{e}");
+    }
 
     #[test]
     fn mem_limits_overflowing_mib_is_refused_with_the_range() {

@@ -390,7 +390,12 @@ fn row(cfg: &RunConfig, r: &QueueRun, queue: Option<usize>, sh: &Shared) -> Row 
         model_iommu_ns_per_pkt: Some(map.model_ns / p),
         faults: r.faults,
         bytes_verified: r.nic.bytes_verified,
-        touch: touch_name(cfg.touch).into(),
+        // The null device reads no payload, whatever the touch asked.
+        touch: if cfg.model == DeviceModel::Null {
+            "none".into()
+        } else {
+            touch_name(cfg.touch).into()
+        },
         ..common.row("soft", cfg)
     };
     if let Some(i) = queue {
