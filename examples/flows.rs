@@ -24,7 +24,7 @@ use pfrag_lab::report;
 /// from the line rate; every payload byte still goes through the software
 /// IOMMU and NIC and is verified.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
     /// Numbers of flows (default 200,1000,10000; 200,1000 with --quick).
     #[arg(long, value_delimiter = ',')]

@@ -33,7 +33,7 @@ use vfio_nic::tx::HeaderMode;
 /// Reclaim calls and shared-pool traffic per packet under Eager and
 /// Hysteresis reclaim, on a many-small-sends workload.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
     /// Reclaim policies to compare.
     #[arg(long, value_delimiter = ',', default_value = "eager,hysteresis")]

@@ -29,7 +29,7 @@ const MAX_SECONDS: u64 = 365 * 24 * 3600;
 /// Randomized TX phases with injected DMA failures, each checked for loss,
 /// corruption and leaks.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
     /// Packets to post in all (refused sends not counted), 1..=1,000,000,000.
     /// Default 1,000,000; with --seconds alone, no packet limit.

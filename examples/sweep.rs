@@ -73,7 +73,7 @@ enum OnOff {
 /// bounce ring, all under a strict IOMMU, plus persistent with the IOMMU off,
 /// for each order; and a `limit` row (the NIC's work alone).
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
     /// Chunk orders: a list (0,2,4) or a range (0-4).
     #[arg(long, default_value = "0-4", value_parser = cli::orders)]
@@ -180,8 +180,8 @@ struct Args {
     /// Cost model: ns per IOTLB miss.
     #[arg(long, default_value_t = CostModel::default().miss_ns, value_parser = cli::ns)]
     cost_miss_ns: f64,
-    /// TCP MSS values (bytes per TSO segment): a list, each a row of
-    /// every configuration.
+    /// TCP MSS values (bytes per TSO segment, 1..=9000): a list, each a
+    /// row of every configuration.
     #[arg(long, value_delimiter = ',', default_value = "1448",
           value_parser = clap::value_parser!(u16).range(1..=9000))]
     mss: Vec<u16>,
