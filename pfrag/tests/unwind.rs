@@ -10,12 +10,13 @@
 //! And a pool dropped after ordinary work, under every policy, keeps
 //! nothing.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pfrag::dma::{
-    Dir, DmaMapper, Domain, Faulty, FaultyConfig, Invalidation, Pinned, SoftIommu, SoftIommuConfig,
-    Translate,
+    Dir, Domain, Faulty, FaultyConfig, Invalidation, Pinned, SoftIommu, SoftIommuConfig, Translate,
 };
 use pfrag::frag::FragCache;
 use pfrag::pool::{self, Policy, Pool, Reclaim};
@@ -115,11 +116,16 @@ impl pfrag::account::Charge for PanicOnPin {
     }
 }
 
-/// A pool whose drop unwinds before it has settled its memory (its
-/// account panics on pinning a chunk whose unmap failed) frees no arena:
-/// that chunk, still mapped, still holds its bytes.
-#[test]
-fn a_pool_whose_drop_panics_early_frees_no_arena() {
+/// A domain over a software IOMMU that fails what its config says.
+type Dom = Arc<Domain<Faulty<SoftIommu>>>;
+
+/// A persistent pool of order-0 chunks, `batch` per arena, over a
+/// software IOMMU whose unmaps all fail while armed (it starts disarmed),
+/// with a [`PanicOnPin`] account; `cfg` sets the rest.
+fn failing_unmaps(
+    batch: usize,
+    cfg: impl FnOnce(&mut pool::Config),
+) -> (Dom, Arc<PanicOnPin>, Pool<Faulty<SoftIommu>>) {
     let faults = FaultyConfig {
         unmap_rate: 1.0,
         ..FaultyConfig::default()
@@ -127,10 +133,20 @@ fn a_pool_whose_drop_panics_early_frees_no_arena() {
     let m = Faulty::new(SoftIommu::new(SoftIommuConfig::default()).unwrap(), faults).unwrap();
     m.arm(false);
     let d = Arc::new(Domain::new(m));
-    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
-    cfg.grow_batch = 1;
+    let mut c = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    c.grow_batch = batch;
+    cfg(&mut c);
     let acct = Arc::new(PanicOnPin::default());
-    let pool = Pool::with_account(d.clone(), cfg, acct.clone()).unwrap();
+    let pool = Pool::with_account(d.clone(), c, acct.clone()).unwrap();
+    (d, acct, pool)
+}
+
+/// A pool whose drop unwinds before it has settled its memory (its
+/// account panics on pinning a chunk whose unmap failed) frees no arena:
+/// that chunk, still mapped, still holds its bytes.
+#[test]
+fn a_pool_whose_drop_panics_early_frees_no_arena() {
+    let (d, acct, pool) = failing_unmaps(1, |_| {});
     let mut cache = FragCache::new(pool.clone());
     let mut f = cache.refill(64, true).unwrap();
     f.as_mut_slice().fill(0xcd);
@@ -158,22 +174,13 @@ fn a_pool_whose_drop_panics_early_frees_no_arena() {
 /// it: a device reading it reads memory still allocated.
 #[test]
 fn chunks_lost_to_a_panic_in_a_shrink_keep_their_arenas() {
-    let faults = FaultyConfig {
-        unmap_rate: 1.0,
-        ..FaultyConfig::default()
-    };
-    let m = Faulty::new(SoftIommu::new(SoftIommuConfig::default()).unwrap(), faults).unwrap();
-    m.arm(false);
-    let d = Arc::new(Domain::new(m));
-    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
     // One chunk per arena; no shrink but the trim below, which (under
     // pressure) gives back two of the three free chunks in one shrink.
-    cfg.grow_batch = 1;
-    cfg.high_watermark = 100;
-    cfg.shrink_batch = 2;
-    cfg.reclaim = Reclaim::Eager;
-    let acct = Arc::new(PanicOnPin::default());
-    let pool = Pool::with_account(d.clone(), cfg, acct.clone()).unwrap();
+    let (d, acct, pool) = failing_unmaps(1, |c| {
+        c.high_watermark = 100;
+        c.shrink_batch = 2;
+        c.reclaim = Reclaim::Eager;
+    });
     let mut cache = FragCache::new(pool.clone());
     let frags: Vec<_> = (0..3).map(|_| cache.refill(4096, true).unwrap()).collect();
     let iovas: Vec<Iova> = frags.iter().map(|f| f.iova()).collect();
@@ -205,34 +212,6 @@ fn chunks_lost_to_a_panic_in_a_shrink_keep_their_arenas() {
     );
 }
 
-/// A DMA mapper whose unmap panics: the map goes to a software IOMMU.
-struct PanicOnUnmap(Arc<SoftIommu>);
-
-impl DmaMapper for PanicOnUnmap {
-    unsafe fn map(&self, m: &pfrag::dma::Mapping) -> pfrag::Result<()> {
-        // SAFETY: the caller's promise, passed on.
-        unsafe { self.0.map(m) }
-    }
-    fn unmap(&self, _: Iova, _: u64) -> pfrag::Result<pfrag::dma::Unmapped> {
-        panic!("the mapper panics on unmap");
-    }
-    fn page_sizes(&self) -> pfrag::dma::PageSizes {
-        self.0.page_sizes()
-    }
-    fn iova_space(&self) -> pfrag::dma::IovaSpace {
-        self.0.iova_space()
-    }
-    fn flushed_seq(&self) -> u64 {
-        self.0.flushed_seq()
-    }
-    fn flush(&self) -> pfrag::Result<()> {
-        self.0.flush()
-    }
-    fn stats(&self) -> pfrag::dma::MapStats {
-        self.0.stats()
-    }
-}
-
 /// A mapper call that panics aborts the process, with a message: the pool
 /// whose unmap it was could not tell what stays mapped. Run in a child
 /// process (this test's binary, asked to run only this test).
@@ -241,8 +220,11 @@ impl DmaMapper for PanicOnUnmap {
 fn a_mapper_call_that_panics_aborts_the_process() {
     const CHILD: &str = "PFRAG_UNWIND_CHILD";
     if std::env::var_os(CHILD).is_some() {
-        let iommu = iommu(Invalidation::Strict);
-        let d = Arc::new(Domain::new(PanicOnUnmap(iommu)));
+        let panics = common::Hooked {
+            before_unmap: Box::new(|_, _| panic!("the mapper panics on unmap")),
+            ..common::Hooked::new(iommu(Invalidation::Strict))
+        };
+        let d = Arc::new(Domain::new(panics));
         let cfg = pool::Config::new(Order::new(0).unwrap(), Policy::PerFrag);
         let mut cache = FragCache::new(Pool::new(d, cfg).unwrap());
         // The frag's own mapping is removed when it drops: the mapper
