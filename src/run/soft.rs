@@ -38,7 +38,7 @@ pub fn run(cfg: &RunConfig, tick: &mut dyn FnMut(u64)) -> Result<Vec<Row>, RunEr
 }
 
 /// Packets queue `i` of `n` sends out of `total`.
-fn share(total: u64, n: usize, i: usize, skew: Option<f64>) -> u64 {
+pub(super) fn share(total: u64, n: usize, i: usize, skew: Option<f64>) -> u64 {
     let n64 = n as u64;
     match skew {
         Some(f) if n > 1 => {
