@@ -1,6 +1,8 @@
 //! Per-queue reserves, reclaim policies, borrowing between queues and the
 //! process-wide memory account.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -418,4 +420,60 @@ fn a_grow_that_fails_leaves_the_account_as_it_was() {
     );
     assert!(acct.under_pressure());
     drop((held, more));
+}
+
+/// A grow that fails while another pool on the same account grows and
+/// commits: the other's commit leaves the reservation out, so the account
+/// ends as the other's grow alone leaves it (no pressure entered, no peak
+/// raised by bytes given back).
+#[test]
+fn a_failed_grow_beside_another_grow_leaves_the_account_as_that_one_alone() {
+    use std::sync::Barrier;
+    const KIB: u64 = 1 << 10;
+    let limits = Limits {
+        min: 16 * KIB,
+        pressure: 48 * KIB,
+        max: 1 << 30,
+    };
+    let acct = MemAccount::new(limits, CountHooks::default()).unwrap();
+    // A's map waits until B has grown, then fails.
+    let bar = Arc::new(Barrier::new(2));
+    let b2 = bar.clone();
+    let slow = common::Hooked {
+        before_map: Box::new(move |m| {
+            b2.wait(); // A has reserved
+            b2.wait(); // B has grown and committed
+            Err(Error::BadConfig {
+                what: "a map refused by the test",
+                value: m.iova.raw(),
+            })
+        }),
+        ..common::Hooked::new(Arc::new(
+            SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+        ))
+    };
+    let mut ca = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    ca.grow_batch = 10; // 40 KiB reserved by A
+    let mut cb = ca.clone();
+    cb.grow_batch = 4; // 16 KiB committed by B: below `pressure` alone
+    let pa = Pool::with_account(Arc::new(Domain::new(slow)), ca, acct.clone()).unwrap();
+    let pb = Pool::with_account(domain(), cb, acct.clone()).unwrap();
+    let t = std::thread::spawn(move || {
+        let mut c = FragCache::new(pa);
+        assert!(c.refill(64, true).is_err(), "A's grow fails");
+    });
+    bar.wait();
+    let mut c = FragCache::new(pb);
+    let f = c.refill(64, true).unwrap();
+    bar.wait();
+    t.join().unwrap();
+    let st = acct.stats();
+    assert_eq!(
+        (st.bytes, st.reserved, st.peak),
+        (16 * KIB, 0, 16 * KIB),
+        "{st:?}"
+    );
+    assert_eq!((st.entered, st.left), (0, 0), "{st:?}");
+    assert_eq!(acct.hooks().calls(), 0);
+    drop(f);
 }

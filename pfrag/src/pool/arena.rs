@@ -84,7 +84,7 @@ impl<M: DmaMapper> Shared<M> {
             match self.new_arena(&mut arenas) {
                 Ok(v) => v,
                 Err(e) => {
-                    self.uncharge(charge);
+                    self.cancel(charge);
                     return Err(e);
                 }
             }
@@ -92,7 +92,7 @@ impl<M: DmaMapper> Shared<M> {
             match self.reuse(&arenas, &mut released, reuse) {
                 Ok(v) => v,
                 Err(e) => {
-                    self.uncharge(charge);
+                    self.cancel(charge);
                     return Err(e);
                 }
             }
@@ -102,8 +102,8 @@ impl<M: DmaMapper> Shared<M> {
                 if matches!(e, Error::Unmap { .. }) {
                     // A run stayed mapped after the batch failed: a device
                     // may reach the memory, so it never comes back.
-                    self.commit(charge);
                     chunks.iter().for_each(|&c| self.pin_unlisted(c));
+                    self.commit(charge);
                 } else {
                     // Nothing mapped: the chunks are released chunks again
                     // (a new arena's memory was never touched).
@@ -111,7 +111,7 @@ impl<M: DmaMapper> Shared<M> {
                         .released
                         .fetch_add(count as u64, Ordering::Relaxed);
                     released.extend(chunks);
-                    self.uncharge(charge);
+                    self.cancel(charge);
                 }
                 return Err(e);
             }
@@ -190,6 +190,14 @@ impl<M: DmaMapper> Shared<M> {
     fn commit(&self, bytes: u64) {
         if let Some(a) = &self.account {
             a.commit(bytes);
+        }
+    }
+
+    /// Gives back `bytes` a grow that failed reserved in the account, if
+    /// any.
+    fn cancel(&self, bytes: u64) {
+        if let Some(a) = &self.account {
+            a.cancel(bytes);
         }
     }
 

@@ -9,11 +9,17 @@ use pfrag::Iova;
 /// A hook on a mapping: its IOVA.
 pub type Hook = Box<dyn Fn(&SoftIommu, Iova) + Send + Sync>;
 
-/// A software IOMMU whose `after_map` runs after each map installed its
-/// translation, and whose `before_unmap` runs before each unmap.
+/// A hook before a map, whose error refuses it.
+pub type Gate = Box<dyn Fn(&Mapping) -> pfrag::Result<()> + Send + Sync>;
+
+/// A software IOMMU whose `before_map` runs before each map (and may
+/// refuse it), `after_map` after each map installed its translation, and
+/// `before_unmap` before each unmap.
 pub struct Hooked {
     /// The IOMMU.
     pub iommu: Arc<SoftIommu>,
+    /// Runs before each map; its error is the map's.
+    pub before_map: Gate,
     /// Runs after each map that succeeded.
     pub after_map: Hook,
     /// Runs before each unmap.
@@ -25,6 +31,7 @@ impl Hooked {
     pub fn new(iommu: Arc<SoftIommu>) -> Hooked {
         Hooked {
             iommu,
+            before_map: Box::new(|_| Ok(())),
             after_map: Box::new(|_, _| {}),
             before_unmap: Box::new(|_, _| {}),
         }
@@ -33,6 +40,7 @@ impl Hooked {
 
 impl DmaMapper for Hooked {
     unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
+        (self.before_map)(m)?;
         // SAFETY: the caller's promise, passed on.
         unsafe { self.iommu.map(m) }?;
         (self.after_map)(&self.iommu, m.iova);
