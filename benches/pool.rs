@@ -168,7 +168,7 @@ fn bounce(c: &mut Criterion) {
     c.bench_function("bounce_fill_release_54B", |b| {
         b.iter(|| {
             black_box(ring.fill(i, black_box(&hdr)).expect("fill"));
-            ring.release(i);
+            ring.release(i).expect("release");
             i = (i + 1) % 256;
         })
     });

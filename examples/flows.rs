@@ -24,10 +24,10 @@ use pfrag_lab::report;
 /// from the line rate; every payload byte still goes through the software
 /// IOMMU and NIC and is verified.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
-    /// Numbers of flows.
-    #[arg(long, value_delimiter = ',', default_value = "200,1000,10000")]
+    /// Numbers of flows (default 200,1000,10000; 200,1000 with --quick).
+    #[arg(long, value_delimiter = ',')]
     flows: Vec<usize>,
     /// Chunk orders: a list (0,2,4) or a range (0-4).
     #[arg(long, default_value = "0-4", value_parser = cli::orders)]
@@ -40,12 +40,14 @@ struct Args {
         default_value = "shared,per-flow,split,default"
     )]
     caches: Vec<CacheKind>,
-    /// Packets measured per configuration, 1..=1,000,000,000.
-    #[arg(long, default_value_t = 60_000, value_parser = cli::packets)]
-    packets: u64,
-    /// Packets sent before measuring, 0..=1,000,000,000.
-    #[arg(long, default_value_t = 20_000, value_parser = cli::warmup)]
-    warmup: u64,
+    /// Packets measured per configuration, 1..=1,000,000,000 (default
+    /// 60,000; 2,000 with --quick).
+    #[arg(long, value_parser = cli::packets)]
+    packets: Option<u64>,
+    /// Packets sent before measuring, 0..=1,000,000,000 (default 20,000;
+    /// 500 with --quick).
+    #[arg(long, value_parser = cli::warmup)]
+    warmup: Option<u64>,
     /// Wire rate of the simulated time, Gbit/s, 0.001..=10,000.
     #[arg(long, default_value_t = 100.0, value_parser = cli::gbit)]
     line_rate: f64,
@@ -71,7 +73,8 @@ struct Args {
     /// Seed of the workload.
     #[arg(long, default_value_t = 0x5eed)]
     seed: u64,
-    /// Smoke run: 2,000 packets, 500 warm-up, 200 and 1,000 flows.
+    /// Smoke run: 2,000 packets, 500 warm-up, 200 and 1,000 flows, where
+    /// the options do not say otherwise.
     #[arg(long)]
     quick: bool,
     /// Write the rows as CSV (its header is written before the run).
@@ -102,10 +105,18 @@ const TABLE: [(&str, &str); 11] = [
 ];
 
 fn configs(a: &Args) -> Vec<FlowsConfig> {
+    // What the options give, else the defaults (a smoke run's with --quick).
     let (packets, warmup, flows) = if a.quick {
         (2_000, 500, vec![200, 1000])
     } else {
-        (a.packets, a.warmup, a.flows.clone())
+        (60_000, 20_000, vec![200, 1000, 10_000])
+    };
+    let packets = a.packets.unwrap_or(packets);
+    let warmup = a.warmup.unwrap_or(warmup);
+    let flows = if a.flows.is_empty() {
+        flows
+    } else {
+        a.flows.clone()
     };
     let mut out = Vec::new();
     for &n in &flows {
@@ -135,6 +146,11 @@ fn configs(a: &Args) -> Vec<FlowsConfig> {
 
 fn main() -> ExitCode {
     let a = Args::parse();
+    let listed = cli::distinct("--flows", &a.flows).and(cli::distinct("--caches", &a.caches));
+    if let Err(e) = listed {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let cfgs = configs(&a);
     for c in &cfgs {
         if let Err(e) = c.check() {

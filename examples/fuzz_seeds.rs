@@ -8,24 +8,34 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::Parser;
+
+/// Writes the seed inputs of the fuzz targets (softnic, virtio, wire,
+/// iommu_info) into DIR/<target>/seed-N.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// The corpus directory (created if missing).
+    dir: PathBuf,
+}
+
 fn main() -> ExitCode {
-    let Some(dir) = std::env::args_os().nth(1).map(PathBuf::from) else {
-        eprintln!("usage: fuzz_seeds DIR");
-        return ExitCode::from(2);
-    };
+    let a = Args::parse();
     for target in ["softnic", "virtio", "wire", "iommu_info"] {
-        let d = dir.join(target);
+        let d = a.dir.join(target);
         if let Err(e) = std::fs::create_dir_all(&d) {
             eprintln!("error: {}: {e}", d.display());
             return ExitCode::FAILURE;
         }
-        for (i, s) in pfrag_lab::harness::seeds(target).iter().enumerate() {
+        let seeds = pfrag_lab::harness::seeds(target);
+        for (i, s) in seeds.iter().enumerate() {
             let p = d.join(format!("seed-{i}"));
             if let Err(e) = std::fs::write(&p, s) {
                 eprintln!("error: {}: {e}", p.display());
                 return ExitCode::FAILURE;
             }
         }
+        println!("{}: {} seeds", d.display(), seeds.len());
     }
     ExitCode::SUCCESS
 }

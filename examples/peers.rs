@@ -44,7 +44,7 @@ use pfrag_lab::peers::run::{run, Settings};
 
 /// pfrag's fast path and TX queue beside DPDK and other peers.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
     /// Repetitions of each timed loop per round.
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u16).range(1..=1000))]

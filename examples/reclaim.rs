@@ -33,7 +33,7 @@ use vfio_nic::tx::HeaderMode;
 /// Reclaim calls and shared-pool traffic per packet under Eager and
 /// Hysteresis reclaim, on a many-small-sends workload.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
     /// Reclaim policies to compare.
     #[arg(long, value_delimiter = ',', default_value = "eager,hysteresis")]
@@ -98,6 +98,11 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     };
     print_rows(&rows, &a.flows);
+    // A run that failed leaves the CSV with its header only: its rows are
+    // in the table above, not in a file that looks complete.
+    if !rows_ok(&rows) {
+        return ExitCode::FAILURE;
+    }
     if let Some(path) = &a.csv {
         let w = report::write_csv_columns(path, &rows, &COLUMNS);
         if let Err(e) = w {
@@ -106,19 +111,20 @@ fn main() -> ExitCode {
         }
         eprintln!("wrote {}", path.display());
     }
-    if rows_ok(&rows) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    ExitCode::SUCCESS
 }
 
 /// Checks the arguments and the output file, and gives the runs, one per
 /// (policy, flows), each checked; or what is wrong, in words.
 fn plan(a: &Args) -> Result<Vec<RunConfig>, String> {
     if a.min == 0 || a.min > a.max || a.queues == 0 {
-        return Err("need 0 < --min <= --max and --queues >= 1".to_string());
+        return Err(format!(
+            "need 0 < --min <= --max and --queues >= 1 (got --min {}, --max {}, --queues {})",
+            a.min, a.max, a.queues
+        ));
     }
+    cli::distinct("--policies", &a.policies)?;
+    cli::distinct("--flows", &a.flows)?;
     if let Some(e) = a
         .flows
         .iter()
@@ -126,8 +132,6 @@ fn plan(a: &Args) -> Result<Vec<RunConfig>, String> {
     {
         return Err(e.to_string());
     }
-    let columns: Vec<String> = COLUMNS.iter().map(|c| c.0.to_string()).collect();
-    cli::outputs(a.csv.as_deref(), &columns, None)?;
     let limits = a.mem_limits.unwrap_or(Limits::UNLIMITED);
     let mut cfgs = Vec::new();
     for &p in &a.policies {
@@ -138,6 +142,9 @@ fn plan(a: &Args) -> Result<Vec<RunConfig>, String> {
     if let Some(e) = cfgs.iter().find_map(|c| pfrag_lab::run::check(c).err()) {
         return Err(e.to_string());
     }
+    // Last: a refused command leaves an existing file as it was.
+    let columns: Vec<String> = COLUMNS.iter().map(|c| c.0.to_string()).collect();
+    cli::outputs(a.csv.as_deref(), &columns, None)?;
     Ok(cfgs)
 }
 

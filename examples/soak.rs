@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
+use pfrag_lab::cli;
 use pfrag_lab::soak::{say, soak, summary};
 
 /// The longest `--seconds` taken: a year.
@@ -28,13 +29,14 @@ const MAX_SECONDS: u64 = 365 * 24 * 3600;
 /// Randomized TX phases with injected DMA failures, each checked for loss,
 /// corruption and leaks.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
-    /// Packets to post in all (refused sends not counted).
-    #[arg(long, default_value_t = 1_000_000)]
-    packets: u64,
+    /// Packets to post in all (refused sends not counted), 1..=1,000,000,000.
+    /// Default 1,000,000; with --seconds alone, no packet limit.
+    #[arg(long, value_parser = cli::packets)]
+    packets: Option<u64>,
     /// Stop after this many seconds (after the phase running then), at
-    /// most a year.
+    /// most a year; with --packets too, at whichever limit comes first.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
     seconds: Option<u64>,
     /// Seed of the phases, sizes, flows and failures.
@@ -42,8 +44,8 @@ struct Args {
     seed: u64,
     /// Packets per phase. Each phase's pool is dropped at its end, and
     /// memory pinned after failed unmaps stays allocated for good (by
-    /// design), so more phases hold more memory.
-    #[arg(long, default_value_t = 50_000)]
+    /// design), so more phases hold more memory. 1..=1,000,000,000.
+    #[arg(long, default_value_t = 50_000, value_parser = cli::packets)]
     phase_packets: u64,
     /// Print each phase as it ends (above the progress bar, or as plain
     /// lines on stderr when no bar is drawn).
@@ -56,20 +58,25 @@ struct Args {
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    if a.packets == 0 || a.phase_packets == 0 {
-        eprintln!("error: --packets and --phase-packets must be > 0");
-        return ExitCode::from(2);
-    }
-    let bar = if a.no_progress {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(a.packets)
+    // A time limit alone runs until the time is up.
+    let packets = match (a.packets, a.seconds) {
+        (Some(n), _) => Some(n),
+        (None, Some(_)) => None,
+        (None, None) => Some(1_000_000),
+    };
+    let (bar, template) = match packets {
+        _ if a.no_progress => (ProgressBar::hidden(), ""),
+        Some(n) => (
+            ProgressBar::new(n),
+            "{bar:40} {pos}/{len} packets  {msg}  [{elapsed_precise}, eta {eta}]",
+        ),
+        None => (
+            ProgressBar::no_length(),
+            "{pos} packets  {msg}  [{elapsed_precise}]",
+        ),
     };
     bar.set_style(
-        ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} packets  {msg}  [{elapsed_precise}, eta {eta}]",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let done = AtomicU64::new(0);
     let tick = |n: u64| {
@@ -89,7 +96,7 @@ fn main() -> ExitCode {
     };
     let r = soak(
         a.seed,
-        a.packets,
+        packets.unwrap_or(u64::MAX),
         a.phase_packets,
         deadline,
         &tick,

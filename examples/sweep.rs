@@ -73,7 +73,7 @@ enum OnOff {
 /// bounce ring, all under a strict IOMMU, plus persistent with the IOMMU off,
 /// for each order; and a `limit` row (the NIC's work alone).
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, allow_negative_numbers = true)]
 struct Args {
     /// Chunk orders: a list (0,2,4) or a range (0-4).
     #[arg(long, default_value = "0-4", value_parser = cli::orders)]
@@ -180,8 +180,8 @@ struct Args {
     /// Cost model: ns per IOTLB miss.
     #[arg(long, default_value_t = CostModel::default().miss_ns, value_parser = cli::ns)]
     cost_miss_ns: f64,
-    /// TCP MSS values (bytes per TSO segment): a list, each a row of
-    /// every configuration.
+    /// TCP MSS values (bytes per TSO segment, 1..=9000): a list, each a
+    /// row of every configuration.
     #[arg(long, value_delimiter = ',', default_value = "1448",
           value_parser = clap::value_parser!(u16).range(1..=9000))]
     mss: Vec<u16>,
@@ -345,6 +345,12 @@ fn main() -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
+    // Last, once everything is known to run: a refused command leaves an
+    // existing file as it was.
+    if let Err(e) = cli::outputs(a.csv.as_deref(), &report::columns(), a.svg.as_deref()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let on = match a.backend {
         Backend::Soft => "on the software NIC (a simulator)".to_string(),
         Backend::Vfio | Backend::Iommufd => {
@@ -367,7 +373,9 @@ fn main() -> ExitCode {
         warmup,
         a.flows
     );
-    let Some(per_job) = run_all(&a, jobs(&a, cfgs), reps, packets + warmup) else {
+    // Each queue warms up on its own; the measured packets are shared.
+    let per_run = packets + warmup * a.queues as u64;
+    let Some(per_job) = run_all(&a, jobs(&a, cfgs), reps, per_run) else {
         return ExitCode::FAILURE;
     };
     let rows: Vec<Row> = per_job
@@ -381,7 +389,10 @@ fn main() -> ExitCode {
     let _ = writeln!(out);
     reps::print_ratios(&mut out, &per_job, &a.orders, &a.mss, a.line_rate.is_some());
     let every: Vec<&Row> = per_job.iter().flat_map(|j| j.1.iter().flatten()).collect();
-    if !write_outputs(&a, &rows) || !all_delivered(&a, &every) {
+    // A run that failed leaves the CSV with its header only and the SVG
+    // empty: its rows are in the table above, not in files that look
+    // complete.
+    if !all_delivered(&a, &every) || !write_outputs(&a, &rows) {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
@@ -427,7 +438,9 @@ fn check_args(a: &Args) -> Result<(), String> {
         );
     }
     cli::mib("--threshold-mib", a.threshold_mib)?;
-    cli::outputs(a.csv.as_deref(), &report::columns(), a.svg.as_deref())
+    cli::distinct("--policies", &a.policies)?;
+    cli::distinct("--iommu", &a.iommu)?;
+    cli::distinct("--mss", &a.mss)
 }
 
 /// The round: every configuration, then (on the software NIC) the two

@@ -156,25 +156,44 @@ pub fn orders(s: &str) -> Result<Vec<u32>, String> {
         }
         v.extend(a..=b);
     }
+    distinct("--orders", &v)?;
     Ok(v)
 }
 
-/// Checks, before any run, that `path` can be written: creates (or
-/// truncates) it. A run that ends in an error leaves it empty.
-pub fn output(path: &Path) -> Result<PathBuf, String> {
+/// Refuses a list that names a value twice (`flag` is the option's name):
+/// each value is a run of its own, and two runs of one configuration
+/// could not be told apart in the rows, the CSV or the ratios.
+pub fn distinct<T: PartialEq + std::fmt::Debug>(flag: &str, values: &[T]) -> Result<(), String> {
+    for (i, v) in values.iter().enumerate() {
+        if values[..i].contains(v) {
+            return Err(format!(
+                "{flag} names {v:?} twice: each value is one run, so list it once"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks, before any run, that `path` can be written: opens it for
+/// writing, creating it if missing, without changing what it holds.
+/// Returns whether it was created.
+pub fn output(path: &Path) -> Result<bool, String> {
+    let existed = path.exists();
     OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(true)
+        .truncate(false)
         .open(path)
-        .map(|_| path.to_path_buf())
+        .map(|_| !existed)
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// Checks the output files before any run: the CSV and the SVG are not the
-/// same file, both can be written, and the CSV's header is written (and
-/// flushed) now, so that a full disk fails here, not after the run. A run
-/// that ends in an error leaves the SVG empty and the CSV with its header.
+/// same file, and both can be written (until both can, neither is
+/// changed: a file this call created is removed again). Then the CSV's
+/// header is written (and flushed), so that a full disk fails here, not
+/// after the run, and the SVG is emptied. A run that ends in an error
+/// leaves the SVG empty and the CSV with its header.
 pub fn outputs(csv: Option<&Path>, columns: &[String], svg: Option<&Path>) -> Result<(), String> {
     if let (Some(c), Some(s)) = (csv, svg) {
         if normalized(c) == normalized(s) {
@@ -185,11 +204,19 @@ pub fn outputs(csv: Option<&Path>, columns: &[String], svg: Option<&Path>) -> Re
             ));
         }
     }
-    if let Some(s) = svg {
-        output(s)?;
+    let mut created = Vec::new();
+    for p in [csv, svg].into_iter().flatten() {
+        match output(p) {
+            Ok(new) => created.extend(new.then_some(p)),
+            Err(e) => {
+                for c in created {
+                    let _ = std::fs::remove_file(c);
+                }
+                return Err(e);
+            }
+        }
     }
     if let Some(c) = csv {
-        output(c)?;
         let write = || -> std::io::Result<()> {
             let mut f = OpenOptions::new().write(true).truncate(true).open(c)?;
             writeln!(f, "{}", columns.join(","))?;
@@ -197,6 +224,13 @@ pub fn outputs(csv: Option<&Path>, columns: &[String], svg: Option<&Path>) -> Re
             f.sync_data().or(Ok(()))
         };
         write().map_err(|e| format!("cannot write {}: {e}", c.display()))?;
+    }
+    if let Some(s) = svg {
+        OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(s)
+            .map_err(|e| format!("cannot write {}: {e}", s.display()))?;
     }
     Ok(())
 }
@@ -220,6 +254,16 @@ fn normalized(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_listed_twice_is_refused_with_its_flag() {
+        assert_eq!(orders("0-2,4").unwrap(), [0, 1, 2, 4]);
+        let e = orders("0-2,1").unwrap_err();
+        assert!(e.contains("--orders names 1 twice"), "{e}");
+        distinct("--flows", &[200, 1000]).unwrap();
+        let e = distinct("--flows", &[200, 1000, 200]).unwrap_err();
+        assert!(e.contains("--flows names 200 twice"), "{e}");
+    }
 
     #[test]
     fn mem_limits_overflowing_mib_is_refused_with_the_range() {
@@ -306,6 +350,23 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&csv).unwrap(), "a,b\n");
         std::fs::remove_file(csv).unwrap();
         std::fs::remove_file(other).unwrap();
+    }
+
+    #[test]
+    fn a_refused_output_leaves_the_other_as_it_was() {
+        let dir = std::env::temp_dir();
+        let svg = dir.join(format!("pfrag-cli-keep-{}.svg", std::process::id()));
+        std::fs::write(&svg, "kept").unwrap();
+        let bad = Path::new("/nonexistent-dir/x.csv");
+        assert!(outputs(Some(bad), &["a".into()], Some(&svg)).is_err());
+        assert_eq!(std::fs::read_to_string(&svg).unwrap(), "kept");
+        // A file the call created is removed when the other is refused.
+        let new = dir.join(format!("pfrag-cli-new-{}.csv", std::process::id()));
+        let _ = std::fs::remove_file(&new);
+        let bad_svg = Path::new("/nonexistent-dir/x.svg");
+        assert!(outputs(Some(&new), &["a".into()], Some(bad_svg)).is_err());
+        assert!(!new.exists());
+        std::fs::remove_file(svg).unwrap();
     }
 
     #[test]

@@ -161,7 +161,16 @@ fn bad_settings_are_refused() {
     c.queues = 101;
     let e = pfrag_lab::run::check(&c).unwrap_err().to_string();
     assert!(e.contains("queues 101") && e.contains("packets 100"), "{e}");
+    // A skew that leaves a queue with no packet: its row would measure
+    // nothing.
+    c.queues = 2;
+    c.skew = Some(1.0);
+    let e = pfrag_lab::run::check(&c).unwrap_err().to_string();
+    assert!(e.contains("skew 1 leaves queue 1 of 2"), "{e}");
+    c.skew = Some(0.99);
+    pfrag_lab::run::check(&c).unwrap();
     c.queues = 1;
+    c.skew = None;
     pfrag_lab::run::check(&c).unwrap();
 }
 

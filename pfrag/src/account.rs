@@ -10,6 +10,12 @@
 //!   pool and pools give free memory back to the OS.
 //! - Growth past `max` fails with [`Error::MemoryLimit`]; nothing is mapped
 //!   or allocated for it.
+//! - A pool [`reserve`](MemAccount::reserve)s a grow's bytes before it
+//!   allocates and maps them, and [`commit`](MemAccount::commit)s them once
+//!   it has. Reserved bytes count against `max` at once, but the peak and
+//!   pressure follow only committed ones, whoever's charge or uncharge
+//!   moves them: a grow that fails [`cancel`](MemAccount::cancel)s its
+//!   reservation and leaves the account as it was.
 //!
 //! The hot path reads the pressure state with one relaxed load of an
 //! `AtomicBool`. The user's [`PressureHooks`] run only on transitions, once
@@ -43,9 +49,10 @@
 //! [`Pool::with_account`]: crate::pool::Pool::with_account
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::sync::lock_std;
 
 /// Byte limits, like the three numbers of `tcp_mem`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,13 +128,36 @@ pub trait Charge: Send + Sync {
     /// Records that `bytes` of charged memory were pinned for good (a
     /// failed unmap): they stay charged, and are reported apart.
     fn pin(&self, bytes: u64);
+    /// Charges `bytes` for a grow that may still fail: counted against
+    /// `max` at once, so that `max` holds for every charge meanwhile, but
+    /// not in the usage that the peak and pressure follow (no hook runs)
+    /// until [`commit`](Self::commit). A grow that fails gives them back
+    /// with [`cancel`](Self::cancel), leaving the account as it was. By
+    /// default a plain [`charge`](Self::charge).
+    fn reserve(&self, bytes: u64) -> Result<()> {
+        self.charge(bytes)
+    }
+    /// The grow that reserved `bytes` succeeded (or pinned its memory for
+    /// good): they count as charged now, pressure included. By default
+    /// nothing.
+    fn commit(&self, bytes: u64) {
+        let _ = bytes;
+    }
+    /// The grow that reserved `bytes` failed: they are given back as if
+    /// never charged. By default [`uncharge`](Self::uncharge).
+    fn cancel(&self, bytes: u64) {
+        self.uncharge(bytes)
+    }
 }
 
 /// Counters of an account.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AccountStats {
-    /// Bytes in use now.
+    /// Bytes in use now (committed, and reserved by grows under way).
     pub bytes: u64,
+    /// Of `bytes`, those reserved by grows under way: not yet in the usage
+    /// that the peak and pressure follow.
+    pub reserved: u64,
     /// Largest usage seen.
     pub peak: u64,
     /// Times pressure was entered.
@@ -147,7 +177,9 @@ pub struct AccountStats {
 #[derive(Debug)]
 pub struct MemAccount<H: PressureHooks = NoHooks> {
     limits: Limits,
-    bytes: AtomicU64,
+    /// Bytes charged and reserved, changed together (the cold paths of
+    /// grow and shrink only).
+    usage: Mutex<Usage>,
     /// Charged bytes pinned for good.
     pinned: AtomicU64,
     peak: AtomicU64,
@@ -170,7 +202,7 @@ impl<H: PressureHooks> MemAccount<H> {
         }
         Ok(Arc::new(MemAccount {
             limits,
-            bytes: AtomicU64::new(0),
+            usage: Mutex::new(Usage::default()),
             pinned: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             pressure: Arc::new(AtomicBool::new(false)),
@@ -198,16 +230,18 @@ impl<H: PressureHooks> MemAccount<H> {
         self.pressure.load(Ordering::Relaxed)
     }
 
-    /// Bytes charged now.
+    /// Bytes charged now (reserved ones included).
     pub fn bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Relaxed)
+        lock_std(&self.usage).bytes
     }
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> AccountStats {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let u = *lock_std(&self.usage);
         AccountStats {
-            bytes: l(&self.bytes),
+            bytes: u.bytes,
+            reserved: u.reserved,
             peak: l(&self.peak),
             entered: l(&self.entered),
             left: l(&self.left),
@@ -221,28 +255,50 @@ impl<H: PressureHooks> MemAccount<H> {
     /// with [`Error::MemoryLimit`] (and changes nothing) past `max`, or
     /// past `u64::MAX` (even without a limit).
     pub fn charge(&self, bytes: u64) -> Result<()> {
-        let mut cur = self.bytes.load(Ordering::Relaxed);
-        let new = loop {
-            let sum = cur.checked_add(bytes).filter(|&n| n <= self.limits.max);
-            let Some(new) = sum else {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                return Err(Error::MemoryLimit {
-                    allocated: cur,
-                    requested: bytes,
-                    max: self.limits.max,
-                });
-            };
-            match self
-                .bytes
-                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
-            {
-                Ok(_) => break new,
-                Err(now) => cur = now,
-            }
-        };
-        self.peak.fetch_max(new, Ordering::Relaxed);
-        self.settle();
+        self.reserve(bytes)?;
+        self.commit(bytes);
         Ok(())
+    }
+
+    /// [`charge`](Self::charge) without its effect on the peak and on
+    /// pressure, which wait for [`commit`](Self::commit): for a grow that
+    /// may still fail and [`cancel`](Self::cancel) them, after which the
+    /// account is as it was. Other charges meanwhile count the reserved
+    /// bytes against `max`, and nothing else: their peak and pressure
+    /// leave them out.
+    pub fn reserve(&self, bytes: u64) -> Result<()> {
+        let mut u = lock_std(&self.usage);
+        let Some(new) = u.bytes.checked_add(bytes).filter(|&n| n <= self.limits.max) else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::MemoryLimit {
+                allocated: u.bytes,
+                requested: bytes,
+                max: self.limits.max,
+            });
+        };
+        u.bytes = new;
+        u.reserved += bytes;
+        Ok(())
+    }
+
+    /// Makes the `bytes` [`reserve`](Self::reserve)d count as charged:
+    /// the peak and pressure follow them now.
+    pub fn commit(&self, bytes: u64) {
+        let committed = {
+            let mut u = lock_std(&self.usage);
+            u.reserved = u.reserved.saturating_sub(bytes);
+            u.committed()
+        };
+        self.peak.fetch_max(committed, Ordering::Relaxed);
+        self.settle();
+    }
+
+    /// Gives back the `bytes` [`reserve`](Self::reserve)d by a grow that
+    /// failed: the account is as it was before the reservation.
+    pub fn cancel(&self, bytes: u64) {
+        let mut u = lock_std(&self.usage);
+        u.reserved = u.reserved.saturating_sub(bytes);
+        u.bytes = u.bytes.saturating_sub(bytes);
     }
 
     /// Brings the pressure flag in line with the usage. Each transition is
@@ -251,7 +307,7 @@ impl<H: PressureHooks> MemAccount<H> {
     /// uncharge racing across both limits cannot leave the flag stale.
     fn settle(&self) {
         loop {
-            let bytes = self.bytes.load(Ordering::Acquire);
+            let bytes = lock_std(&self.usage).committed();
             let on = self.pressure.load(Ordering::Acquire);
             let want = if on {
                 bytes >= self.limits.min
@@ -284,13 +340,11 @@ impl<H: PressureHooks> MemAccount<H> {
     /// would refuse every later charge, and the excess is counted in
     /// [`AccountStats::over_uncharged`].
     pub fn uncharge(&self, bytes: u64) {
-        let sub = |cur: u64| Some(cur.saturating_sub(bytes));
-        // `sub` never refuses: the update always succeeds.
-        let old = match self
-            .bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, sub)
-        {
-            Ok(old) | Err(old) => old,
+        let old = {
+            let mut u = lock_std(&self.usage);
+            let old = u.bytes - u.reserved;
+            u.bytes -= old.min(bytes);
+            old
         };
         if old < bytes {
             self.over_uncharged
@@ -312,6 +366,29 @@ impl<H: PressureHooks> Charge for MemAccount<H> {
     }
     fn pin(&self, bytes: u64) {
         self.pinned.fetch_add(bytes, Ordering::Relaxed);
+    }
+    fn reserve(&self, bytes: u64) -> Result<()> {
+        MemAccount::reserve(self, bytes)
+    }
+    fn commit(&self, bytes: u64) {
+        MemAccount::commit(self, bytes)
+    }
+    fn cancel(&self, bytes: u64) {
+        MemAccount::cancel(self, bytes)
+    }
+}
+
+/// An account's bytes: charged (reserved included), and reserved.
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    bytes: u64,
+    reserved: u64,
+}
+
+impl Usage {
+    /// The usage the peak and pressure follow.
+    fn committed(self) -> u64 {
+        self.bytes - self.reserved
     }
 }
 
@@ -363,6 +440,41 @@ mod tests {
         // Ends at 0 < min: every enter was followed by its leave.
         assert_eq!(st.entered, st.left);
         assert!(!a.under_pressure());
+    }
+
+    /// A reservation counts against `max` at once but moves neither the
+    /// peak nor pressure until it is committed; cancelled, it leaves the
+    /// account as it was; and an uncharge cannot take reserved bytes.
+    #[test]
+    fn a_reservation_waits_for_its_commit() {
+        let l = Limits {
+            min: 10,
+            pressure: 100,
+            max: 200,
+        };
+        let a = MemAccount::new(l, CountHooks::default()).unwrap();
+        a.charge(50).unwrap();
+        let before = a.stats();
+        a.reserve(100).unwrap();
+        assert!(!a.under_pressure());
+        assert_eq!((a.bytes(), a.stats().peak), (150, 50));
+        assert!(a.reserve(51).is_err(), "past max with the reservation");
+        a.uncharge(60);
+        assert_eq!((a.bytes(), a.stats().over_uncharged), (100, 10));
+        a.charge(10).unwrap();
+        a.cancel(100);
+        let refused = AccountStats {
+            bytes: 10,
+            refused: 1,
+            over_uncharged: 10,
+            ..before
+        };
+        assert_eq!(a.stats(), refused, "as the charges alone left it");
+        assert_eq!(a.hooks().calls(), 0);
+        a.reserve(100).unwrap();
+        a.commit(100);
+        assert!(a.under_pressure());
+        assert_eq!((a.stats().peak, a.stats().entered), (110, 1));
     }
 
     /// Uncharging more than is charged leaves the usage at zero (it used

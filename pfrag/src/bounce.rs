@@ -143,11 +143,16 @@ impl<M: DmaMapper> Ring<M> {
     }
 
     /// Marks slot `i` free (its TX completed). Releasing a free slot does
-    /// nothing.
-    pub fn release(&mut self, i: usize) {
-        if let Some(b) = self.busy.get_mut(i) {
-            *b = false;
-        }
+    /// nothing; a slot past the ring's end is
+    /// [`Error::SlotOutOfRange`], as for [`fill`](Self::fill).
+    pub fn release(&mut self, i: usize) -> Result<()> {
+        let slots = self.busy.len();
+        let b = self
+            .busy
+            .get_mut(i)
+            .ok_or(Error::SlotOutOfRange { slot: i, slots })?;
+        *b = false;
+        Ok(())
     }
 }
 
@@ -183,13 +188,13 @@ mod tests {
     fn parts_go_out_whole_or_not_at_all() {
         let mut r = ring(2);
         r.fill(0, &[0xaa; 20]).unwrap();
-        r.release(0);
+        r.release(0).unwrap();
         // Parts that end mid-word, one after another.
         let slot0 = r
             .fill_parts(0, [&b"abc"[..], b"", b"defgh"].into_iter())
             .unwrap();
         assert_eq!(device_reads(&r, slot0, 10), b"abcdefgh\xaa\xaa");
-        r.release(0);
+        r.release(0).unwrap();
         // Nothing at all, or too much: refused, the slot free and as it was.
         let e = r.fill_parts(0, [&b""[..], b""].into_iter()).unwrap_err();
         assert!(matches!(e, Error::ZeroLength), "{e:?}");
@@ -215,7 +220,7 @@ mod tests {
     fn a_packet_that_ends_mid_word_pads_only_that_word_with_zeros() {
         let mut r = ring(2);
         r.fill(1, &[0xaa; 24]).unwrap();
-        r.release(1);
+        r.release(1).unwrap();
         // 9 bytes: the second 8-byte word is 1 byte and 7 zeros, the
         // third word as it was.
         let iova = r
@@ -225,7 +230,7 @@ mod tests {
             device_reads(&r, iova, 20),
             b"abcdefghi\0\0\0\0\0\0\0\xaa\xaa\xaa\xaa"
         );
-        r.release(1);
+        r.release(1).unwrap();
         // A 63-byte frame from parts that end mid-word, an empty one among
         // them.
         let hdr: Vec<u8> = (1..=42).collect();
@@ -289,11 +294,11 @@ mod tests {
             "the rest of slot 0, never written"
         );
         assert_eq!(&got[128..], &[0x11; 128][..], "slot 1 untouched");
-        r.release(0);
+        r.release(0).unwrap();
         // Measured at 40 bytes, then 4: the 36 after them become zero, not
         // the last packet's bytes.
         r.fill(0, &[0xcc; 48]).unwrap();
-        r.release(0);
+        r.release(0).unwrap();
         let iova = r.fill_parts(0, two_faced(&[&[1; 40]], &[&[2; 4]])).unwrap();
         let got = device_reads(&r, iova, 48);
         assert_eq!(&got[..4], &[2; 4]);
@@ -325,7 +330,7 @@ mod tests {
         let mut r = ring(2);
         r.fill(0, b"a").unwrap();
         assert!(matches!(r.fill(0, b"b"), Err(Error::SlotBusy { slot: 0 })));
-        r.release(0);
+        r.release(0).unwrap();
         r.fill(0, b"b").unwrap();
         assert_eq!(r.in_use(), 1);
     }
@@ -344,6 +349,21 @@ mod tests {
             r.fill(2, b"x"),
             Err(Error::SlotOutOfRange { slot: 2, slots: 2 })
         ));
+        assert_eq!(r.in_use(), 0);
+    }
+
+    #[test]
+    fn releasing_a_slot_past_the_end_is_an_error_and_changes_nothing() {
+        let mut r = ring(2);
+        r.fill(1, b"x").unwrap();
+        assert!(matches!(
+            r.release(2),
+            Err(Error::SlotOutOfRange { slot: 2, slots: 2 })
+        ));
+        assert_eq!(r.in_use(), 1);
+        // Releasing a free slot is no error.
+        r.release(0).unwrap();
+        r.release(1).unwrap();
         assert_eq!(r.in_use(), 0);
     }
 }

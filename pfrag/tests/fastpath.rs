@@ -218,6 +218,43 @@ fn bulk_per_frag_failure_midway_rolls_back() {
     accounted(&p, 0);
 }
 
+/// A payload carve that fails part-way gives back the frags it carved,
+/// and `frags_counting` says how many of their unmaps failed, as the pool
+/// counts them: three order-0 frags, the third's map fails, and both
+/// earlier frags' unmaps fail. The cache counts no frag handed out, and
+/// the bytes its cursor passed as waste.
+#[test]
+fn a_failed_carve_counts_the_unmaps_that_failed_on_the_way_out() {
+    let faulty = Faulty::new(
+        soft(),
+        FaultyConfig {
+            unmap_rate: 1.0,
+            fail_nth: Some((Op::Map, 3)),
+            ..FaultyConfig::default()
+        },
+    )
+    .unwrap();
+    let (p, mut c) = cache(faulty, 0, Policy::PerFrag);
+    let mut v = Vec::new();
+    let before = c.stats();
+    let (err, failed) = c.frags_counting(3 * 4096, false, &mut v).unwrap_err();
+    let after = c.stats();
+    assert_eq!(
+        (after.frags, after.bytes),
+        (before.frags, before.bytes),
+        "no frag counted as handed out: {after:?}"
+    );
+    assert_eq!(after.waste_bytes, 2 * 4096, "the two pages passed over");
+    assert_eq!(err.errno(), Some(libc::ENOMEM), "{err}");
+    assert!(v.is_empty(), "nothing appended");
+    assert_eq!(failed, 2, "one per frag given back");
+    assert_eq!(p.stats().unmap_errors, 2, "the pool's count agrees");
+    // Bad input fails before any carve: nothing given back.
+    let (err, failed) = c.frags_counting(0, false, &mut v).unwrap_err();
+    assert!(matches!(err, Error::ZeroLength), "{err}");
+    assert_eq!(failed, 0);
+}
+
 /// A hold keeps its chunk from reuse after the frag completed (on the
 /// owner's path or any other), outlives the cache, and releases the chunk
 /// when dropped; the per-frag mapping still goes with the frag.

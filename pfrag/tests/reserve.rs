@@ -1,6 +1,8 @@
 //! Per-queue reserves, reclaim policies, borrowing between queues and the
 //! process-wide memory account.
 
+mod common;
+
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -373,4 +375,105 @@ fn cross_thread_completions_keep_the_books_straight() {
         q0.held,
         pool.reserved_chunks() as u64 * pool.chunk_size() as u64
     );
+}
+
+/// A grow whose map fails leaves the account as it was: the charge it
+/// made past `pressure` is given back without entering pressure, running
+/// a hook or raising the peak. A grow that succeeds then enters it.
+#[test]
+fn a_grow_that_fails_leaves_the_account_as_it_was() {
+    use pfrag::dma::{Faulty, FaultyConfig, Op};
+    const KIB: u64 = 1 << 10;
+    let limits = Limits {
+        min: 32 * KIB,
+        pressure: 100 * KIB,
+        max: 1 << 30,
+    };
+    let acct = MemAccount::new(limits, CountHooks::default()).unwrap();
+    // The first grow's map succeeds, the second's fails.
+    let faults = FaultyConfig {
+        fail_nth: Some((Op::Map, 2)),
+        ..FaultyConfig::default()
+    };
+    let m = Faulty::new(SoftIommu::new(SoftIommuConfig::default()).unwrap(), faults).unwrap();
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    cfg.grow_batch = 16;
+    let pool = Pool::with_account(Arc::new(Domain::new(m)), cfg, acct.clone()).unwrap();
+    let mut cache = FragCache::new(pool);
+    let held: Vec<_> = (0..16).map(|_| cache.refill(4096, true).unwrap()).collect();
+    let before = acct.stats();
+    assert_eq!(before.bytes, 64 * KIB);
+    // 64 KiB more would pass `pressure`; the map fails.
+    let e = cache.refill(4096, true).unwrap_err();
+    assert!(matches!(e, Error::Map { .. }), "{e:?}");
+    assert_eq!(acct.stats(), before, "the account as it was");
+    assert!(!acct.under_pressure());
+    let hooks = acct.hooks();
+    assert_eq!(hooks.enter.load(Ordering::Relaxed), 0, "no hook ran");
+    assert_eq!(hooks.leave.load(Ordering::Relaxed), 0, "no hook ran");
+    // The next grow maps: past `pressure` now, once.
+    let more = cache.refill(4096, true).unwrap();
+    let after = acct.stats();
+    assert_eq!(
+        (after.bytes, after.peak, after.entered),
+        (128 * KIB, 128 * KIB, 1)
+    );
+    assert!(acct.under_pressure());
+    drop((held, more));
+}
+
+/// A grow that fails while another pool on the same account grows and
+/// commits: the other's commit leaves the reservation out, so the account
+/// ends as the other's grow alone leaves it (no pressure entered, no peak
+/// raised by bytes given back).
+#[test]
+fn a_failed_grow_beside_another_grow_leaves_the_account_as_that_one_alone() {
+    use std::sync::Barrier;
+    const KIB: u64 = 1 << 10;
+    let limits = Limits {
+        min: 16 * KIB,
+        pressure: 48 * KIB,
+        max: 1 << 30,
+    };
+    let acct = MemAccount::new(limits, CountHooks::default()).unwrap();
+    // A's map waits until B has grown, then fails.
+    let bar = Arc::new(Barrier::new(2));
+    let b2 = bar.clone();
+    let slow = common::Hooked {
+        before_map: Box::new(move |m| {
+            b2.wait(); // A has reserved
+            b2.wait(); // B has grown and committed
+            Err(Error::BadConfig {
+                what: "a map refused by the test",
+                value: m.iova.raw(),
+            })
+        }),
+        ..common::Hooked::new(Arc::new(
+            SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+        ))
+    };
+    let mut ca = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    ca.grow_batch = 10; // 40 KiB reserved by A
+    let mut cb = ca.clone();
+    cb.grow_batch = 4; // 16 KiB committed by B: below `pressure` alone
+    let pa = Pool::with_account(Arc::new(Domain::new(slow)), ca, acct.clone()).unwrap();
+    let pb = Pool::with_account(domain(), cb, acct.clone()).unwrap();
+    let t = std::thread::spawn(move || {
+        let mut c = FragCache::new(pa);
+        assert!(c.refill(64, true).is_err(), "A's grow fails");
+    });
+    bar.wait();
+    let mut c = FragCache::new(pb);
+    let f = c.refill(64, true).unwrap();
+    bar.wait();
+    t.join().unwrap();
+    let st = acct.stats();
+    assert_eq!(
+        (st.bytes, st.reserved, st.peak),
+        (16 * KIB, 0, 16 * KIB),
+        "{st:?}"
+    );
+    assert_eq!((st.entered, st.left), (0, 0), "{st:?}");
+    assert_eq!(acct.hooks().calls(), 0);
+    drop(f);
 }

@@ -2,6 +2,8 @@
 //! only after the unmap and the invalidation that cover it completed; a
 //! mapping that could not be removed pins its memory for good.
 
+mod common;
+
 use std::sync::Arc;
 
 use pfrag::dma::{
@@ -339,41 +341,6 @@ fn a_fresh_mapping_never_sees_a_stale_translation_of_its_iova() {
     b.as_mut_slice()[0] = 1;
 }
 
-/// A mapper whose device reads each mapping as soon as it is installed (a
-/// device on a thread of its own may, at any time): the translation is
-/// then in the IOTLB. It records the IOVAs it read.
-struct Eager(Arc<SoftIommu>, std::sync::Mutex<Vec<Iova>>);
-
-impl DmaMapper for Eager {
-    unsafe fn map(&self, m: &pfrag::dma::Mapping) -> pfrag::Result<()> {
-        // SAFETY: the caller's promise, passed on.
-        unsafe { self.0.map(m) }?;
-        self.0
-            .translate(m.iova, pfrag::dma::Dir::TO_DEVICE)
-            .unwrap();
-        self.1.lock().unwrap().push(m.iova);
-        Ok(())
-    }
-    fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<pfrag::dma::Unmapped> {
-        self.0.unmap(iova, len)
-    }
-    fn page_sizes(&self) -> pfrag::dma::PageSizes {
-        self.0.page_sizes()
-    }
-    fn iova_space(&self) -> pfrag::dma::IovaSpace {
-        self.0.iova_space()
-    }
-    fn flushed_seq(&self) -> u64 {
-        self.0.flushed_seq()
-    }
-    fn flush(&self) -> pfrag::Result<()> {
-        self.0.flush()
-    }
-    fn stats(&self) -> pfrag::dma::MapStats {
-        self.0.stats()
-    }
-}
-
 /// Lazy invalidation: a batch whose second run is refused undoes the
 /// first, and says nothing stayed mapped, so its caller frees the memory.
 /// The undo was deferred, so the IOTLB still translated the first run
@@ -391,7 +358,18 @@ fn a_refused_batch_leaves_no_stale_translation_of_its_undone_runs() {
             fail_nth: flush_fails.then_some((Op::Flush, 1)),
             ..FaultyConfig::default()
         };
-        let eager = Eager(iommu.clone(), Default::default());
+        // A device that reads each mapping as soon as it is installed (a
+        // device on a thread of its own may, at any time): the
+        // translation is then in the IOTLB. The IOVAs it read.
+        let read = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = read.clone();
+        let eager = common::Hooked {
+            after_map: Box::new(move |iommu, iova| {
+                iommu.translate(iova, Dir::TO_DEVICE).unwrap();
+                seen.lock().unwrap().push(iova);
+            }),
+            ..common::Hooked::new(iommu.clone())
+        };
         let d = Domain::new(Faulty::new(eager, cfg).unwrap());
         let region = Region::new(3 * 4096, 4096, false).unwrap();
         // Two runs; the second is not page aligned, so the mapper refuses
@@ -400,7 +378,7 @@ fn a_refused_batch_leaves_no_stale_translation_of_its_undone_runs() {
         // SAFETY: the region outlives every mapping of it: the batch
         // fails, and it is freed only if nothing of it can be reached.
         let err = unsafe { d.map_many(&addrs, 4096, 4096, Dir::TO_DEVICE, false) }.unwrap_err();
-        let iova = d.mapper().inner().1.lock().unwrap()[0];
+        let iova = read.lock().unwrap()[0];
         if flush_fails {
             assert!(matches!(err, Error::Unmap { .. }), "{err}");
             assert_eq!(err.errno(), Some(libc::EIO));

@@ -59,6 +59,19 @@ pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
             cfg.queues, cfg.packets
         )));
     }
+    // Each queue's row is its own measurement: a queue the skew leaves
+    // with no packet would have none.
+    if let Some(i) =
+        (0..cfg.queues).find(|&i| super::soft::share(cfg.packets, cfg.queues, i, cfg.skew) == 0)
+    {
+        return Err(RunError::Setting(format!(
+            "skew {} leaves queue {i} of {} with none of the {} packets: each queue sends \
+             at least one",
+            cfg.skew.unwrap_or(0.0),
+            cfg.queues,
+            cfg.packets
+        )));
+    }
     if let Workload::Small { min, max } = cfg.workload {
         if min == 0 || min > max {
             return Err(RunError::Setting(format!(

@@ -38,7 +38,7 @@ pub fn run(cfg: &RunConfig, tick: &mut dyn FnMut(u64)) -> Result<Vec<Row>, RunEr
 }
 
 /// Packets queue `i` of `n` sends out of `total`.
-fn share(total: u64, n: usize, i: usize, skew: Option<f64>) -> u64 {
+pub(super) fn share(total: u64, n: usize, i: usize, skew: Option<f64>) -> u64 {
     let n64 = n as u64;
     match skew {
         Some(f) if n > 1 => {
@@ -390,7 +390,12 @@ fn row(cfg: &RunConfig, r: &QueueRun, queue: Option<usize>, sh: &Shared) -> Row 
         model_iommu_ns_per_pkt: Some(map.model_ns / p),
         faults: r.faults,
         bytes_verified: r.nic.bytes_verified,
-        touch: touch_name(cfg.touch).into(),
+        // The null device reads no payload, whatever the touch asked.
+        touch: if cfg.model == DeviceModel::Null {
+            "none".into()
+        } else {
+            touch_name(cfg.touch).into()
+        },
         ..common.row("soft", cfg)
     };
     if let Some(i) = queue {

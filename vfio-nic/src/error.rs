@@ -314,6 +314,16 @@ pub enum Error {
         /// How long it was waited for.
         waited_ms: u64,
     },
+    /// A step failed, and stopping the device after it failed too: the
+    /// device may still hold what the step handed it.
+    #[error("{error}; then stopping the device failed too: {stop}")]
+    StopFailed {
+        /// The step's failure.
+        #[source]
+        error: Box<Error>,
+        /// The stop's.
+        stop: Box<Error>,
+    },
 }
 
 impl Error {
@@ -334,6 +344,7 @@ impl Error {
             Error::Pool(e) => e.errno(),
             Error::VfioOpen { errno, .. } | Error::IommuInfo { errno } => *errno,
             Error::BarMap { source, .. } => source.raw_os_error(),
+            Error::StopFailed { error, stop } => error.errno().or_else(|| stop.errno()),
             _ => None,
         }
     }

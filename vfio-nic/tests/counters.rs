@@ -1,7 +1,8 @@
 //! A queue's counters stay true: packets freed by a reap that then fails
-//! are counted and returned (posted = completed + in flight), and
-//! `since` with its arguments swapped saturates at zero instead of
-//! panicking.
+//! are counted and returned (posted = completed + in flight); every frag
+//! whose unmap failed is counted, including those a failed carve gives
+//! back; a refused send counts no header frag; and `since` with its
+//! arguments swapped saturates at zero instead of panicking.
 
 mod common;
 
@@ -24,19 +25,22 @@ thread_local! {
     /// How many more packets `done` reports done before it reports one
     /// with an error status (`None`: never).
     static DONE_BEFORE_ERROR: Cell<Option<u32>> = const { Cell::new(None) };
+    /// Whether `publish` fails.
+    static PUBLISH_FAILS: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The status word of a packet [`FailingDone`] reports with an error.
 const BAD_STATUS: u32 = 0xbad;
 
 /// The 82576's format, whose `done` fails once as [`DONE_OK_LEFT`] says,
-/// and reports one packet with an error as [`DONE_BEFORE_ERROR`] says.
+/// and reports one packet with an error as [`DONE_BEFORE_ERROR`] says;
+/// its `publish` fails while [`PUBLISH_FAILS`] says so.
 #[derive(Clone, Copy, Debug, Default)]
 struct FailingDone;
 
 // SAFETY: every descriptor and status is Advanced's; `done` either fails
 // (having read nothing) or answers as Advanced does, an error status
-// standing for a packet Advanced says is done.
+// standing for a packet Advanced says is done; `publish` writes nothing.
 unsafe impl Format for FailingDone {
     const NAME: &'static str = "failing done";
     const DESC_SIZE: usize = Advanced::DESC_SIZE;
@@ -60,6 +64,12 @@ unsafe impl Format for FailingDone {
     }
     fn status(&self, w: u32) -> Option<Status> {
         Advanced.status(w)
+    }
+    fn publish<M: DmaMapper>(&mut self, _: &RingMem<'_, M>, _: u16) -> vfio_nic::Result<()> {
+        if PUBLISH_FAILS.get() {
+            return Err(Error::NotAttached);
+        }
+        Ok(())
     }
     fn done<M: DmaMapper>(
         &mut self,
@@ -265,6 +275,63 @@ fn every_failed_frag_unmap_is_counted() {
     q.kick().unwrap();
     assert_eq!(q.wait(common::WAIT).unwrap(), 1);
     assert_eq!(errors(&q), (10, 10), "one per frag completed");
+}
+
+/// A send whose publish fails after its header went into a frag of its
+/// own (too long for a bounce slot) counts no mapped header and no
+/// fallback, and gives the frag back; once publishing works, the same
+/// send counts one of each.
+#[test]
+fn a_header_frag_is_counted_only_once_its_packet_is_posted() {
+    let (domain, pool, nic) = common::capture_parts(0);
+    // SAFETY: the model translates through the IOMMU the domain maps
+    // through.
+    let mut q = unsafe { tx::Queue::new(domain, pool, Dev(nic), tx::Config::default()) }.unwrap();
+    let long = [0u8; 1024];
+    let frags = q.cache_stats().frags;
+    PUBLISH_FAILS.set(true);
+    let r = q.send(&long, &[1u8; 300], Offload::None, 1);
+    PUBLISH_FAILS.set(false);
+    assert!(matches!(r, Err(Error::NotAttached)), "{r:?}");
+    let st = q.stats();
+    assert_eq!(q.in_flight(), 0, "nothing posted");
+    assert_eq!((st.mapped_headers, st.header_fallbacks), (0, 0), "{st:?}");
+    assert_eq!(st.packets, 0, "{st:?}");
+    q.send(&long, &[1u8; 300], Offload::None, 2).unwrap();
+    let st = q.stats();
+    assert_eq!((st.mapped_headers, st.header_fallbacks), (1, 1), "{st:?}");
+    assert!(q.cache_stats().frags > frags, "the header took a frag");
+}
+
+/// A send refused while its payload is being carved gives back the frags
+/// carved so far; each whose unmap fails is counted by the queue too, not
+/// only by the pool. Three pages of payload, three frags carved one by
+/// one: the third's map fails, so the first two go back, and both of
+/// their unmaps fail.
+#[test]
+fn frags_given_back_by_a_carve_that_fails_are_counted() {
+    use pfrag::dma::{FaultyConfig, Op};
+    // How many maps the queue's own setup makes, on a queue that fails
+    // nothing.
+    let (q, m) = common::carved::ring_of_8(FaultyConfig::default());
+    let setup = m.stats_injected().map_calls;
+    drop(q);
+    let (mut q, m) = common::carved::ring_of_8(FaultyConfig {
+        unmap_rate: 1.0,
+        fail_nth: Some((Op::Map, setup + 3)),
+        ..FaultyConfig::default()
+    });
+    let r = q.send(&[0u8; 14], &[1u8; 3 * 4096], Offload::None, 1);
+    assert!(
+        matches!(r, Err(Error::Pool(pfrag::Error::Map { .. }))),
+        "{r:?}"
+    );
+    assert_eq!(m.stats_injected().maps, 1, "the third frag's map failed");
+    assert_eq!(q.in_flight(), 0, "nothing posted");
+    let st = q.stats();
+    assert_eq!((st.packets, st.descs, st.mem_backoffs), (0, 0, 0), "{st:?}");
+    assert_eq!(q.cache().pool().stats().unmap_errors, 2, "the pool's count");
+    assert_eq!(st.unmap_errors, 2, "one per frag given back");
 }
 
 /// A device whose attach fails and that cannot be stopped either.

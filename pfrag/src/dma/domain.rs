@@ -15,6 +15,13 @@ use crate::iova::IovaAllocator;
 /// purpose: its IOVA stays allocated and its host memory is never freed or
 /// reused. The domain counts both ([`pinned`](Self::pinned)), so a run can
 /// report them.
+///
+/// A mapper call that panics aborts the process. After a panic in the
+/// middle of a map or an unmap nobody can tell what the IOMMU still
+/// translates, so no memory that was ever mapped could be freed or reused
+/// safely, and the unwinding would run the very drops that free it. Every
+/// call pfrag makes to the mapper goes through the domain, with this
+/// guard.
 pub struct Domain<M: DmaMapper> {
     mapper: M,
     /// `None` for identity mappers, where IOVA = host address.
@@ -107,6 +114,28 @@ impl<M: DmaMapper> Domain<M> {
         &self.mapper
     }
 
+    /// Runs `f` on the mapper; a panic inside it aborts the process (see
+    /// the type docs).
+    #[inline(always)]
+    fn call<R>(&self, f: impl FnOnce(&M) -> R) -> R {
+        let guard = AbortOnUnwind;
+        let r = f(&self.mapper);
+        std::mem::forget(guard);
+        r
+    }
+
+    /// The mapper's [`flush`](DmaMapper::flush): every unmap deferred so
+    /// far stops translating.
+    pub fn flush(&self) -> Result<()> {
+        self.call(|m| m.flush())
+    }
+
+    /// The mapper's [`flushed_seq`](DmaMapper::flushed_seq): the latest
+    /// flush generation completed.
+    pub fn flushed_seq(&self) -> u64 {
+        self.call(|m| m.flushed_seq())
+    }
+
     /// IOVA bytes handed out (0 for identity domains).
     pub fn iova_in_use(&self) -> u64 {
         self.iova.as_ref().map_or(0, |a| lock(a).in_use())
@@ -116,11 +145,11 @@ impl<M: DmaMapper> Domain<M> {
     /// if the space is exhausted while ranges wait for one.
     fn alloc(&self, a: &Mutex<IovaAllocator>, size: u64, align: u64) -> Result<Iova> {
         let mut al = lock(a);
-        al.reclaim(self.mapper.flushed_seq());
+        al.reclaim(self.flushed_seq());
         match al.alloc(size, align) {
             Err(Error::IovaExhausted { .. }) if al.deferred() > 0 => {
-                self.mapper.flush()?;
-                al.reclaim(self.mapper.flushed_seq());
+                self.flush()?;
+                al.reclaim(self.flushed_seq());
                 al.alloc(size, align)
             }
             r => r,
@@ -203,8 +232,11 @@ impl<M: DmaMapper> Domain<M> {
                 huge,
             })
             .collect();
-        // SAFETY: the caller's promise covers every buffer.
-        if let Err(e) = unsafe { self.mapper.map_batch(&ms) } {
+        let mapped = self.call(|m| {
+            // SAFETY: the caller's promise covers every buffer.
+            unsafe { m.map_batch(&ms) }
+        });
+        if let Err(e) = mapped {
             let total = each * addrs.len() as u64;
             if matches!(e, Error::Unmap { .. }) {
                 // Undoing the batch failed: some runs stay mapped. Keep the
@@ -240,7 +272,7 @@ impl<M: DmaMapper> Domain<M> {
     /// will use them again. The IOVA goes back to the allocator, and the
     /// next mapping there may be someone else's memory.
     pub unsafe fn unmap(&self, iova: Iova, len: u64) -> Result<Unmapped> {
-        match self.mapper.unmap(iova, len) {
+        match self.call(|m| m.unmap(iova, len)) {
             Ok(how) => {
                 self.release(iova, len, how);
                 Ok(how)
@@ -266,7 +298,7 @@ impl<M: DmaMapper> Domain<M> {
         if ranges.is_empty() {
             return Ok(Unmapped::Flushed);
         }
-        let BatchUnmap { how, failed, error } = self.mapper.unmap_batch(ranges);
+        let BatchUnmap { how, failed, error } = self.call(|m| m.unmap_batch(ranges));
         let report = BatchUnmap {
             how,
             failed,
@@ -294,7 +326,7 @@ impl<M: DmaMapper> Domain<M> {
     /// one whose generation has not completed yet.
     pub fn settle(&self, how: Unmapped) -> Result<()> {
         match how {
-            Unmapped::Deferred { seq } if self.mapper.flushed_seq() < seq => self.mapper.flush(),
+            Unmapped::Deferred { seq } if self.flushed_seq() < seq => self.flush(),
             _ => Ok(()),
         }
     }
@@ -329,6 +361,20 @@ fn lock(a: &Mutex<IovaAllocator>) -> MutexGuard<'_, IovaAllocator> {
     // Allocator updates complete before unlocking; a poisoned lock still
     // guards consistent state.
     crate::sync::lock_std(a)
+}
+
+/// Aborts the process when dropped: by [`Domain::call`] only while a
+/// mapper call unwinds.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        eprintln!(
+            "pfrag: a DMA mapper call panicked; what the IOMMU still translates is unknown, \
+             so no mapped memory can be freed safely: aborting"
+        );
+        std::process::abort();
+    }
 }
 
 #[cfg(test)]

@@ -97,9 +97,9 @@ impl<M: DmaMapper> Frag<M> {
     }
 
     /// Keeps the frag's memory allocated for good, for a frag a device
-    /// that could not be stopped may still read: its chunk is never carved
-    /// or handed out again, and is pinned when its last reference goes, as
-    /// a chunk whose unmap failed is (counted in the pool's
+    /// that could not be stopped may still read: its chunk is never handed
+    /// out again, and is pinned when its last reference goes, as a chunk
+    /// whose unmap failed is (counted in the pool's
     /// [`pinned`](crate::pool::Stats::pinned) chunks, and in the domain's
     /// [`pinned`](crate::dma::Domain::pinned) host bytes once the pool is
     /// dropped). What stays mapped depends on the pool's policy, and the
@@ -112,6 +112,13 @@ impl<M: DmaMapper> Frag<M> {
     /// - `PerChunk`: the chunk's own mapping stays (a removed mapping's
     ///   IOVA would be mapped again, to memory the device must never
     ///   reach), counted when the chunk's last reference goes.
+    ///
+    /// Under `PerFrag` the cache that carved the frag carves its chunk no
+    /// further (the next frag could share a page of the frag's own
+    /// mapping). Under `Persistent` and `PerChunk` it may go on carving the
+    /// rest of the chunk while it is the one being carved: the device
+    /// reaches the whole chunk through the shared mapping either way, and
+    /// the hot path reads no flag for it.
     pub fn pin(self) {
         let f = ManuallyDrop::new(self);
         if f.own {

@@ -414,12 +414,28 @@ impl<M: DmaMapper> FragCache<M> {
     /// tails first (the stock behaviour). On error the frags of this call
     /// are completed and removed from `out`.
     pub fn frags(&mut self, len: usize, fit_whole: bool, out: &mut Vec<Frag<M>>) -> Result<()> {
+        self.frags_counting(len, fit_whole, out).map_err(|(e, _)| e)
+    }
+
+    /// [`frags`](Self::frags), whose error also says how many of the frags
+    /// it had carved, and completed on the way out, failed to unmap (0 if
+    /// none did): for a caller that counts each frag whose memory stays
+    /// mapped, as [`complete_burst_counting`](Self::complete_burst_counting)
+    /// does. Each is also counted in the pool's
+    /// [`unmap_errors`](crate::pool::Stats::unmap_errors), and its chunk
+    /// pinned.
+    pub fn frags_counting(
+        &mut self,
+        len: usize,
+        fit_whole: bool,
+        out: &mut Vec<Frag<M>>,
+    ) -> std::result::Result<(), (Error, usize)> {
         if len == 0 {
-            return Err(Error::ZeroLength);
+            return Err((Error::ZeroLength, 0));
         }
         let max = self.pool.config().max_payload;
         if len > max {
-            return Err(Error::TooLarge { len, max });
+            return Err((Error::TooLarge { len, max }, 0));
         }
         let mark = out.len();
         let mut left = len;
@@ -435,8 +451,13 @@ impl<M: DmaMapper> FragCache<M> {
                     out.push(f);
                 }
                 Err(e) => {
-                    self.complete_burst(out.drain(mark..)).ok();
-                    return Err(e);
+                    // Not handed out after all: uncounted, and their bytes
+                    // (which the cursor has passed) counted as waste.
+                    let back = &out[mark..];
+                    self.stats.frags -= back.len() as u64;
+                    self.stats.bytes -= back.iter().map(|f| f.len() as u64).sum::<u64>();
+                    let failed = self.complete_burst_counting(out.drain(mark..));
+                    return Err((e, failed));
                 }
             }
         }

@@ -74,15 +74,17 @@ impl<M: DmaMapper> Shared<M> {
         let fresh = reuse == 0;
         let count = if fresh { batch } else { reuse };
         self.check_limit(count)?;
+        // Reserved, not charged: a grow that fails gives it back with no
+        // effect on the account's pressure.
         let charge = (count * size) as u64;
         if let Some(a) = &self.account {
-            a.charge(charge)?;
+            a.reserve(charge)?;
         }
         let (chunks, huge) = if fresh {
             match self.new_arena(&mut arenas) {
                 Ok(v) => v,
                 Err(e) => {
-                    self.uncharge(charge);
+                    self.cancel(charge);
                     return Err(e);
                 }
             }
@@ -90,7 +92,7 @@ impl<M: DmaMapper> Shared<M> {
             match self.reuse(&arenas, &mut released, reuse) {
                 Ok(v) => v,
                 Err(e) => {
-                    self.uncharge(charge);
+                    self.cancel(charge);
                     return Err(e);
                 }
             }
@@ -101,6 +103,7 @@ impl<M: DmaMapper> Shared<M> {
                     // A run stayed mapped after the batch failed: a device
                     // may reach the memory, so it never comes back.
                     chunks.iter().for_each(|&c| self.pin_unlisted(c));
+                    self.commit(charge);
                 } else {
                     // Nothing mapped: the chunks are released chunks again
                     // (a new arena's memory was never touched).
@@ -108,7 +111,7 @@ impl<M: DmaMapper> Shared<M> {
                         .released
                         .fetch_add(count as u64, Ordering::Relaxed);
                     released.extend(chunks);
-                    self.uncharge(charge);
+                    self.cancel(charge);
                 }
                 return Err(e);
             }
@@ -120,6 +123,7 @@ impl<M: DmaMapper> Shared<M> {
         for c in chunks {
             self.push_free(c);
         }
+        self.commit(charge);
         Ok(())
     }
 
@@ -179,6 +183,21 @@ impl<M: DmaMapper> Shared<M> {
     pub(super) fn uncharge(&self, bytes: u64) {
         if let Some(a) = &self.account {
             a.uncharge(bytes);
+        }
+    }
+
+    /// Commits `bytes` a grow reserved in the account, if any.
+    fn commit(&self, bytes: u64) {
+        if let Some(a) = &self.account {
+            a.commit(bytes);
+        }
+    }
+
+    /// Gives back `bytes` a grow that failed reserved in the account, if
+    /// any.
+    fn cancel(&self, bytes: u64) {
+        if let Some(a) = &self.account {
+            a.cancel(bytes);
         }
     }
 
@@ -254,9 +273,16 @@ impl<M: DmaMapper> Shared<M> {
         if self.shrinking.swap(true, Ordering::Acquire) {
             return Ok(0);
         }
-        let r = self.shrink_locked();
-        self.shrinking.store(false, Ordering::Release);
-        r
+        // Cleared however the shrink ends, a panic in a caller's code
+        // (the account's) included, so later shrinks still run.
+        struct Done<'a>(&'a AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _done = Done(&self.shrinking);
+        self.shrink_locked()
     }
 
     fn shrink_locked(&self) -> Result<usize> {
@@ -430,40 +456,64 @@ impl<M: DmaMapper> Drop for Shared<M> {
         // Unmap before the arenas (and their memory) go away, and complete
         // the invalidations, parked chunks' included.
         let (stuck, _) = self.retire(&back);
-        let parked_ok = parked.is_empty() || self.domain.mapper().flush().is_ok();
+        let parked_ok = parked.is_empty() || self.domain.flush().is_ok();
+        // The chunks no device can reach any more: unmapped (or never
+        // mapped) with their invalidations complete.
+        let mut settled = Vec::with_capacity(back.len() + parked.len());
         for c in back {
             if stuck(c) {
                 self.pin_listed(c);
+            } else {
+                settled.push(c);
             }
         }
-        if !parked_ok {
+        if parked_ok {
+            settled.extend(parked);
+        } else {
             parked.into_iter().for_each(|c| self.pin_listed(c));
         }
-        // What stays charged is what stays pinned.
+        settled.append(&mut lock(&self.released));
+        self.keep_arenas(&settled);
+        // What stays charged is what stays pinned. Last: a pressure hook
+        // runs here, and a panic from it must find the memory settled.
         self.uncharge(self.counters.chunks.load(Ordering::Relaxed) * size);
-        self.keep_pinned_arenas();
     }
 }
 
 impl<M: DmaMapper> Shared<M> {
-    /// Keeps (leaks on purpose) every arena that holds a pinned chunk, so
-    /// that a device that can still reach the chunk never reaches memory
-    /// reused by another allocation: the address range stays mapped for
-    /// good. Its pages go back to the kernel (`MADV_DONTNEED`): a device
-    /// reading through a stale translation sees zeroes, never someone
-    /// else's data, and a process whose unmaps keep failing does not grow
-    /// its resident set without bound. Counts the pinned bytes in the
-    /// domain.
-    fn keep_pinned_arenas(&mut self) {
+    /// Frees the memory of every arena whose chunks are all `settled` (no
+    /// device can reach them), and keeps (leaks on purpose) every other:
+    /// one that holds a pinned chunk, or a chunk in no list at all (lost
+    /// to a panic in a caller's code, its mapping unknown). So a device
+    /// that can still reach a chunk never reaches memory reused by another
+    /// allocation: the address range stays mapped for good. Its pages go
+    /// back to the kernel (`MADV_DONTNEED`): a device reading through a
+    /// stale translation sees zeroes, never someone else's data, and a
+    /// process whose unmaps keep failing does not grow its resident set
+    /// without bound. Counts the pinned and lost bytes in the domain.
+    fn keep_arenas(&mut self, settled: &[ChunkPtr<M>]) {
         let size = self.cfg.order.size();
         let pinned = std::mem::take(&mut *lock(&self.pinned));
         let mut arenas = std::mem::take(&mut *lock(&self.arenas));
+        // Per arena: its chunks found settled or pinned.
+        let mut found = vec![0usize; arenas.len()];
+        for c in settled.iter().chain(&pinned) {
+            if let Some(n) = found.get_mut(c.get().arena as usize) {
+                *n += 1;
+            }
+        }
         for c in &pinned {
             if let Some(a) = arenas.get_mut(c.get().arena as usize) {
                 a.pinned = true;
             }
         }
-        self.domain.pin_host((pinned.len() * size) as u64);
+        let mut lost = 0;
+        for (a, &n) in arenas.iter_mut().zip(&found) {
+            let missing = a.chunks.len().saturating_sub(n);
+            lost += missing;
+            a.pinned |= missing > 0;
+        }
+        self.domain.pin_host(((pinned.len() + lost) * size) as u64);
         // A persistent chunk pinned on purpose (`Frag::pin` poisons it)
         // keeps its part of the arena's mapping, which no unmap tried and
         // so none counted. One whose unmap failed was counted then.
@@ -474,13 +524,19 @@ impl<M: DmaMapper> Shared<M> {
             });
             self.domain.pin_iova((kept.count() * size) as u64);
         }
-        for a in arenas.iter().filter(|a| a.pinned) {
-            // SAFETY: the pool is going away: no frag, list or cache can
-            // reach this memory any more, and the region stays mapped in the
-            // process for good (a pinned arena's region is never dropped).
-            let _ = unsafe { a.region.release(0, a.region.len()) };
+        for a in arenas.iter_mut() {
+            if a.pinned {
+                // SAFETY: the pool is going away: no frag, list or cache
+                // can reach this memory any more (a lost chunk was in no
+                // list, and the pool's last strong count is gone), and the
+                // region stays mapped in the process for good (its `free`
+                // stays false).
+                let _ = unsafe { a.region.release(0, a.region.len()) };
+            } else {
+                a.free = true;
+            }
         }
-        // Dropping an arena frees its memory unless it is pinned.
+        // Dropping an arena frees its memory only if `free` (not kept).
         drop(arenas);
     }
 }

@@ -199,6 +199,13 @@ struct Arena<M: DmaMapper> {
     chunks: NonNull<[Chunk<M>]>,
     /// Holds a pinned chunk: its memory is never unmapped from the process.
     pinned: bool,
+    /// Whether dropping it frees its memory. Set only by the pool's drop,
+    /// once every unmap and invalidation is done and the arena is found to
+    /// hold no pinned chunk; until then an arena dropped (by a panic that
+    /// unwinds out of the pool's drop, from a pressure hook or a mapper)
+    /// keeps its memory, as a pinned one does, since a device may still
+    /// reach it.
+    free: bool,
 }
 
 impl<M: DmaMapper> Arena<M> {
@@ -207,6 +214,7 @@ impl<M: DmaMapper> Arena<M> {
             region: std::mem::ManuallyDrop::new(region),
             chunks: NonNull::from(Box::leak(table)),
             pinned: false,
+            free: false,
         }
     }
 
@@ -223,9 +231,10 @@ impl<M: DmaMapper> Drop for Arena<M> {
         // SAFETY: the table came from `Box::leak` in `new` and nothing uses
         // it once the pool's shared state (which owns the arenas) drops.
         drop(unsafe { Box::from_raw(self.chunks.as_ptr()) });
-        if !self.pinned {
-            // SAFETY: dropped once, here; a pinned region is leaked on
-            // purpose instead (a device may still reach it).
+        if self.free {
+            // SAFETY: dropped once, here; the pool's drop found that no
+            // device can reach it any more (see `free`). Any other region
+            // is leaked on purpose.
             unsafe { std::mem::ManuallyDrop::drop(&mut self.region) };
         }
     }

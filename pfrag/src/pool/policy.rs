@@ -203,7 +203,7 @@ impl<M: DmaMapper> Shared<M> {
     /// Whether a deferred unmap of `c` still waits for its flush.
     fn flush_pending(&self, c: ChunkPtr<M>) -> bool {
         let seq = c.get().flush_seq.load(Ordering::Relaxed);
-        seq != 0 && seq > self.domain.mapper().flushed_seq()
+        seq != 0 && seq > self.domain.flushed_seq()
     }
 
     /// Whether a cache may keep carving `c` after all its frags completed
@@ -220,7 +220,7 @@ impl<M: DmaMapper> Shared<M> {
         let Some(&front) = parked.front() else {
             return 0;
         };
-        if force && self.flush_pending(front) && self.domain.mapper().flush().is_err() {
+        if force && self.flush_pending(front) && self.domain.flush().is_err() {
             // The chunks wait for a later flush.
             return 0;
         }
@@ -248,10 +248,12 @@ impl<M: DmaMapper> Shared<M> {
     /// half-way).
     pub(super) fn pin_unlisted(&self, c: ChunkPtr<M>) {
         self.counters.pinned.fetch_add(1, Ordering::Relaxed);
+        // Listed before the account's code runs: a panic there leaves it
+        // pinned all the same.
+        lock(&self.pinned).push(c);
         if let Some(a) = &self.account {
             // Still charged (the memory is still held), and said so.
             a.pin(self.cfg.order.size() as u64);
         }
-        lock(&self.pinned).push(c);
     }
 }

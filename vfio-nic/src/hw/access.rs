@@ -40,12 +40,14 @@ impl MapAccess {
     }
 }
 
-/// A VFIO mapper's counts: map and unmap ioctls, and 4 KiB pages mapped.
+/// A VFIO mapper's counts: map and unmap ioctls, 4 KiB pages mapped, and
+/// the unmaps the kernel carried out.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     map_calls: AtomicU64,
     unmap_calls: AtomicU64,
     pages: AtomicU64,
+    unmapped: AtomicU64,
 }
 
 impl Counters {
@@ -58,23 +60,44 @@ impl Counters {
         }
     }
 
-    /// One unmap ioctl.
-    pub(crate) fn unmap_call(&self) {
+    /// One unmap ioctl; `unmapped`: the kernel removed (some of) the range.
+    pub(crate) fn unmap_call(&self, unmapped: bool) {
         self.unmap_calls.fetch_add(1, Ordering::Relaxed);
+        if unmapped {
+            self.unmapped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The counts as pfrag's: `ptes_written` is 4 KiB pages mapped, and
-    /// each unmap ioctl counts one invalidation, since the kernel's IOMMU
-    /// driver syncs the IOTLB for the range before the unmap returns. The
-    /// IOTLB is out of sight: hits and misses stay 0.
+    /// each unmap ioctl that removed a range counts one invalidation, since
+    /// the kernel's IOMMU driver syncs the IOTLB for the range before the
+    /// unmap returns (one it refused removed nothing and synced nothing).
+    /// The IOTLB is out of sight: hits and misses stay 0.
     pub(crate) fn stats(&self) -> MapStats {
-        let unmaps = self.unmap_calls.load(Ordering::Relaxed);
         MapStats {
             map_calls: self.map_calls.load(Ordering::Relaxed),
-            unmap_calls: unmaps,
+            unmap_calls: self.unmap_calls.load(Ordering::Relaxed),
             ptes_written: self.pages.load(Ordering::Relaxed),
-            invalidations: unmaps,
+            invalidations: self.unmapped.load(Ordering::Relaxed),
             ..MapStats::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An unmap the kernel refused is an ioctl, not an invalidation.
+    #[test]
+    fn a_refused_unmap_counts_no_invalidation() {
+        let c = Counters::default();
+        c.map_call(Some(8192));
+        c.map_call(None);
+        c.unmap_call(true);
+        c.unmap_call(false);
+        let s = c.stats();
+        assert_eq!((s.map_calls, s.ptes_written), (2, 2));
+        assert_eq!((s.unmap_calls, s.invalidations), (2, 1));
     }
 }

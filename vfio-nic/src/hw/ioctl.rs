@@ -2,8 +2,10 @@
 //! `vfio-ioctls` has no call for what is needed: `VFIO_IOMMU_GET_INFO` with
 //! its capability chain, `VFIO_IOMMU_MAP_DMA` and `IOMMU_IOAS_MAP` with a
 //! chosen access (the crate's own maps always ask for read and write), and
-//! `IOMMU_IOAS_IOVA_RANGES`. Every `ioctl(2)` of this crate is here, or
-//! called from here through `iommufd-ioctls`.
+//! `IOMMU_IOAS_IOVA_RANGES`. Every `ioctl(2)` this crate issues itself is
+//! here, or called from here through `iommufd-ioctls`; the rest (opening
+//! the container, group and device, `VFIO_IOMMU_UNMAP_DMA`) are
+//! `vfio-ioctls`' calls, made from [`vfio`](super::vfio).
 
 use std::ops::Range;
 use std::os::fd::{AsRawFd, RawFd};

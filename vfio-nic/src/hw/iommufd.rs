@@ -189,13 +189,14 @@ impl DmaMapper for IommufdMapper {
 
     fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
         IommufdMapper::check_len(len)?;
-        self.c.unmap_call();
         let refused = |n: i32, why: &str| pfrag::Error::Unmap {
             iova,
             len,
             source: OsAdvice::io(n, why.to_string()),
         };
-        match ioctl::ioas_unmap(self.fd(), self.ioas_id(), iova.raw(), len) {
+        let r = ioctl::ioas_unmap(self.fd(), self.ioas_id(), iova.raw(), len);
+        self.c.unmap_call(r.is_ok());
+        match r {
             Ok(done) if done == len => Ok(Unmapped::Flushed),
             // The kernel unmapped less than asked: the range was not mapped
             // whole. What it did unmap is gone; the rest was never ours.

@@ -14,6 +14,7 @@ pub mod info;
 pub mod ioctl;
 pub mod iommufd;
 pub mod mmio;
+mod pci;
 pub mod vfio;
 pub mod virtio;
 

@@ -35,13 +35,9 @@ use crate::hw::access::Counters;
 pub use crate::hw::access::MapAccess;
 use crate::hw::ioctl;
 use crate::hw::mmio::{Bar, Reg, Regs};
+use crate::hw::pci;
 
 pub use crate::hw::info::{iommu_info, parse_iommu_info, IommuInfo};
-
-/// PCI command register offset in config space, and its bits.
-const PCI_COMMAND: u64 = 0x04;
-const PCI_COMMAND_MEMORY: u16 = 1 << 1;
-const PCI_COMMAND_MASTER: u16 = 1 << 2;
 
 /// The module parameter that caps mappings per container.
 pub const DMA_ENTRY_LIMIT: &str = "/sys/module/vfio_iommu_type1/parameters/dma_entry_limit";
@@ -51,9 +47,11 @@ pub const DMA_ENTRY_LIMIT: &str = "/sys/module/vfio_iommu_type1/parameters/dma_e
 pub struct VfioPci {
     bdf: String,
     group: u32,
-    backend: Backend,
-    device: VfioDevice,
+    // Dropped before the device: VFIO releases the group only once no
+    // mapping of the device file is left.
     bars: Vec<BarSlot>,
+    device: VfioDevice,
+    backend: Backend,
 }
 
 /// Where a device's DMA mappings go.
@@ -115,7 +113,7 @@ impl VfioPci {
         let container = Arc::new(VfioContainer::new(None).map_err(|e| open_err(bdf, group, e))?);
         let device =
             VfioDevice::new(&sys, container.clone(), false).map_err(|e| open_err(bdf, group, e))?;
-        Ok(VfioPci::with(bdf, group, Backend::Type1(container), device))
+        VfioPci::with(bdf, group, Backend::Type1(container), device)
     }
 
     /// Opens the device at `bdf` through iommufd instead of a type1
@@ -151,30 +149,38 @@ impl VfioPci {
         }
         let device =
             VfioDevice::new(&sys, ioas.clone(), true).map_err(|e| open_err(bdf, group, e))?;
-        Ok(VfioPci::with(bdf, group, Backend::Iommufd(ioas), device))
+        VfioPci::with(bdf, group, Backend::Iommufd(ioas), device)
     }
 
     /// The opened device, its BARs mapped and bus mastering on.
-    fn with(bdf: &str, group: u32, backend: Backend, device: VfioDevice) -> VfioPci {
+    fn with(bdf: &str, group: u32, backend: Backend, device: VfioDevice) -> Result<VfioPci> {
         let bars = map_bars(&device);
         let pci = VfioPci {
             bdf: bdf.into(),
             group,
-            backend,
-            device,
             bars,
+            device,
+            backend,
         };
-        pci.enable_bus_master();
-        pci
+        pci.enable_bus_master()?;
+        Ok(pci)
     }
 
-    fn enable_bus_master(&self) {
-        let mut cmd = [0u8; 2];
+    /// Turns on memory decoding and bus mastering, keeping the command
+    /// register's other bits, and checks that they took: VFIO's
+    /// config-space accesses report no failure, so a failed read or write
+    /// shows only in the values read.
+    fn enable_bus_master(&self) -> Result<()> {
+        let read = || {
+            let mut cmd = pci::UNREAD.to_le_bytes();
+            self.device
+                .region_read(VFIO_PCI_CONFIG_REGION_INDEX, &mut cmd, pci::COMMAND);
+            u16::from_le_bytes(cmd)
+        };
+        let v = pci::enabling(&self.bdf, read())?;
         self.device
-            .region_read(VFIO_PCI_CONFIG_REGION_INDEX, &mut cmd, PCI_COMMAND);
-        let v = u16::from_le_bytes(cmd) | PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
-        self.device
-            .region_write(VFIO_PCI_CONFIG_REGION_INDEX, &v.to_le_bytes(), PCI_COMMAND);
+            .region_write(VFIO_PCI_CONFIG_REGION_INDEX, &v.to_le_bytes(), pci::COMMAND);
+        pci::check_enabled(&self.bdf, v, read())
     }
 
     /// The device's PCI address.
@@ -347,10 +353,11 @@ pub fn set_dma_entry_limit(n: u32) -> std::io::Result<()> {
 /// and a batch is one ioctl per contiguous run.
 ///
 /// Counters: `map_calls`/`unmap_calls` are ioctls; `ptes_written` is 4 KiB
-/// pages mapped; `invalidations` counts unmap ioctls, since the type1
-/// driver ends each unmap with one IOTLB sync of its range in strict mode
-/// (what the IOMMU itself did is read from QEMU's trace in `vm/run.sh
-/// sweep`). The IOTLB is in the IOMMU, out of sight: hits and misses stay 0.
+/// pages mapped; `invalidations` counts unmap ioctls that removed their
+/// range, since the type1 driver ends each with one IOTLB sync of it in
+/// strict mode (what the IOMMU itself did is read from QEMU's trace in
+/// `vm/run.sh sweep`). The IOTLB is in the IOMMU, out of sight: hits and
+/// misses stay 0.
 ///
 /// Each range is mapped with the narrowest access its direction allows
 /// ([`MapAccess::Narrow`]): TX payloads and header slots read-only, RX
@@ -457,8 +464,9 @@ impl DmaMapper for VfioMapper {
         // Our caller promised (`DmaMapper::map`'s contract) that the memory
         // stays allocated until then: pfrag's pools and `Coherent` regions
         // retire the mapping before freeing or releasing it, and keep it for
-        // good if the unmap fails. Rings and bounce slots are touched only
-        // with volatile accesses. A frag's slice is written by the driver
+        // good if the unmap fails. Rings are touched only with atomic
+        // accesses, and a bounce slot is written with plain copies only
+        // while it is not in flight. A frag's slice is written by the driver
         // before its IOVA is put in a descriptor and not touched again until
         // completion; a TX device only reads it in between (a TO_DEVICE
         // range is read-only to it), and the IOMMU confines any device
@@ -490,8 +498,9 @@ impl DmaMapper for VfioMapper {
             min: 1,
             max: usize::MAX as u64,
         })?;
-        self.c.unmap_call();
-        match self.container.vfio_dma_unmap(iova.raw(), n) {
+        let r = self.container.vfio_dma_unmap(iova.raw(), n);
+        self.c.unmap_call(r.is_ok());
+        match r {
             Ok(()) => Ok(Unmapped::Flushed),
             Err(e) => {
                 let n = errno(&e);

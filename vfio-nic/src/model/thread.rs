@@ -256,8 +256,11 @@ impl<D: Model + Send + 'static> TxDevice for Threaded<D> {
 
     fn detach(&mut self) -> Result<()> {
         let mut d = lock(&self.shared.dev);
+        d.detach()?;
+        // Only once detached: a detach that fails leaves the last doorbell
+        // for the thread to serve, the ring still attached.
         self.shared.doorbell.store(NO_DOORBELL, Ordering::Release);
-        d.detach()
+        Ok(())
     }
 
     fn head(&mut self) -> Option<u16> {

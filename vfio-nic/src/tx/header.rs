@@ -185,8 +185,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// format's prefix and its headers), at most [`max_headers`] bytes of
     /// headers ([`check_placeable`] refused longer ones): the header frag
     /// of a front that fits no bounce slot fits one chunk.
+    ///
+    /// A header frag is counted (`mapped_headers`, and `header_fallbacks`
+    /// where the queue has bounce slots) only once its packet is posted,
+    /// by `advance`: a failed send counts nothing.
     fn place_front(&mut self, idx: u16, front: [&[u8]; 2]) -> Result<(Iova, Hdr<M>)> {
-        let mut fallback = false;
         if let Some(b) = self.bounce.as_mut() {
             // Without a prefix (the 82576), one copy of the headers.
             let filled = match front {
@@ -195,7 +198,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             };
             match filled {
                 Ok(iova) => return Ok((iova, Hdr::Slot(usize::from(idx)))),
-                Err(pfrag::Error::HeaderTooLarge { .. }) => fallback = true,
+                // Too long for a slot: a frag of its own (a fallback).
+                Err(pfrag::Error::HeaderTooLarge { .. }) => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -204,10 +208,6 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         let (p, h) = f.as_mut_slice().split_at_mut(prefix.len());
         p.copy_from_slice(prefix);
         h.copy_from_slice(hdr);
-        // Counted only once the header has its frag: a failed send counts
-        // nothing.
-        self.stats.header_fallbacks += u64::from(fallback);
-        self.stats.mapped_headers += 1;
         Ok((f.iova(), Hdr::Frag(f)))
     }
 }
@@ -226,7 +226,9 @@ pub(super) fn release_header<M: DmaMapper>(
     match h {
         Hdr::Slot(i) => {
             if let Some(b) = bounce.as_mut() {
-                b.release(i);
+                // The slot the queue filled for this packet: in range.
+                let r = b.release(i);
+                debug_assert!(r.is_ok(), "{r:?}");
             }
         }
         Hdr::Frag(f) => {

@@ -289,7 +289,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.pending.pop_plain(k, |span, slot, token| {
             descs += usize::from(span.ndesc());
             if let Some(b) = bounce.as_mut() {
-                b.release(slot);
+                // The slot the queue filled for this packet: in range.
+                let r = b.release(slot);
+                debug_assert!(r.is_ok(), "{r:?}");
             }
             i += 1;
             done(Completion {

@@ -232,6 +232,12 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.stats.packets += 1;
         self.stats.bytes += pkt.len as u64;
         self.stats.descs += ndesc as u64;
+        if matches!(hdr, Hdr::Frag(_)) {
+            // Where the queue has bounce slots, a header in a frag of its
+            // own is one that fit none (`place_front`).
+            self.stats.mapped_headers += 1;
+            self.stats.header_fallbacks += u64::from(self.bounce.is_some());
+        }
         let span = Span::new(head, last, ndesc as u16, report);
         self.pending.push(span, hdr, frags, token);
     }
@@ -276,7 +282,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// Frags for a payload of `len` bytes, appended to `out`: from the
     /// small payloads' cache up to the split ([`Config::split`](super::Config::split)), else from
     /// the queue's cache (fit-whole as the queue is configured). A memory
-    /// limit is counted as a back-off (`mem_backoffs`).
+    /// limit is counted as a back-off (`mem_backoffs`). On error the frags
+    /// of this call are given back and removed from `out`; each whose unmap
+    /// failed is counted ([`Stats::unmap_errors`](super::Stats::unmap_errors)).
     pub fn frags(&mut self, len: usize, out: &mut Vec<Frag<M>>) -> Result<()> {
         super::check_payload::<Fmt<D>>(self.cache.pool().config(), len)?;
         let small = self.cfg.split.is_some_and(|t| len <= t);
@@ -286,8 +294,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         };
         // A small payload sits whole in one order-0 chunk.
         cache
-            .frags(len, self.cfg.fit_whole || small, out)
-            .map_err(|e| {
+            .frags_counting(len, self.cfg.fit_whole || small, out)
+            .map_err(|(e, failed)| {
+                // The frags carved before the failure went back to the
+                // pool; those whose unmap failed stay mapped for good.
+                self.stats.unmap_errors += failed as u64;
                 let e = Error::from(e);
                 if e.is_backoff() {
                     // Out of memory by policy, not by bug: the caller backs

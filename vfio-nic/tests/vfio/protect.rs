@@ -99,7 +99,13 @@ pub(super) fn device_writes_into_tx_payload_over<M: DmaMapper>(
     let faults = kmsg_records(log_end, log_wait, |r| {
         r.contains("DMA Write") && dmar_fault_addr(r) == Some(page)
     });
-    nic.stop_rx().unwrap();
+    if let Err(e) = nic.stop_rx() {
+        // The receiver may still write the ring and the page: the
+        // device's for good.
+        ring.pin();
+        payload.pin();
+        panic!("stopping RX: {e}");
+    }
     let after = payload.as_slice().to_vec();
     cache.complete(payload).unwrap();
     Attempt {

@@ -409,6 +409,12 @@ impl<R: Regs> TxDevice for Igb<R> {
                 value: ring.raw(),
             });
         }
+        if self.ring_len.is_some() {
+            // The queue reads the ring attached before: stopped first, so
+            // that its owner may free it once this returns. If it does
+            // not stop, it stays attached and sending (`detach`).
+            self.detach()?;
+        }
         self.reg(regs::txdctl(0), 0)?;
         self.reg(regs::tdbal(0), ring.raw() as u32)?;
         self.reg(regs::tdbah(0), (ring.raw() >> 32) as u32)?;
@@ -435,8 +441,9 @@ impl<R: Regs> TxDevice for Igb<R> {
                 value: u64::from(tail),
             });
         }
-        // Descriptors were written with plain (volatile) stores to
-        // write-back memory; they must be visible before the doorbell.
+        // Descriptors and bounce slots were written with relaxed atomic
+        // (or, for a slot not in flight, plain) stores to write-back
+        // memory; they must be visible before the doorbell.
         fence(Ordering::SeqCst);
         self.reg(regs::tdt(0), u32::from(tail))
     }
@@ -467,7 +474,10 @@ impl<R: Regs> TxDevice for Igb<R> {
 impl<R: Regs> Drop for Igb<R> {
     fn drop(&mut self) {
         // Stop DMA before the rings and buffers the device may still use
-        // are unmapped and freed.
+        // are unmapped and freed. A failure cannot be reported here: the
+        // TX queue that owned this device pinned its ring when its own
+        // detach failed, and `start_rx`'s caller keeps its RX ring until
+        // a `stop_rx` that returned `Ok`, for good without one.
         let _ = self.stop_tx();
         let _ = self.stop_rx();
     }

@@ -103,6 +103,18 @@ impl<M: DmaMapper> RxRing<M> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Keeps the ring and its buffers allocated and mapped for good, for a
+    /// device whose receiver could not be stopped (a [`stop_rx`] that
+    /// failed, or an [`Igb`] dropped first, whose drop cannot report one):
+    /// it may still write them. Counted in the domain's
+    /// [`pinned`](pfrag::dma::Domain::pinned) host and IOVA bytes.
+    ///
+    /// [`stop_rx`]: Igb::stop_rx
+    pub fn pin(self) {
+        self.ring.pin();
+        self.bufs.pin();
+    }
 }
 
 impl<R: Regs> Igb<R> {
@@ -110,12 +122,14 @@ impl<R: Regs> Igb<R> {
     /// descriptors and enables the receiver, promiscuous, CRC stripped, and
     /// with `loopback` in MAC loopback: transmitted frames come back to this
     /// queue instead of going to the wire. Call [`stop_rx`](Self::stop_rx)
-    /// before dropping `rx` (dropping the `Igb` also stops it).
+    /// before dropping `rx`; if it fails, keep `rx` with [`RxRing::pin`].
     ///
     /// # Safety
-    /// `rx` stays alive, and its buffers the device's, until
-    /// [`stop_rx`](Self::stop_rx) or the driver's drop: the NIC writes
-    /// received frames into them.
+    /// `rx` stays alive, and its buffers the device's, until a
+    /// [`stop_rx`](Self::stop_rx) that returned `Ok`: the NIC writes
+    /// received frames into them. Without one (it failed, or the `Igb` was
+    /// dropped first: its drop tries to stop the receiver but cannot report
+    /// a failure), `rx` is the device's for good ([`RxRing::pin`]).
     pub unsafe fn start_rx<M: DmaMapper>(&mut self, rx: &RxRing<M>, loopback: bool) -> Result<()> {
         // SAFETY: `rx`'s ring and buffers are what the caller handed over.
         unsafe { self.start_rx_at(rx.ring.iova(), rx.len, loopback) }
@@ -125,12 +139,14 @@ impl<R: Regs> Igb<R> {
     /// advanced one-buffer RX descriptors (a multiple of 8, 8..=4096) at
     /// `ring`, each pointing at a 2 KiB buffer ([`RX_BUF`]). The ring and
     /// every buffer must stay mapped, writable by the device, until
-    /// [`stop_rx`](Self::stop_rx).
+    /// [`stop_rx`](Self::stop_rx) returns `Ok`.
     ///
     /// # Safety
     /// `ring` is `len` RX descriptors, and the buffers they name, that the
-    /// caller keeps for the device until [`stop_rx`](Self::stop_rx) or the
-    /// driver's drop: the NIC writes received frames where they point.
+    /// caller keeps for the device until a [`stop_rx`](Self::stop_rx) that
+    /// returned `Ok` (for good without one, as for
+    /// [`start_rx`](Self::start_rx)): the NIC writes received frames where
+    /// they point.
     pub unsafe fn start_rx_at(&mut self, ring: Iova, len: u16, loopback: bool) -> Result<()> {
         check_rx_len(len)?;
         let base = ring.raw();

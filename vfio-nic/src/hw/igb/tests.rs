@@ -276,3 +276,70 @@ fn a_failed_detach_leaves_the_transmitter_on() {
     let after = (nic.regs().get(TCTL), nic.regs().get(regs::txdctl(0)));
     assert_eq!(after, before);
 }
+
+/// Attaching a ring while another is attached stops the queue first, as
+/// a detach does: a queue that does not stop is a timeout, and the old
+/// ring stays attached (its base is not rewritten); one that stops is
+/// re-pointed.
+#[test]
+fn attaching_another_ring_stops_the_queue_first() {
+    for stops in [false, true] {
+        let fake = Fake {
+            disable_reads: if stops { 3 } else { u32::MAX },
+            ..Fake::default()
+        };
+        let cfg = if stops { patient() } else { quick() };
+        let mut nic = Igb::new(fake, cfg).unwrap();
+        // SAFETY: a fake: no device reads a ring.
+        unsafe { nic.attach(Iova(0x1000), 64) }.unwrap();
+        // SAFETY: as above.
+        let r = unsafe { nic.attach(Iova(0x2000), 64) };
+        let base = nic.regs().get(tdbal(0));
+        if stops {
+            r.unwrap();
+            assert_eq!(base, 0x2000);
+        } else {
+            assert!(
+                matches!(
+                    r,
+                    Err(Error::DeviceTimeout {
+                        what: "TX queue disable",
+                        ..
+                    })
+                ),
+                "{r:?}"
+            );
+            assert_eq!(base, 0x1000, "the old ring stays attached");
+            let enabled = nic.regs().get(txdctl(0)) & QUEUE_ENABLE != 0;
+            assert!(enabled, "and its queue sending");
+        }
+    }
+}
+
+/// An RX ring kept for a receiver that could not be stopped stays
+/// allocated and mapped, counted in the domain's pinned bytes; a new ring
+/// does not take its IOVA.
+#[test]
+fn an_rx_ring_pinned_after_a_failed_stop_keeps_its_mapping() {
+    use pfrag::dma::{Dir, SoftIommu, SoftIommuConfig, Translate};
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let d = Arc::new(Domain::new(iommu.clone()));
+    let rx = RxRing::new(d.clone(), 32).unwrap();
+    let iova = rx.ring.iova();
+    let fake = Fake {
+        disable_reads: u32::MAX,
+        ..Fake::default()
+    };
+    let mut nic = Igb::new(fake, quick()).unwrap();
+    // SAFETY: `rx` is kept for good below, its stop having failed.
+    unsafe { nic.start_rx(&rx, true) }.unwrap();
+    assert!(nic.stop_rx().is_err());
+    rx.pin();
+    // 32 descriptors of 16 bytes and 32 buffers of 2 KiB, in whole pages.
+    let bytes = 4096 + 32 * RX_BUF as u64;
+    let p = d.pinned();
+    assert_eq!((p.host_bytes, p.iova_bytes), (bytes, bytes));
+    assert!(iommu.translate(iova, Dir::FROM_DEVICE).is_ok());
+    let again = RxRing::new(d, 32).unwrap();
+    assert_ne!(again.ring.iova(), iova);
+}

@@ -327,12 +327,18 @@ impl<T: Transport> VirtioNetPci<T> {
         }
         // SAFETY: the caller's promise for the three parts is passed on.
         let r = unsafe { self.program(len, [desc, driver, device]) };
-        if r.is_err() {
+        if let Err(error) = r {
             // The device may hold some of the addresses: stop it before
             // the caller frees the ring.
-            self.reset()?;
+            if let Err(stop) = self.reset() {
+                return Err(Error::StopFailed {
+                    error: Box::new(error),
+                    stop: Box::new(stop),
+                });
+            }
+            return Err(error);
         }
-        r
+        Ok(())
     }
 
     /// Writes the TX queue's size and addresses, enables it and sets

@@ -335,3 +335,34 @@ fn a_reset_that_completes_late_is_negotiated_again_before_a_ring() {
     let want = NEGOTIATED | VIRTIO_CONFIG_S_DRIVER_OK;
     assert_eq!(u32::from(nic.device_status().unwrap()), want);
 }
+
+/// A device that refuses the queue and then does not reset: the error
+/// carries both, the refusal first.
+#[test]
+fn a_refusal_whose_reset_fails_reports_both() {
+    let dev = Fake::new(ALL);
+    let mut nic = VirtioNetPci::over(&dev, quick()).unwrap();
+    dev.refuse_driver_ok.set(true);
+    dev.stuck.set(true);
+    // SAFETY: the fake device reads no memory.
+    let e = unsafe { nic.attach(Iova(0x10_0000), 8) }.unwrap_err();
+    dev.stuck.set(false);
+    match &e {
+        Error::StopFailed { error, stop } => {
+            assert!(matches!(**error, Error::DeviceRefused { .. }), "{e}");
+            assert!(
+                matches!(
+                    **stop,
+                    Error::DeviceTimeout {
+                        what: "virtio reset",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let s = e.to_string();
+    assert!(s.contains("refused") && s.contains("virtio reset"), "{s}");
+}
