@@ -84,7 +84,8 @@ struct Args {
     /// CSV).
     #[arg(long)]
     svg: Option<PathBuf>,
-    /// No progress bar.
+    /// No progress bar: a line per configuration instead (also when
+    /// stderr is not a terminal).
     #[arg(long)]
     no_progress: bool,
 }
@@ -164,7 +165,8 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let total: u64 = cfgs.iter().map(|c| c.packets + c.warmup).sum();
-    let bar = if a.no_progress {
+    let plain = cli::plain_progress(a.no_progress);
+    let bar = if plain {
         ProgressBar::hidden()
     } else {
         ProgressBar::new(total)
@@ -177,7 +179,7 @@ fn main() -> ExitCode {
     for c in &cfgs {
         let what = format!("{} flows, order {}, {}", c.flows, c.order, c.cache.name());
         bar.set_message(what.clone());
-        if a.no_progress {
+        if plain {
             eprintln!("flows: {what}");
         }
         match flows::run(c) {

@@ -51,7 +51,8 @@ struct Args {
     /// lines on stderr when no bar is drawn).
     #[arg(long)]
     verbose: bool,
-    /// No progress bar (for logs).
+    /// No progress bar: a line per phase instead (also when stderr is not
+    /// a terminal).
     #[arg(long)]
     no_progress: bool,
 }
@@ -64,8 +65,9 @@ fn main() -> ExitCode {
         (None, Some(_)) => None,
         (None, None) => Some(1_000_000),
     };
+    let plain = cli::plain_progress(a.no_progress);
     let (bar, template) = match packets {
-        _ if a.no_progress => (ProgressBar::hidden(), ""),
+        _ if plain => (ProgressBar::hidden(), ""),
         Some(n) => (
             ProgressBar::new(n),
             "{bar:40} {pos}/{len} packets  {msg}  [{elapsed_precise}, eta {eta}]",
@@ -92,6 +94,12 @@ fn main() -> ExitCode {
         if a.verbose {
             let line = format!("phase {i}: {} -> {t:?}", p.describe());
             say(&bar, &mut std::io::stderr(), &line);
+        } else if plain {
+            // No bar: a short line per phase, so a log shows progress.
+            eprintln!(
+                "soak: phase {i} done, {} packets so far, {} injected failures",
+                t.packets, t.injected
+            );
         }
     };
     let r = soak(

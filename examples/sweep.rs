@@ -140,7 +140,8 @@ struct Args {
     /// 82576 at 0000:00:02.0 and the virtio-net device at 0000:00:03.0).
     #[arg(long, default_value = "0000:00:02.0")]
     device: String,
-    /// No progress bar (for serial consoles and logs).
+    /// No progress bar: a line per repetition instead (also when stderr
+    /// is not a terminal).
     #[arg(long)]
     no_progress: bool,
     /// TX queues, one thread each, sharing one pool and one mapper; rows
@@ -459,7 +460,8 @@ fn jobs(a: &Args, cfgs: Vec<RunConfig>) -> Vec<Job> {
 /// `None` after reporting an error.
 fn run_all(a: &Args, jobs: Vec<Job>, reps: usize, per_cfg: u64) -> Option<Vec<JobRows>> {
     let runs = jobs.iter().filter(|j| matches!(j, Job::Run(_))).count();
-    let bar = if a.no_progress {
+    let plain = cli::plain_progress(a.no_progress);
+    let bar = if plain {
         ProgressBar::hidden()
     } else {
         ProgressBar::new((reps * runs) as u64 * per_cfg)
@@ -473,7 +475,7 @@ fn run_all(a: &Args, jobs: Vec<Job>, reps: usize, per_cfg: u64) -> Option<Vec<Jo
         for (i, job) in jobs.iter().enumerate() {
             let what = format!("repetition {}/{reps}: {}", rep + 1, job.label());
             bar.set_message(what.clone());
-            if a.no_progress {
+            if plain {
                 eprintln!("sweep: {what}");
             }
             let r = match job {

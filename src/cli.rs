@@ -160,6 +160,14 @@ pub fn orders(s: &str) -> Result<Vec<u32>, String> {
     Ok(v)
 }
 
+/// Whether a long run shows its progress as plain lines on stderr rather
+/// than a bar: when `no_progress` asks for it, or when stderr is not a
+/// terminal (a log or a pipe, where no bar would be drawn).
+pub fn plain_progress(no_progress: bool) -> bool {
+    use std::io::IsTerminal;
+    no_progress || !std::io::stderr().is_terminal()
+}
+
 /// Refuses a list that names a value twice (`flag` is the option's name):
 /// each value is a run of its own, and two runs of one configuration
 /// could not be told apart in the rows, the CSV or the ratios.
