@@ -392,15 +392,26 @@ fn wire_check_catches_corruption_loss_and_strangers() {
         "{errs:?}"
     );
 
+    // A lost frame costs the frame after it, and nothing more: the
+    // checker takes the flow up again from there.
     let mut lost = frames.clone();
     lost.remove(1);
     let mut c = WireCheck::default();
     let errs: Vec<_> = lost.iter().filter_map(|f| c.frame(f).err()).collect();
+    assert!(matches!(errs[..], [FrameError::Gap { .. }]), "{errs:?}");
+    assert_eq!(c.report().bad_frames, 1);
+    assert_eq!(c.report().good_frames, 14);
+    // Two frames swapped: both bad (the early one, then the late one), the
+    // rest of the flow good.
+    let mut swapped = frames.clone();
+    swapped.swap(1, 2);
+    let mut c = WireCheck::default();
+    let errs: Vec<_> = swapped.iter().filter_map(|f| c.frame(f).err()).collect();
     assert!(
-        matches!(errs.first(), Some(FrameError::Gap { .. })),
+        matches!(errs[..], [FrameError::Gap { .. }, FrameError::Gap { .. }]),
         "{errs:?}"
     );
-    assert_eq!(c.report().bad_frames, errs.len() as u64);
+    assert_eq!(c.report().good_frames, 14);
 
     let mut stranger = frames[0].clone();
     let sport = flow::MACLEN + flow::IPLEN;

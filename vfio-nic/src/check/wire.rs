@@ -43,7 +43,10 @@ pub enum FrameError {
     /// A source port that is no flow of ours.
     #[error("source port {0} is not a pfrag flow")]
     NotOurs(u16),
-    /// The segment does not continue its flow.
+    /// The segment does not continue its flow. The checker takes the flow
+    /// up again from a frame ahead of where it was (frames lost or
+    /// reordered), so one lost frame costs one bad frame, and a pair
+    /// swapped two.
     #[error(
         "flow {flow}: segment at stream offset {got}, expected {want} (or 0 for a new stream)"
     )]
@@ -157,10 +160,18 @@ impl WireCheck {
             st.streams += 1;
             self.report.streams += 1;
         } else if off != st.next {
+            let want = st.next;
+            // Resynchronised on a frame ahead of where the flow was (frames
+            // lost or reordered before it): it counts bad once, and those
+            // after it are judged against it. One behind (late, or a
+            // duplicate) moves nothing.
+            if off.wrapping_sub(want) < 1 << 31 {
+                st.next = off.wrapping_add(payload.len() as u32);
+            }
             return Err(FrameError::Gap {
                 flow: fl,
                 got: off,
-                want: st.next,
+                want,
             });
         }
         st.next = off.wrapping_add(payload.len() as u32);
