@@ -173,7 +173,9 @@ pub fn check<F: Format>(
         return Ok(None);
     }
     let (layout, stated) = parse_layout(headers, offload)?;
-    if by_ip {
+    // One frame's IP length bounds it on every format; a TSO packet's on
+    // a format whose GSO packet is an IP packet.
+    if by_ip || offload == Offload::Checksum {
         too_large(
             payload,
             max_payload::<F>(headers.len(), Some(&layout), offload),

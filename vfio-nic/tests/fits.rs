@@ -393,6 +393,23 @@ fn the_generators_82576_limit_is_sent_at_any_mss() {
         g.send(&mut q, 0, max)
             .unwrap_or_else(|e| panic!("mtu {mtu}, mss {mss}: {max} bytes refused: {e}"));
     }
+    // The queue's own send says the same of one checksummed frame.
+    let mut q = fresh(config(256, None), order(4), &nic);
+    let mut h = [0u8; vfio_nic::gen::flow::HDR_LEN];
+    vfio_nic::gen::flow::Flow::new(0)
+        .unwrap()
+        .header(65_496, &mut h);
+    let r = q.send(&h, &vec![0; 65_496], Offload::Checksum, 1);
+    assert!(
+        matches!(
+            r,
+            Err(Error::PayloadTooLarge {
+                len: 65_496,
+                max: 65_495
+            })
+        ),
+        "{r:?}"
+    );
 }
 
 /// Settings a queue refuses (`Queue::new`'s `BadConfig`) are refused by
