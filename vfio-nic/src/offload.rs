@@ -162,10 +162,12 @@ pub fn check<F: Format>(
     if headers.is_empty() {
         return Err(bad(offload, HeaderFault::Empty));
     }
-    // A TSO packet bounded by its IP length is checked once its headers
-    // are parsed, so that the error names the limit for these headers
-    // (never above the format's).
-    let by_ip = F::TSO_IP_LENGTH && matches!(offload, Offload::Tso { .. });
+    // A packet bounded by its IP length (one frame, or TSO on a format
+    // whose GSO packet is an IP packet) is checked once its headers are
+    // parsed, so that the error names the limit for these headers (never
+    // above the format's).
+    let by_ip = offload == Offload::Checksum
+        || (F::TSO_IP_LENGTH && matches!(offload, Offload::Tso { .. }));
     if !by_ip {
         too_large(payload, max_payload::<F>(headers.len(), None, offload))?;
     }
@@ -175,7 +177,7 @@ pub fn check<F: Format>(
     let (layout, stated) = parse_layout(headers, offload)?;
     // One frame's IP length bounds it on every format; a TSO packet's on
     // a format whose GSO packet is an IP packet.
-    if by_ip || offload == Offload::Checksum {
+    if by_ip {
         too_large(
             payload,
             max_payload::<F>(headers.len(), Some(&layout), offload),

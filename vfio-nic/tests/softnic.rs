@@ -412,6 +412,21 @@ fn wire_check_catches_corruption_loss_and_strangers() {
         "{errs:?}"
     );
     assert_eq!(c.report().good_frames, 14);
+    // A flow's first frame lost: the next, whole, starts its stream.
+    let mut first = frames.clone();
+    first.remove(0);
+    let mut c = WireCheck::default();
+    first.iter().for_each(|f| drop(c.frame(f)));
+    assert_eq!((c.report().good_frames, c.report().bad_frames), (14, 1));
+    // A sequence number damaged in flight (its checksum no longer holds)
+    // takes the flow nowhere: that frame and the one after it (whose
+    // bytes before it never arrived whole) are bad, the rest good.
+    let mut damaged = frames.clone();
+    let seq = flow::MACLEN + flow::IPLEN + 4;
+    damaged[1][seq] ^= 0x10;
+    let mut c = WireCheck::default();
+    damaged.iter().for_each(|f| drop(c.frame(f)));
+    assert_eq!((c.report().good_frames, c.report().bad_frames), (14, 2));
 
     let mut stranger = frames[0].clone();
     let sport = flow::MACLEN + flow::IPLEN;

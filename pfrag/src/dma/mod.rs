@@ -361,8 +361,9 @@ pub struct Translation {
 ///   fine.
 /// - For a [`write`](Self::write) or [`write_u32`](Self::write_u32), no
 ///   reference to any byte of those words is alive, and the only CPU
-///   accesses to them are [`Coherent`]'s accessors, which are atomic (a
-///   driver polling a status word).
+///   accesses to them are [`Coherent`]'s 32-bit accessors, which are
+///   atomic (a driver polling a status word); not its 16-bit ones, whose
+///   own contract keeps them off words a 32-bit access may touch.
 ///
 /// Memory that no mapping covers needs no promise: the access faults.
 ///

@@ -61,7 +61,8 @@ pub(super) type Scratch = [u8; MAX_PREFIX + MAX_PATCHED];
 /// allocated once per queue and reused by every packet (`front` clears
 /// the prefix before the format writes it, and copies headers whole
 /// before patching them; `with_front` always puts it back); `None` for a
-/// format that does neither, as the 82576's.
+/// format that does neither (both formats here patch offloaded packets'
+/// headers: the 82576 and virtio-net take the pseudo-header sum).
 pub(super) fn scratch<F: Format>() -> Option<Box<Scratch>> {
     (F::PREFIX > 0 || patches::<F>()).then(|| Box::new([0; MAX_PREFIX + MAX_PATCHED]))
 }
