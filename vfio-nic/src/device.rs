@@ -67,7 +67,9 @@ pub trait TxDevice {
     /// and every buffer those descriptors name, must be memory that no CPU
     /// reference touches (other than [`Coherent`](pfrag::dma::Coherent)'s
     /// atomic accessors, of the same size as the device's accesses to the
-    /// same bytes) from this call until the device reports the packet done
+    /// same bytes), counting the whole aligned 4-byte words that hold it
+    /// (a device access rewrites or lends whole words, see
+    /// [`Translate`](pfrag::dma::Translate)), from this call until the device reports the packet done
     /// (the status write-back of its last descriptor, or its head in the
     /// used ring) or is detached. Where the format defers reports
     /// ([`Format::DEFERRED_REPORT`](crate::format::Format::DEFERRED_REPORT)),

@@ -114,9 +114,10 @@ pub const MAX_IP_LENGTH: usize = u16::MAX as usize;
 /// format's [`MAX_PAYLOAD`](Format::MAX_PAYLOAD), counting the payload
 /// alone for TSO and the whole frame otherwise; and for TSO on a format
 /// whose GSO packet is an IP packet
-/// ([`TSO_IP_LENGTH`](Format::TSO_IP_LENGTH)), what the IP length field
-/// leaves after the headers it counts. Without a layout that last bound
-/// is not applied (the headers are not known yet).
+/// ([`TSO_IP_LENGTH`](Format::TSO_IP_LENGTH)), and for one frame (no
+/// TSO) on any format, what the 16-bit IP length field leaves after the
+/// headers it counts. Without a layout that last bound is not applied
+/// (the headers are not known yet).
 ///
 /// ```
 /// use vfio_nic::format::{igb::Advanced, virtio::Split};
@@ -128,8 +129,10 @@ pub const MAX_IP_LENGTH: usize = u16::MAX as usize;
 /// assert_eq!(offload::max_payload::<Split>(54, Some(&l), tso), 65_495);
 /// let v6 = Layout { ip: Ip::V6, iplen: 40, ..l };
 /// assert_eq!(offload::max_payload::<Split>(74, Some(&v6), tso), 65_515);
-/// // Without TSO the whole frame counts.
+/// // Without TSO the whole frame counts, and one IPv4 frame's length
+/// // field bounds it on the 82576 too.
 /// assert_eq!(offload::max_payload::<Split>(54, Some(&l), Offload::Checksum), 65_481);
+/// assert_eq!(offload::max_payload::<Advanced>(54, Some(&l), Offload::Checksum), 65_495);
 /// ```
 #[inline]
 pub fn max_payload<F: Format>(headers: usize, layout: Option<&Layout>, offload: Offload) -> usize {
@@ -138,6 +141,9 @@ pub fn max_payload<F: Format>(headers: usize, layout: Option<&Layout>, offload: 
             F::MAX_PAYLOAD.min(MAX_IP_LENGTH.saturating_sub(l.ip_counted()))
         }
         (Offload::Tso { .. }, _) => F::MAX_PAYLOAD,
+        (_, Some(l)) => F::MAX_PAYLOAD
+            .saturating_sub(headers)
+            .min(MAX_IP_LENGTH.saturating_sub(l.ip_counted())),
         _ => F::MAX_PAYLOAD.saturating_sub(headers),
     }
 }
@@ -156,10 +162,12 @@ pub fn check<F: Format>(
     if headers.is_empty() {
         return Err(bad(offload, HeaderFault::Empty));
     }
-    // A TSO packet bounded by its IP length is checked once its headers
-    // are parsed, so that the error names the limit for these headers
-    // (never above the format's).
-    let by_ip = F::TSO_IP_LENGTH && matches!(offload, Offload::Tso { .. });
+    // A packet bounded by its IP length (one frame, or TSO on a format
+    // whose GSO packet is an IP packet) is checked once its headers are
+    // parsed, so that the error names the limit for these headers (never
+    // above the format's).
+    let by_ip = offload == Offload::Checksum
+        || (F::TSO_IP_LENGTH && matches!(offload, Offload::Tso { .. }));
     if !by_ip {
         too_large(payload, max_payload::<F>(headers.len(), None, offload))?;
     }
@@ -167,6 +175,8 @@ pub fn check<F: Format>(
         return Ok(None);
     }
     let (layout, stated) = parse_layout(headers, offload)?;
+    // One frame's IP length bounds it on every format; a TSO packet's on
+    // a format whose GSO packet is an IP packet.
     if by_ip {
         too_large(
             payload,

@@ -354,6 +354,60 @@ fn the_generators_limit_is_sent_at_any_mss() {
     }
 }
 
+/// The same on the 82576: a payload up to the MSS goes as one frame, whose
+/// 16-bit IPv4 length bounds it (65,495 bytes after 40 of IPv4 and TCP
+/// headers), and past the MTU a segment of that MSS is no frame the queue
+/// sends: the generator refuses what does not go before it carves
+/// anything.
+#[test]
+fn the_generators_82576_limit_is_sent_at_any_mss() {
+    let nic = |m| {
+        let c = softnic::Config {
+            verify: false,
+            ..softnic::Config::default()
+        };
+        softnic::SoftNic::new(m, c)
+    };
+    for (mtu, mss, want) in [
+        (u16::MAX, 1448, 262_143),
+        (u16::MAX, 65_495, 65_495),
+        (u16::MAX, u16::MAX, 65_495),
+        // Segments of 1,460 bytes pass an MTU of 1,500: one frame at most.
+        (1500, 1461, 1460),
+    ] {
+        let cfg = tx::Config {
+            mtu,
+            ..config(256, None)
+        };
+        let mut q = fresh(cfg, order(4), &nic);
+        let mut g = vfio_nic::gen::Traffic::new(1, mss).unwrap();
+        let max = g.max_payload(&q);
+        assert_eq!(max, want, "mtu {mtu}, mss {mss}");
+        let chunks = q.cache().pool().stats().chunks;
+        let r = g.send(&mut q, 0, max + 1);
+        assert!(
+            matches!(r, Err(Error::PayloadTooLarge { len, max: m }) if len == max + 1 && m == max),
+            "mss {mss}: {r:?}"
+        );
+        assert_eq!(q.cache().pool().stats().chunks, chunks, "nothing carved");
+        g.send(&mut q, 0, max)
+            .unwrap_or_else(|e| panic!("mtu {mtu}, mss {mss}: {max} bytes refused: {e}"));
+    }
+    // The queue's own send says the same of one checksummed frame.
+    let mut q = fresh(config(256, None), order(4), &nic);
+    let mut h = [0u8; vfio_nic::gen::flow::HDR_LEN];
+    vfio_nic::gen::flow::Flow::new(0)
+        .unwrap()
+        .header(65_496, &mut h);
+    for len in [65_496, 262_100] {
+        let r = q.send(&h, &vec![0; len], Offload::Checksum, 1);
+        assert!(
+            matches!(r, Err(Error::PayloadTooLarge { len: l, max: 65_495 }) if l == len),
+            "{len}: {r:?}"
+        );
+    }
+}
+
 /// Settings a queue refuses (`Queue::new`'s `BadConfig`) are refused by
 /// the checks made without a queue too, with the same error, and the
 /// bounds themselves never panic or wrap on them: a ring of 0, a boundary

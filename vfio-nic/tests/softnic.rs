@@ -392,15 +392,41 @@ fn wire_check_catches_corruption_loss_and_strangers() {
         "{errs:?}"
     );
 
+    // A lost frame costs the frame after it, and nothing more: the
+    // checker takes the flow up again from there.
     let mut lost = frames.clone();
     lost.remove(1);
     let mut c = WireCheck::default();
     let errs: Vec<_> = lost.iter().filter_map(|f| c.frame(f).err()).collect();
+    assert!(matches!(errs[..], [FrameError::Gap { .. }]), "{errs:?}");
+    assert_eq!(c.report().bad_frames, 1);
+    assert_eq!(c.report().good_frames, 14);
+    // Two frames swapped: both bad (the early one, then the late one), the
+    // rest of the flow good.
+    let mut swapped = frames.clone();
+    swapped.swap(1, 2);
+    let mut c = WireCheck::default();
+    let errs: Vec<_> = swapped.iter().filter_map(|f| c.frame(f).err()).collect();
     assert!(
-        matches!(errs.first(), Some(FrameError::Gap { .. })),
+        matches!(errs[..], [FrameError::Gap { .. }, FrameError::Gap { .. }]),
         "{errs:?}"
     );
-    assert_eq!(c.report().bad_frames, errs.len() as u64);
+    assert_eq!(c.report().good_frames, 14);
+    // A flow's first frame lost: the next, whole, starts its stream.
+    let mut first = frames.clone();
+    first.remove(0);
+    let mut c = WireCheck::default();
+    first.iter().for_each(|f| drop(c.frame(f)));
+    assert_eq!((c.report().good_frames, c.report().bad_frames), (14, 1));
+    // A sequence number damaged in flight (its checksum no longer holds)
+    // takes the flow nowhere: that frame and the one after it (whose
+    // bytes before it never arrived whole) are bad, the rest good.
+    let mut damaged = frames.clone();
+    let seq = flow::MACLEN + flow::IPLEN + 4;
+    damaged[1][seq] ^= 0x10;
+    let mut c = WireCheck::default();
+    damaged.iter().for_each(|f| drop(c.frame(f)));
+    assert_eq!((c.report().good_frames, c.report().bad_frames), (14, 2));
 
     let mut stranger = frames[0].clone();
     let sport = flow::MACLEN + flow::IPLEN;

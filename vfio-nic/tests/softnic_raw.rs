@@ -1,6 +1,7 @@
 //! The software NIC on descriptors written by hand, with no TX queue in
 //! front of it: what it does with a descriptor whose buffer is not mapped,
-//! and with a ring it may read but not write back to.
+//! with a ring it may read but not write back to, and with a packet whose
+//! headers do not match its buffers.
 
 use std::sync::Arc;
 
@@ -108,4 +109,62 @@ fn attach_forgets_a_packet_cut_short() {
     let st = r.nic.stats();
     assert_eq!((st.packets, st.bad_desc, st.frames), (1, 0, 1), "{st:?}");
     assert_eq!(r.dd(0), Sta::DD.bits());
+}
+
+/// A checksum-offloaded packet (no TSO) goes out with the IP length its
+/// driver wrote, as an 82576 sends it: the device fills in checksums, not
+/// lengths. So a frame whose IPv4 header claims 700 bytes of payload while
+/// its descriptor carries 500 is short on the wire, and the wire checker
+/// says so; the model does not repair it into a good one.
+#[test]
+fn a_checksum_offload_keeps_the_drivers_ip_length() {
+    use vfio_nic::check::wire::WireCheck;
+    use vfio_nic::gen::{flow, pattern};
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let ring = Coherent::new(domain.clone(), 8 * 16, Dir::BIDIRECTIONAL).unwrap();
+    let buf = Coherent::new(domain, 4096, Dir::TO_DEVICE).unwrap();
+    let (claimed, carried) = (700, 500);
+    let mut h = [0u8; flow::HDR_LEN];
+    flow::Flow::new(0).unwrap().header(claimed, &mut h);
+    let mut fr = h.to_vec();
+    fr.resize(flow::HDR_LEN + carried, 0);
+    pattern::fill(0, 0, &mut fr[flow::HDR_LEN..]);
+    buf.write(0, &fr).unwrap();
+    for (i, d) in [
+        Desc::Context(Context::tcp_ipv4(14, 20, 20, 0)),
+        Desc::Data(Data::new(
+            buf.iova().raw(),
+            fr.len() as u16,
+            Dcmd::EOP | Dcmd::RS | Dcmd::IFCS,
+            fr.len() as u32,
+            Popts::IXSM | Popts::TXSM,
+        )),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let w = d.encode();
+        ring.write_u64(i * 16, w[0]).unwrap();
+        ring.write_u64(i * 16 + 8, w[1]).unwrap();
+    }
+    let cfg = softnic::Config {
+        capture: true,
+        ..softnic::Config::default()
+    };
+    let mut nic = SoftNic::new(iommu, cfg);
+    // SAFETY: the ring and the buffer are this test's; the CPU touches
+    // them only through `Coherent`'s accessors, and not during the kick.
+    unsafe { nic.attach(ring.iova(), 8) }.unwrap();
+    // SAFETY: as above.
+    unsafe { nic.kick(2) }.unwrap();
+    let out = nic.take_frames();
+    assert_eq!(out.len(), 1);
+    let at = flow::MACLEN + 2;
+    let total = u16::from_be_bytes([out[0][at], out[0][at + 1]]);
+    assert_eq!(usize::from(total), flow::IPLEN + flow::L4LEN + claimed);
+    let mut w = WireCheck::default();
+    let _ = w.frame(&out[0]);
+    let r = w.report();
+    assert_eq!((r.good_frames, r.bad_frames), (0, 1), "{r:?}");
 }

@@ -43,8 +43,11 @@ use crate::mem::{self, Region};
 ///   well, so a device write that races the CPU on these bytes is no data
 ///   race. A model's *read* ([`read`](super::Translate::read)) is not: it
 ///   lends the model the bytes in place as a plain `&[u8]`, and it is
-///   `Translate::read`'s safety contract (nothing writes the bytes during
-///   the call) that rules out a CPU write racing it.
+///   `Translate::read`'s safety contract (nothing writes the 4-byte words
+///   that hold the bytes during the call) that rules out a CPU write
+///   racing it. Mind the words: [`write`](Self::write) of a range that
+///   starts or ends inside a word rewrites the whole word, bytes outside
+///   the range included (atomically, keeping their values).
 ///
 /// ```
 /// # use std::sync::Arc;
@@ -134,7 +137,10 @@ impl<M: DmaMapper> Coherent<M> {
     }
 
     /// Copies `src` in at `off`, word by word with relaxed atomic stores
-    /// (see the type docs).
+    /// (see the type docs). A range that starts or ends inside an aligned
+    /// 4-byte word rewrites that whole word with a compare-and-swap that
+    /// keeps its other bytes: a device read of those bytes, lent in place,
+    /// must not run meanwhile ([`Translate::read`](super::Translate::read)).
     #[inline]
     pub fn write(&self, off: usize, src: &[u8]) -> Result<()> {
         let at = self.at(off, src.len(), 1)?;

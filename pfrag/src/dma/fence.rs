@@ -78,8 +78,10 @@ fn fault(iova: Iova, access: Dir) -> Fault {
 /// per translated page. Used by the mappers' [`Translate::read`](super::Translate::read).
 ///
 /// # Safety
-/// Nothing writes the `len` bytes at `iova` during the call
-/// ([`Translate`](super::Translate)'s Safety): `f` is lent them as `&[u8]`.
+/// Nothing writes the aligned 4-byte words that hold the `len` bytes at
+/// `iova` during the call ([`Translate`](super::Translate)'s Safety): `f`
+/// is lent the bytes as `&[u8]`, and a [`Coherent`](super::Coherent) write
+/// to a neighbouring byte of the same word would rewrite it whole.
 pub(crate) unsafe fn device_read(
     fence: &Fence,
     mut translate: impl FnMut(Iova, Dir) -> Result<Translation, Fault>,
@@ -101,8 +103,9 @@ pub(crate) unsafe fn device_read(
         // flush) removed the translation, and that unmap waits in
         // `quiesce` for this guard, which outlives the slice (it lives only
         // during `f`). Nothing writes the bytes meanwhile: our caller's
-        // promise. Concurrent reads, atomic (`Coherent`) or not, are no
-        // data race.
+        // promise, which covers the whole words that hold them (a
+        // `Coherent` write rewrites whole words). Concurrent reads, atomic
+        // (`Coherent`) or not, are no data race.
         f(unsafe { mem::slice(t.addr, n) });
         off += n;
     }
@@ -113,8 +116,10 @@ pub(crate) unsafe fn device_read(
 /// mappers' [`Translate::write`](super::Translate::write).
 ///
 /// # Safety
-/// No CPU access touches the `src.len()` bytes at `iova` during the call
-/// other than [`Coherent`](super::Coherent)'s 32-bit atomics.
+/// No CPU access touches the aligned 4-byte words that hold the
+/// `src.len()` bytes at `iova` during the call, other than
+/// [`Coherent`](super::Coherent)'s 32-bit atomics: a range that starts or
+/// ends inside a word rewrites that whole word.
 pub(crate) unsafe fn device_write(
     fence: &Fence,
     mut translate: impl FnMut(Iova, Dir) -> Result<Translation, Fault>,
@@ -133,8 +138,9 @@ pub(crate) unsafe fn device_write(
             .min(src.len() - off);
         // SAFETY: the page is allocated, as in `device_read`, and the
         // translation allows writes. The words are written with 32-bit
-        // atomics (the edge words by compare-and-swap), and the only CPU
-        // accesses meanwhile are `Coherent`'s 32-bit atomics (our caller's
+        // atomics (the edge words, bytes outside the range included, by
+        // compare-and-swap), and the only CPU accesses to those whole
+        // words meanwhile are `Coherent`'s 32-bit atomics (our caller's
         // promise): no data race.
         unsafe { mem::write_words(t.addr, &src[off..off + n]) };
         off += n;

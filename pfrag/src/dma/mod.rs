@@ -350,15 +350,20 @@ pub struct Translation {
 ///
 /// # Safety (for callers of the accesses)
 ///
-/// The bytes an access touches are handed to the device, from the start
-/// of the call to its end:
-/// - for a [`read`](Self::read), nothing writes them (no `&mut [u8]` that
-///   covers them is alive, no [`Coherent`] write touches them); reads by
-///   the CPU meanwhile are fine;
-/// - for a [`write`](Self::write) or [`write_u32`](Self::write_u32), no
-///   reference to them is alive, and the only CPU accesses are
-///   [`Coherent`]'s accessors, which are atomic (a driver polling a status
-///   word).
+/// What an access touches is handed to the device, from the start of the
+/// call to its end. That is the aligned 4-byte words that hold its bytes,
+/// not only the bytes: a write that starts or ends inside a word rewrites
+/// the whole word (one atomic compare-and-swap), and so does a
+/// [`Coherent`] write to any byte of a word.
+/// - For a [`read`](Self::read), nothing writes those words (no
+///   `&mut [u8]` that covers any of their bytes is alive, no [`Coherent`]
+///   write touches any of their bytes); reads by the CPU meanwhile are
+///   fine.
+/// - For a [`write`](Self::write) or [`write_u32`](Self::write_u32), no
+///   reference to any byte of those words is alive, and the only CPU
+///   accesses to them are [`Coherent`]'s 32-bit accessors, which are
+///   atomic (a driver polling a status word); not its 16-bit ones, whose
+///   own contract keeps them off words a 32-bit access may touch.
 ///
 /// Memory that no mapping covers needs no promise: the access faults.
 ///
@@ -397,15 +402,15 @@ pub unsafe trait Translate: Send + Sync {
     /// (after the pieces before it).
     ///
     /// # Safety
-    /// Nothing writes the `len` bytes at `iova` during the call (see the
-    /// trait's Safety section).
+    /// Nothing writes the aligned 4-byte words that hold the `len` bytes at
+    /// `iova` during the call (see the trait's Safety section).
     unsafe fn read(&self, iova: Iova, len: usize, f: &mut dyn FnMut(&[u8])) -> Result<(), Fault>;
     /// DMA write of `src` at `iova`. A fault stops the write (after the
     /// pages before it).
     ///
     /// # Safety
-    /// The `src.len()` bytes at `iova` are handed to the device (see the
-    /// trait's Safety section).
+    /// The aligned 4-byte words that hold the `src.len()` bytes at `iova`
+    /// are handed to the device (see the trait's Safety section).
     unsafe fn write(&self, iova: Iova, src: &[u8]) -> Result<(), Fault>;
     /// DMA write of one aligned 32-bit word (a descriptor's status), as a
     /// single atomic store with release ordering, so that a driver polling

@@ -43,7 +43,13 @@ pub enum FrameError {
     /// A source port that is no flow of ours.
     #[error("source port {0} is not a pfrag flow")]
     NotOurs(u16),
-    /// The segment does not continue its flow.
+    /// The segment does not continue its flow. The checker takes the flow
+    /// up again from a whole frame ahead of where it was (frames lost or
+    /// reordered), so one lost frame costs one bad frame, and a pair
+    /// swapped two; a damaged frame or a late one moves nothing. The first
+    /// frame of a stream after the first is the exception: lost, it leaves
+    /// the new stream's frames behind the old one's end, each of them bad,
+    /// until a frame at offset 0 starts another.
     #[error(
         "flow {flow}: segment at stream offset {got}, expected {want} (or 0 for a new stream)"
     )]
@@ -80,6 +86,23 @@ struct FlowState {
 /// segmentation writes 0xffff where etherparse computes 0x0000).
 pub fn same_checksum(a: u16, b: u16) -> bool {
     a == b || (a | b == 0xffff && a & b == 0 && (a == 0 || b == 0))
+}
+
+/// Whether a frame of flow `fl` at stream offset `off` is whole in itself:
+/// its IPv4 and TCP checksums hold and its payload is the flow's pattern
+/// there. Only such a frame may take a flow up after a gap.
+fn intact(
+    iph: &etherparse::Ipv4Header,
+    th: &etherparse::TcpHeader,
+    fl: u32,
+    off: u32,
+    payload: &[u8],
+) -> bool {
+    iph.header_checksum == iph.calc_header_checksum()
+        && th
+            .calc_checksum_ipv4(iph, payload)
+            .is_ok_and(|want| same_checksum(th.checksum, want))
+        && pattern::verify(fl, off, payload)
 }
 
 /// Running check of a sequence of frames.
@@ -146,21 +169,26 @@ impl WireCheck {
         // Sequence first, so that a damaged frame in the right place still
         // moves its flow on and the frames after it are judged on their own.
         let st = self.flows.entry(fl).or_default();
-        if st.streams == 0 || (off != st.next && off == 0) {
-            if off != 0 {
-                return Err(FrameError::Gap {
-                    flow: fl,
-                    got: off,
-                    want: 0,
-                });
-            }
+        let want = if st.streams == 0 { 0 } else { st.next };
+        if off == 0 && (st.streams == 0 || off != st.next) {
             st.streams += 1;
             self.report.streams += 1;
-        } else if off != st.next {
+        } else if off != want {
+            // A frame ahead of where the flow was (frames lost or reordered
+            // before it), and whole in itself, takes the flow up: it counts
+            // bad once, and those after it are judged against it. A damaged
+            // one, or one behind (late, or a duplicate), moves nothing.
+            if off.wrapping_sub(want) < 1 << 31 && intact(&iph, &th, fl, off, payload) {
+                if st.streams == 0 {
+                    st.streams += 1;
+                    self.report.streams += 1;
+                }
+                st.next = off.wrapping_add(payload.len() as u32);
+            }
             return Err(FrameError::Gap {
                 flow: fl,
                 got: off,
-                want: st.next,
+                want,
             });
         }
         st.next = off.wrapping_add(payload.len() as u32);

@@ -205,12 +205,19 @@ pub unsafe trait Format {
     const INSERTS_IPV4_CSUM: bool = true;
     /// Whether the device completes a partial L4 checksum: it sums the
     /// packet from the L4 header on, the checksum field included, so the
-    /// field must hold the pseudo-header sum (virtio-net's `NEEDS_CSUM`;
-    /// for TSO over the whole packet's L4 length, which the device moves
-    /// to each segment's). If so, the engine writes it into the headers it
-    /// posts for every offloaded packet. False by default: the 82576
-    /// computes the checksum from scratch.
+    /// field must hold the pseudo-header sum (virtio-net's `NEEDS_CSUM`,
+    /// the 82576's `TXSM`). If so, the engine writes it into the headers
+    /// it posts for every offloaded packet, over the L4 length that
+    /// [`TSO_PSEUDO_LENGTH`](Self::TSO_PSEUDO_LENGTH) says for TSO. False
+    /// by default: the device computes the checksum from scratch.
     const PSEUDO_HEADER_SUM: bool = false;
+    /// For TSO, whether the pseudo-header sum in the checksum field counts
+    /// the whole packet's L4 length, which the device moves to each
+    /// segment's (virtio-net, as Linux's GSO leaves it; true by default),
+    /// or no length at all, each segment's being the device's to add (the
+    /// 82576, as Intel's datasheets and Linux's igb have it). A packet
+    /// without TSO counts its own L4 length either way.
+    const TSO_PSEUDO_LENGTH: bool = true;
     /// Whether the device reports only the packets whose last buffer asks
     /// ([`Buf::report`]), and completes packets in ring order (the
     /// 82576's RS bit; DPDK's ixgbe and i40e drivers set theirs every

@@ -37,8 +37,10 @@ use crate::tx;
 /// let pool = Config::new(Order::new(4)?, Policy::Persistent);
 /// assert_eq!(gen::max_payload::<Split>(&pool, 1448), 65_495);
 /// assert_eq!(gen::max_payload::<Advanced>(&pool, 1448), 262_143);
-/// // One frame of 54 + 65,481 bytes is virtio-net's largest.
+/// // One frame of 54 + 65,481 bytes is virtio-net's largest; on the
+/// // 82576 one IPv4 frame carries what its 16-bit length leaves.
 /// assert_eq!(gen::max_payload::<Split>(&pool, u16::MAX), 65_481);
+/// assert_eq!(gen::max_payload::<Advanced>(&pool, u16::MAX), 65_495);
 /// # Ok::<(), pfrag::Error>(())
 /// ```
 pub fn max_payload<F: Format>(pool: &pool::Config, mss: u16) -> usize {
@@ -133,20 +135,32 @@ impl<M: DmaMapper> Traffic<M> {
     }
 
     /// The most payload one of its packets may carry on `q`:
-    /// [`max_payload`] of `q`'s format and pool at the generator's MSS.
+    /// [`max_payload`] of `q`'s format and pool at the generator's MSS,
+    /// and, where a segment of that MSS would pass `q`'s MTU (so that
+    /// only single frames go out), what one frame within the MTU carries.
     pub fn max_payload<D: TxDevice>(&self, q: &tx::Queue<M, D>) -> usize {
-        max_payload::<D::Format>(q.cache().pool().config(), self.mss)
+        let max = max_payload::<D::Format>(q.cache().pool().config(), self.mss);
+        let frame = (usize::from(q.config().mtu) + flow::MACLEN).saturating_sub(HDR_LEN);
+        if usize::from(self.mss) > frame {
+            max.min(frame)
+        } else {
+            max
+        }
     }
 
-    /// Refuses, before anything is staged or built, a payload no packet
-    /// of `q` carries: empty, or longer than [`max_payload`] (a send of
-    /// any length is then a typed error, never an allocation of that many
-    /// bytes).
+    /// Refuses, before anything is staged, carved or built, a payload no
+    /// packet of `q` carries: empty, or longer than
+    /// [`max_payload`](Self::max_payload) (a send of any length is then a
+    /// typed error, never an allocation of that many bytes).
     fn check_len<D: TxDevice>(&self, q: &tx::Queue<M, D>, len: usize) -> Result<()> {
         if len == 0 {
             return Err(pfrag::Error::ZeroLength.into());
         }
-        check_payload::<D::Format>(q.cache().pool().config(), self.mss, len)
+        let max = self.max_payload(q);
+        if len > max {
+            return Err(Error::PayloadTooLarge { len, max });
+        }
+        Ok(())
     }
 
     fn offload(&self, len: usize) -> Offload {

@@ -109,7 +109,8 @@ pub(super) unsafe fn read_descs<T: Translate>(
     let mut b = [0u8; desc::SIZE * FETCH];
     let len = out.len() * desc::SIZE;
     let mut n = 0;
-    // SAFETY: the caller's promise covers every byte of the run.
+    // SAFETY: the caller's promise covers every byte of the run, and the
+    // run is whole aligned words (descriptors of 16 bytes, 16-aligned).
     unsafe {
         iommu.read(at, len, &mut |s| {
             b[n..n + s.len()].copy_from_slice(s);

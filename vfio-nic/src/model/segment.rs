@@ -30,11 +30,27 @@ pub(super) struct Packet {
     pub(super) ipv4: bool,
     /// Check the payload against the flow's pattern.
     pub(super) verify: bool,
-    /// The L4 checksum field holds a partial sum the device completes
-    /// (virtio-net's `NEEDS_CSUM`: the pseudo-header sum over the whole
-    /// packet's L4 length), rather than one the device ignores and
-    /// computes from scratch (the 82576's `TXSM`).
-    pub(super) partial: bool,
+    /// The device cuts the packet into segments (the 82576's TSE, a virtio
+    /// GSO type): it writes each segment's IP length (and IPv4 id). A
+    /// packet it does not segment goes out with the headers the driver
+    /// wrote, lengths included.
+    pub(super) segmented: bool,
+    /// What the L4 checksum field holds, which the device completes.
+    pub(super) seed: Seed,
+}
+
+/// The partial sum a driver leaves in the L4 checksum field, which the
+/// device completes by summing the L4 header (the field included) and the
+/// payload: the pseudo-header sum, over an L4 length that depends on the
+/// device when it segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Seed {
+    /// Over the whole packet's L4 length, which the device moves to each
+    /// segment's (virtio-net's `NEEDS_CSUM`, as Linux's GSO leaves it).
+    WholeLength,
+    /// Over no length when segmenting, the device adding each segment's;
+    /// over the packet's own otherwise (the 82576's `TXSM`).
+    SegmentAdds,
 }
 
 impl Packet {
@@ -223,43 +239,40 @@ impl<'a> Segmenter<'a> {
         let mut h = [0u8; MAX_HDR];
         h[..hlen].copy_from_slice(self.hdr);
         let ip = &mut h[maclen..maclen + iplen];
-        // IPv4: total length, id, header checksum; IPv6: payload length.
-        // The pseudo-header's addresses follow.
-        let addrs = if p.ipv4 {
+        // A segment's IPv4 total length and id, or IPv6 payload length; a
+        // packet not segmented keeps the driver's.
+        if p.segmented && p.ipv4 {
             ip[2..4].copy_from_slice(&((iplen + l4len + self.len) as u16).to_be_bytes());
             ip[4..6].copy_from_slice(&self.id0.wrapping_add(self.k as u16).to_be_bytes());
-            maclen + 12..maclen + 20
-        } else {
+        } else if p.segmented {
             ip[4..6].copy_from_slice(&((l4len + self.len) as u16).to_be_bytes());
-            maclen + 8..maclen + 40
-        };
+        }
         if p.ipv4 && p.popts.contains(Popts::IXSM) {
             csum::fill_ipv4_header(ip);
         }
         let off = self.k * p.mss;
         let t = &mut h[tcp..tcp + l4len];
-        // Where the L4 checksum goes, and the protocol for its pseudo-header.
-        let (at, proto) = if p.tcp {
+        // Where the L4 checksum goes.
+        let at = if p.tcp {
             t[4..8].copy_from_slice(&p.seq0.wrapping_add(off as u32).to_be_bytes());
             if self.k + 1 < self.nseg {
                 t[13] &= !0x09; // FIN and PSH only on the last segment
             }
-            (16, 6)
+            16
         } else {
-            (6, 17)
+            6
         };
         if p.popts.contains(Popts::TXSM) {
-            let mut c = if p.partial {
-                let l4 = &mut h[tcp..tcp + l4len];
-                partial_sum(l4, at, l4len + p.paylen, l4len + self.len)
-            } else {
-                h[tcp + at..tcp + at + 2].fill(0);
-                let mut c = Csum::new();
-                c.add(&h[addrs]); // source and destination
-                c.add_u16(proto);
-                c.add_u16((l4len + self.len) as u16);
-                c.add(&h[tcp..tcp + l4len]);
-                c
+            let l4 = &mut h[tcp..tcp + l4len];
+            let mut c = match p.seed {
+                Seed::WholeLength => partial_sum(l4, at, l4len + p.paylen, l4len + self.len),
+                Seed::SegmentAdds => {
+                    let mut c = partial_sum(l4, at, 0, 0);
+                    if p.segmented {
+                        c.add_u16((l4len + self.len) as u16);
+                    }
+                    c
+                }
             };
             c.add_u16(self.sum.sum());
             let mut sum = c.finish();

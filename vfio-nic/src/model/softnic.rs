@@ -19,7 +19,9 @@ use pfrag::Iova;
 
 use super::resync::Resync;
 use super::ring::{read_desc, report, Ring};
-use super::segment::{read_range, segment_pages, segments, Outcome, Packet, Segmenter, MAX_HDR};
+use super::segment::{
+    read_range, segment_pages, segments, Outcome, Packet, Seed, Segmenter, MAX_HDR,
+};
 pub use super::stats::{frame_bytes, frames, line_bytes, wire_bytes, NicStats, WIRE_GAP};
 use crate::desc::{Context, Data, Dcmd, Desc};
 use crate::device::TxDevice;
@@ -245,7 +247,8 @@ impl<T: Translate> SoftNic<T> {
                 tcp: tcp_ctx,
                 ipv4: ctx.is_ipv4(),
                 verify,
-                partial: false,
+                segmented: tse,
+                seed: Seed::SegmentAdds,
             },
             hdr,
         )))

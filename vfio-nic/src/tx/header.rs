@@ -61,7 +61,8 @@ pub(super) type Scratch = [u8; MAX_PREFIX + MAX_PATCHED];
 /// allocated once per queue and reused by every packet (`front` clears
 /// the prefix before the format writes it, and copies headers whole
 /// before patching them; `with_front` always puts it back); `None` for a
-/// format that does neither, as the 82576's.
+/// format that does neither (both formats here patch offloaded packets'
+/// headers: the 82576 and virtio-net take the pseudo-header sum).
 pub(super) fn scratch<F: Format>() -> Option<Box<Scratch>> {
     (F::PREFIX > 0 || patches::<F>()).then(|| Box::new([0; MAX_PREFIX + MAX_PATCHED]))
 }
@@ -133,8 +134,15 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 }
                 if pseudo {
                     // The L4 length: its header and all payload (for TSO,
-                    // the whole packet's; the device moves it per segment).
-                    let l4len = pkt.hlen + pkt.len - m - iplen;
+                    // the whole packet's, which the device moves per
+                    // segment; or none, where the device adds each
+                    // segment's).
+                    let tso = matches!(pkt.offload, Offload::Tso { .. });
+                    let l4len = if tso && !Fmt::<D>::TSO_PSEUDO_LENGTH {
+                        0
+                    } else {
+                        pkt.hlen + pkt.len - m - iplen
+                    };
                     // The layout was parsed from these headers: an IPv4 or
                     // IPv6 header of `iplen` bytes, the L4 header after it.
                     if let Some(sum) = csum::pseudo_header_sum(&h[m..m + iplen], l4len) {
@@ -260,9 +268,11 @@ mod tests {
             "{e}"
         );
         assert!(check_patchable::<Split>(long, Offload::Tso { mss: 1448 }).is_err());
-        // Nothing to patch: no offload, or the 82576 (which fills in both).
+        // The 82576 takes the pseudo-header sum too (it fills in the IPv4
+        // header checksum); nothing to patch without an offload.
+        assert!(check_patchable::<Advanced>(long, Offload::Checksum).is_err());
         assert!(check_patchable::<Split>(long, Offload::None).is_ok());
-        assert!(check_patchable::<Advanced>(long, Offload::Checksum).is_ok());
+        assert!(check_patchable::<Advanced>(long, Offload::None).is_ok());
         assert!(check_patchable::<Split>(MAX_PATCHED, Offload::Checksum).is_ok());
     }
 }

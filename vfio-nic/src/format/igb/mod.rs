@@ -34,6 +34,12 @@ unsafe impl Format for Advanced {
     /// DPDK's ixgbe and i40e drivers set it every `tx_rs_thresh`
     /// descriptors (its igb driver sets it on every packet).
     const DEFERRED_REPORT: bool = true;
+    /// The 82576 sums the L4 header and payload, the checksum field
+    /// included: the field holds the pseudo-header sum, over the packet's
+    /// L4 length without TSO, and over none with it (it adds each
+    /// segment's).
+    const PSEUDO_HEADER_SUM: bool = true;
+    const TSO_PSEUDO_LENGTH: bool = false;
 
     type Context = Context;
 

@@ -30,8 +30,9 @@ impl<'a, T: Translate> IoView<'a, T> {
     /// # Safety
     /// Every access made through the view (by whatever code it is handed
     /// to) touches only memory handed to the device
-    /// ([`TxDevice::kick`](crate::device::TxDevice::kick)'s promise): no
-    /// CPU reference touches it meanwhile, other than
+    /// ([`TxDevice::kick`](crate::device::TxDevice::kick)'s promise, which
+    /// counts the whole aligned 4-byte words that hold it): no CPU
+    /// reference touches it meanwhile, other than
     /// [`Coherent`](pfrag::dma::Coherent)'s atomic accessors, and none of
     /// another size than the device's atomic accesses to the same bytes.
     /// The thread that holds the view does not unmap through `iommu`

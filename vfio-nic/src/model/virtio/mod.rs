@@ -58,7 +58,9 @@ use virtio_bindings::virtio_net::{
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{GuestAddress, GuestMemory, Permissions};
 
-use super::segment::{pieces, range_pages, segment_pages, segments, Packet, Segmenter, MAX_HDR};
+use super::segment::{
+    pieces, range_pages, segment_pages, segments, Packet, Seed, Segmenter, MAX_HDR,
+};
 use super::softnic::{Config, NicStats, MAX_BUFS};
 use crate::desc::Popts;
 use crate::device::TxDevice;
@@ -277,7 +279,8 @@ impl Engine {
             tcp: l.tcp,
             ipv4: l.ipv4,
             verify,
-            partial: true,
+            segmented: gso,
+            seed: Seed::WholeLength,
         })
     }
 }
