@@ -34,7 +34,7 @@ use pfrag::{Iova, OsAdvice};
 use vfio_ioctls::VfioIommufd;
 
 use crate::error::{Error, Result};
-use crate::hw::access::{Counters, MapAccess};
+use crate::hw::access::{check_range, Counters, MapAccess};
 use crate::hw::ioctl;
 use crate::hw::vfio::VfioPci;
 
@@ -128,14 +128,6 @@ impl IommufdMapper {
     fn fd(&self) -> &IommuFd {
         self.ioas.iommufd()
     }
-
-    /// Refuses a zero length before any ioctl.
-    fn check_len(len: u64) -> pfrag::Result<()> {
-        if len == 0 {
-            return Err(pfrag::Error::ZeroLength);
-        }
-        Ok(())
-    }
 }
 
 /// Advice for an errno of `IOMMU_IOAS_MAP`.
@@ -158,7 +150,7 @@ fn map_hint(errno: i32) -> &'static str {
 
 impl DmaMapper for IommufdMapper {
     unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
-        IommufdMapper::check_len(m.len)?;
+        check_range("mapping length", m.iova, m.len)?;
         // SAFETY: the map lets the device reach `m.addr..+m.len` until the
         // unmap, with the access of `m.dir` (narrowed by `self.access`).
         // Our caller promised (`DmaMapper::map`'s contract) that the memory
@@ -188,7 +180,7 @@ impl DmaMapper for IommufdMapper {
     }
 
     fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
-        IommufdMapper::check_len(len)?;
+        check_range("unmap length", iova, len)?;
         let refused = |n: i32, why: &str| pfrag::Error::Unmap {
             iova,
             len,
@@ -261,14 +253,5 @@ mod tests {
         assert!(map_hint(libc::EEXIST).contains("overlaps"));
         assert!(map_hint(libc::EINVAL).contains("IOVA ranges"));
         assert_eq!(map_hint(libc::EPERM), "IOMMU_IOAS_MAP failed");
-    }
-
-    #[test]
-    fn a_zero_length_is_refused_before_any_ioctl() {
-        assert!(matches!(
-            IommufdMapper::check_len(0),
-            Err(pfrag::Error::ZeroLength)
-        ));
-        assert!(IommufdMapper::check_len(4096).is_ok());
     }
 }

@@ -31,8 +31,8 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError, VfioIommufd};
 
 use crate::error::{Error, Result};
-use crate::hw::access::Counters;
 pub use crate::hw::access::MapAccess;
+use crate::hw::access::{check_range, Counters};
 use crate::hw::ioctl;
 use crate::hw::mmio::{Bar, Reg, Regs};
 use crate::hw::pci;
@@ -453,6 +453,7 @@ fn errno(e: &VfioError) -> i32 {
 
 impl DmaMapper for VfioMapper {
     unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
+        check_range("mapping length", m.iova, m.len)?;
         let len = usize::try_from(m.len).map_err(|_| pfrag::Error::OutOfRange {
             what: "mapping length",
             value: m.len,
@@ -492,6 +493,7 @@ impl DmaMapper for VfioMapper {
     }
 
     fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
+        check_range("unmap length", iova, len)?;
         let n = usize::try_from(len).map_err(|_| pfrag::Error::OutOfRange {
             what: "unmap length",
             value: len,
