@@ -137,7 +137,7 @@ impl<R: Regs> Igb<R> {
 
     /// As [`start_rx`](Self::start_rx), for a ring the caller built: `len`
     /// advanced one-buffer RX descriptors (a multiple of 8, 8..=4096) at
-    /// `ring`, each pointing at a 2 KiB buffer ([`RX_BUF`]). The ring and
+    /// `ring` (128-byte aligned, [`Error::BadConfig`] otherwise), each pointing at a 2 KiB buffer ([`RX_BUF`]). The ring and
     /// every buffer must stay mapped, writable by the device, until
     /// [`stop_rx`](Self::stop_rx) returns `Ok`.
     ///
@@ -149,6 +149,14 @@ impl<R: Regs> Igb<R> {
     /// they point.
     pub unsafe fn start_rx_at(&mut self, ring: Iova, len: u16, loopback: bool) -> Result<()> {
         check_rx_len(len)?;
+        // RDBAL's low 7 bits are ignored: the device would use the ring
+        // at the address rounded down, memory not handed to it.
+        if !ring.raw().is_multiple_of(128) {
+            return Err(Error::BadConfig {
+                what: "igb RX ring address (128-byte aligned)",
+                value: ring.raw(),
+            });
+        }
         let base = ring.raw();
         self.reg(regs::RCTL, 0)?;
         self.reg(regs::rxdctl(0), 0)?;

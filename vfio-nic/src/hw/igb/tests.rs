@@ -347,3 +347,29 @@ fn an_rx_ring_pinned_after_a_failed_stop_keeps_its_mapping() {
     let again = RxRing::new(d, 32).unwrap();
     assert_ne!(again.ring.iova(), iova);
 }
+
+/// The 82576 ignores the low 7 bits of RDBAL: an RX ring that is not
+/// 128-byte aligned would have the device write receive descriptors
+/// below it. Refused as the TX ring is, before any register is written.
+#[test]
+fn an_rx_ring_not_128_byte_aligned_is_refused_before_any_write() {
+    let mut nic = Igb::new(Fake::default(), quick()).unwrap();
+    let before = nic.regs().writes.borrow().len();
+    // SAFETY: the registers are a fake: no device writes anything.
+    let r = unsafe { nic.start_rx_at(Iova(0x1000_0040), 32, true) };
+    assert!(
+        matches!(
+            r,
+            Err(Error::BadConfig {
+                value: 0x1000_0040,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(nic.regs().writes.borrow().len(), before);
+    // SAFETY: as above.
+    unsafe { nic.start_rx_at(Iova(0x1000_0080), 32, true) }.unwrap();
+    assert_eq!(nic.regs().get(rdbal(0)), 0x1000_0080);
+    nic.stop_rx().unwrap();
+}
