@@ -35,6 +35,7 @@ use vfio_ioctls::VfioIommufd;
 
 use crate::error::{Error, Result};
 use crate::hw::access::{check_range, Counters, MapAccess};
+use crate::hw::info::check_ranges;
 use crate::hw::ioctl;
 use crate::hw::vfio::VfioPci;
 
@@ -77,6 +78,8 @@ impl IommufdMapper {
     }
 
     /// As [`new`](Self::new), with the access policy `access`.
+    /// [`Error::OddIovaRanges`] if the IOAS's IOVA ranges overlap, and
+    /// [`Error::BadConfig`] for an alignment pfrag's maps cannot keep.
     pub fn with_access(pci: &VfioPci, access: MapAccess) -> Result<IommufdMapper> {
         let ioas = pci.iommufd().ok_or(Error::WrongBackend {
             want: "iommufd",
@@ -88,14 +91,7 @@ impl IommufdMapper {
                 errno: Some(errno),
                 detail: std::io::Error::from_raw_os_error(errno).to_string(),
             })?;
-        // pfrag maps 4 KiB pages at 4 KiB-aligned IOVAs: an IOAS that
-        // needs more would refuse every map.
-        if alignment > pfrag::PAGE_SIZE {
-            return Err(Error::BadConfig {
-                what: "IOAS IOVA alignment (pfrag maps at 4 KiB alignment)",
-                value: alignment,
-            });
-        }
+        check_ioas(&ranges, alignment)?;
         Ok(IommufdMapper {
             ioas: ioas.clone(),
             ranges,
@@ -128,6 +124,22 @@ impl IommufdMapper {
     fn fd(&self) -> &IommuFd {
         self.ioas.iommufd()
     }
+}
+
+/// Checks what `IOMMU_IOAS_IOVA_RANGES` reported: ranges ascending and
+/// disjoint ([`check_ranges`]), and an alignment that pfrag's 4 KiB-aligned
+/// maps keep.
+fn check_ioas(ranges: &[Range<u64>], alignment: u64) -> Result<()> {
+    check_ranges(ranges)?;
+    // pfrag maps 4 KiB pages at 4 KiB-aligned IOVAs: an IOAS that needs
+    // more would refuse every map.
+    if alignment > pfrag::PAGE_SIZE {
+        return Err(Error::BadConfig {
+            what: "IOAS IOVA alignment (pfrag maps at 4 KiB alignment)",
+            value: alignment,
+        });
+    }
+    Ok(())
 }
 
 /// Advice for an errno of `IOMMU_IOAS_MAP`.
@@ -246,6 +258,15 @@ pub unsafe fn unmap_all(mapper: &IommufdMapper) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overlapping_ioas_ranges_are_refused() {
+        check_ioas(&[0x1000..0x10_0000, 0x20_0000..0x30_0000], 4096).unwrap();
+        assert!(matches!(
+            check_ioas(&[0x1000..0x10_0000, 0x8000..0x30_0000], 4096),
+            Err(Error::OddIovaRanges { index: 1, .. })
+        ));
+    }
 
     #[test]
     fn hints_name_the_cause() {
