@@ -131,11 +131,12 @@ impl IommufdMapper {
 /// maps keep.
 fn check_ioas(ranges: &[Range<u64>], alignment: u64) -> Result<()> {
     check_ranges(ranges)?;
-    // pfrag maps 4 KiB pages at 4 KiB-aligned IOVAs: an IOAS that needs
-    // more would refuse every map.
-    if alignment > pfrag::PAGE_SIZE {
+    // pfrag maps 4 KiB pages at 4 KiB-aligned IOVAs: an IOAS whose
+    // alignment does not divide 4 KiB (larger, or not a power of two)
+    // would refuse every map.
+    if !pfrag::PAGE_SIZE.is_multiple_of(alignment) {
         return Err(Error::BadConfig {
-            what: "IOAS IOVA alignment (pfrag maps at 4 KiB alignment)",
+            what: "IOAS IOVA alignment (a divisor of pfrag's 4 KiB)",
             value: alignment,
         });
     }
@@ -266,6 +267,25 @@ mod tests {
             check_ioas(&[0x1000..0x10_0000, 0x8000..0x30_0000], 4096),
             Err(Error::OddIovaRanges { index: 1, .. })
         ));
+    }
+
+    /// pfrag maps at 4 KiB-aligned IOVAs, so only an alignment that
+    /// divides 4 KiB lets a map through; the kernel's is a power of two.
+    #[test]
+    fn an_alignment_that_does_not_divide_4k_is_refused() {
+        let r = 0x1000..0x10_0000;
+        for a in [1, 8, 4096] {
+            check_ioas(std::slice::from_ref(&r), a).unwrap();
+        }
+        for a in [0x600, 3, 8192, 0] {
+            assert!(
+                matches!(
+                    check_ioas(std::slice::from_ref(&r), a),
+                    Err(Error::BadConfig { value, .. }) if value == a
+                ),
+                "{a:#x}"
+            );
+        }
     }
 
     #[test]
