@@ -230,6 +230,20 @@ pub enum Error {
         /// Calls made.
         tries: u32,
     },
+    /// The kernel reported usable IOVA ranges that are not non-empty,
+    /// ascending and disjoint: range `index` (end exclusive) ends at or
+    /// before its start, or starts before the range ahead of it ends.
+    #[error("the kernel's usable IOVA range {index}, {start:#x}..{end:#x}, is empty, reversed, or not after the range before it (ending at {prev_end:#x})")]
+    OddIovaRanges {
+        /// Which range, counted from 0 in the kernel's order.
+        index: usize,
+        /// Its start.
+        start: u64,
+        /// Its end, exclusive.
+        end: u64,
+        /// The end of the range before it (0 for the first).
+        prev_end: u64,
+    },
     /// A BAR that VFIO does not allow to mmap.
     #[error("BAR region {index} cannot be mmapped (region flags {flags:#x})")]
     BarNotMappable {

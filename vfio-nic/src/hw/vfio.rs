@@ -31,13 +31,13 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError, VfioIommufd};
 
 use crate::error::{Error, Result};
-use crate::hw::access::Counters;
 pub use crate::hw::access::MapAccess;
+use crate::hw::access::{check_range, Counters};
 use crate::hw::ioctl;
 use crate::hw::mmio::{Bar, Reg, Regs};
 use crate::hw::pci;
 
-pub use crate::hw::info::{iommu_info, parse_iommu_info, IommuInfo};
+pub use crate::hw::info::{check_ranges, iommu_info, parse_iommu_info, IommuInfo};
 
 /// The module parameter that caps mappings per container.
 pub const DMA_ENTRY_LIMIT: &str = "/sys/module/vfio_iommu_type1/parameters/dma_entry_limit";
@@ -387,13 +387,15 @@ impl VfioMapper {
 
     /// As [`new`](Self::new), with the access policy `access`.
     /// [`Error::WrongBackend`] for a device opened through iommufd (see
-    /// [`IommufdMapper`](crate::hw::iommufd::IommufdMapper)).
+    /// [`IommufdMapper`](crate::hw::iommufd::IommufdMapper)), and
+    /// [`Error::OddIovaRanges`] if the kernel's IOVA ranges overlap.
     pub fn with_access(pci: &VfioPci, access: MapAccess) -> Result<VfioMapper> {
         let container = pci.container().ok_or(Error::WrongBackend {
             want: "type1",
             have: pci.backend_name(),
         })?;
         let info = iommu_info(container)?;
+        check_ranges(&info.ranges)?;
         Ok(VfioMapper {
             container: container.clone(),
             info,
@@ -453,6 +455,7 @@ fn errno(e: &VfioError) -> i32 {
 
 impl DmaMapper for VfioMapper {
     unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
+        check_range("mapping length", m.iova, m.len)?;
         let len = usize::try_from(m.len).map_err(|_| pfrag::Error::OutOfRange {
             what: "mapping length",
             value: m.len,
@@ -492,6 +495,7 @@ impl DmaMapper for VfioMapper {
     }
 
     fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
+        check_range("unmap length", iova, len)?;
         let n = usize::try_from(len).map_err(|_| pfrag::Error::OutOfRange {
             what: "unmap length",
             value: len,
