@@ -156,8 +156,9 @@ impl<R: Regs> Igb<R> {
 
     /// As [`start_rx`](Self::start_rx), for a ring the caller built: `len`
     /// advanced one-buffer RX descriptors (a multiple of 8, 8..=4096) at
-    /// `ring` (128-byte aligned, [`Error::BadConfig`] otherwise), each pointing at a 2 KiB buffer ([`RX_BUF`]). The ring and
-    /// every buffer must stay mapped, writable by the device, until
+    /// `ring` (128-byte aligned, [`Error::BadConfig`] otherwise), each
+    /// pointing at a 2 KiB buffer ([`RX_BUF`]). The ring and every buffer
+    /// must stay mapped, writable by the device, until
     /// [`stop_rx`](Self::stop_rx) returns `Ok`.
     ///
     /// # Safety
