@@ -4,7 +4,6 @@
 //! mappings it accepts.
 
 use std::ops::Range;
-use std::os::fd::AsRawFd;
 
 use vfio_bindings::bindings::vfio::{
     vfio_info_cap_header, vfio_iommu_type1_info, vfio_iova_range, VFIO_IOMMU_INFO_CAPS,
@@ -40,7 +39,7 @@ pub const MAX_INFO_TRIES: u32 = 4;
 /// [`Error::IommuInfoSize`] if the kernel asks for more than
 /// [`MAX_INFO_BYTES`], or still for more after [`MAX_INFO_TRIES`] calls.
 pub fn iommu_info(container: &VfioContainer) -> Result<IommuInfo> {
-    get_info(|buf| ioctl::iommu_get_info(container.as_raw_fd(), buf))
+    get_info(|buf| ioctl::iommu_get_info(container, buf))
 }
 
 /// [`iommu_info`] over `ioctl`, which fills in the buffer it is given

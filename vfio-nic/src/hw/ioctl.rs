@@ -173,17 +173,22 @@ fn last_errno() -> i32 {
 /// half must hold `argsz` (its length in bytes). Returns the errno on
 /// failure: `EINVAL`, without a call, for an `argsz` shorter than the
 /// kernel's struct or longer than `buf`.
-pub(crate) fn iommu_get_info(container: RawFd, buf: &mut [u64]) -> Result<(), i32> {
+pub(crate) fn iommu_get_info(
+    container: &vfio_ioctls::VfioContainer,
+    buf: &mut [u64],
+) -> Result<(), i32> {
     let argsz = buf.first().map_or(0, |w| *w as u32) as usize;
     let min = std::mem::size_of::<vfio_iommu_type1_info>();
     if argsz < min || argsz > std::mem::size_of_val(buf) {
         return Err(libc::EINVAL);
     }
-    // SAFETY: the ioctl number is VFIO_IOMMU_GET_INFO, whose argument is a
+    let fd = container.as_raw_fd();
+    // SAFETY: the descriptor is a VFIO container's (the type says so), on
+    // which the ioctl number is VFIO_IOMMU_GET_INFO, whose argument is a
     // vfio_iommu_type1_info of `argsz` bytes that the kernel fills in and
     // never writes past; `buf` holds at least that many bytes (checked
     // above), aligned to 8 as the kernel's structs.
-    let ret = unsafe { libc::ioctl(container, VFIO_IOMMU_GET_INFO as _, buf.as_mut_ptr()) };
+    let ret = unsafe { libc::ioctl(fd, VFIO_IOMMU_GET_INFO as _, buf.as_mut_ptr()) };
     if ret == 0 {
         Ok(())
     } else {
