@@ -1,6 +1,7 @@
 //! The virtio-net model on virtqueues written by hand, with no TX queue in
 //! front of it: chains a driver may not post (an indirect descriptor the
-//! device never offered) are counted as malformed, never sent.
+//! device never offered, a head outside the table) are counted as
+//! malformed, never sent, and never stop the chains around them.
 
 use std::sync::Arc;
 
@@ -136,4 +137,20 @@ fn an_indirect_descriptor_inside_a_chain_is_malformed() {
     let st = q.nic.stats();
     assert_eq!((st.packets, st.bad_desc, st.frames), (1, 1, 0), "{st:?}");
     assert!(q.nic.take_frames().is_empty());
+}
+
+/// A head outside the descriptor table names no chain: counted as
+/// malformed, and the doorbell still takes the good chain behind it (a
+/// doorbell that fails must have taken nothing).
+#[test]
+fn a_head_outside_the_table_is_counted_and_the_rest_is_taken() {
+    let mut q = RawQueue::new();
+    let len = q.packet(0, 60);
+    q.desc(0, 0, len as u32, 0, 0);
+    q.publish(&[SIZE + 1, 0]);
+    q.kick().unwrap();
+    let st = q.nic.stats();
+    assert_eq!((st.packets, st.bad_desc, st.frames), (2, 1, 1), "{st:?}");
+    assert_eq!(q.nic.take_frames().len(), 1);
+    assert_eq!(q.used_idx(), 1, "only the good chain has a used entry");
 }

@@ -482,8 +482,13 @@ impl Engine {
             while let Some(chain) = q.iter(mem).map_err(Error::Virtqueue)?.next() {
                 let head = chain.head_index();
                 self.take(mem, chain, (table, size));
-                q.add_used(mem, head, 0).map_err(Error::Virtqueue)?;
                 taken += 1;
+                if head >= size {
+                    // No chain has that id: counted as malformed (`take`
+                    // found no descriptor), with no used entry to return.
+                    continue;
+                }
+                q.add_used(mem, head, 0).map_err(Error::Virtqueue)?;
             }
             if !q.enable_notification(mem).map_err(Error::Virtqueue)? {
                 return Ok(());
