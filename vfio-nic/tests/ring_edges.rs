@@ -1,6 +1,7 @@
 //! The descriptor-ring models at the edges of their ring: a doorbell
 //! whose tail lies outside the ring, served paced on the device's thread,
-//! may read no descriptor.
+//! and a doorbell after the ring was detached. Neither may read a
+//! descriptor.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 use pfrag::dma::{Coherent, Dir, Domain, SoftIommu, SoftIommuConfig};
 use vfio_nic::desc::{Data, Dcmd, Desc, Popts};
 use vfio_nic::device::TxDevice;
+use vfio_nic::model::null::NullNic;
 use vfio_nic::model::softnic::{self, SoftNic};
 use vfio_nic::model::thread::{self, Threaded};
 use vfio_nic::model::Model;
@@ -57,4 +59,31 @@ fn a_paced_doorbell_past_the_ring_is_refused_and_reads_nothing() {
     assert_eq!(dev.counters().descs, 0, "{:?}", dev.counters());
     drop(dev);
     drop(ring);
+}
+
+/// After `detach`, a model reads nothing of the ring it was attached to:
+/// a doorbell finds no ring.
+fn detached_reads_nothing<D: Model>(mut nic: D, ring: &Coherent<Iommu>) {
+    // SAFETY: the ring is this test's, kept as long as the device.
+    unsafe { nic.attach(ring.iova(), 8) }.unwrap();
+    nic.detach().unwrap();
+    // SAFETY: nothing is attached; the old ring is reached by the CPU
+    // only through `Coherent`.
+    let r = unsafe { nic.kick(1) };
+    assert!(matches!(r, Err(Error::NotAttached)), "{r:?}");
+    let st = nic.counters();
+    assert_eq!((st.descs, st.faults, st.packets), (0, 0, 0), "{st:?}");
+    assert_eq!(nic.head(), None);
+}
+
+#[test]
+fn the_software_nic_reads_nothing_once_detached() {
+    let (iommu, ring) = ring();
+    detached_reads_nothing(SoftNic::new(iommu, softnic::Config::default()), &ring);
+}
+
+#[test]
+fn the_null_device_reads_nothing_once_detached() {
+    let (iommu, ring) = ring();
+    detached_reads_nothing(NullNic::new(iommu), &ring);
 }

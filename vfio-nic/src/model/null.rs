@@ -182,6 +182,7 @@ impl<T: Translate> TxDevice for NullNic<T> {
     }
 
     fn detach(&mut self) -> Result<()> {
+        self.ring.detach();
         self.forget_packet();
         self.resync = Resync::Off;
         Ok(())

@@ -30,6 +30,12 @@ impl Ring {
         Ok(())
     }
 
+    /// Forgets the ring: a doorbell finds none until the next attach.
+    pub(super) fn detach(&mut self) {
+        self.ring = None;
+        self.head = 0;
+    }
+
     /// The head, once a ring is attached.
     pub(super) fn head(&self) -> Option<u16> {
         self.ring.map(|_| self.head)

@@ -425,6 +425,7 @@ impl<T: Translate> TxDevice for SoftNic<T> {
     }
 
     fn detach(&mut self) -> Result<()> {
+        self.ring.detach();
         self.forget_packet();
         self.resync = Resync::Off;
         Ok(())
