@@ -212,6 +212,12 @@ impl<T: Translate> SoftNic<T> {
         if first.paylen() as usize != expect || mss == 0 {
             return Ok(None);
         }
+        // A segment is one IP packet: its 16-bit length field (IPv4's
+        // counts the IP header, IPv6's does not) must hold the longest.
+        let ip_hdr = if ctx.is_ipv4() { iplen } else { 0 };
+        if tse && ip_hdr + l4len + mss.min(paylen) > usize::from(u16::MAX) {
+            return Ok(None);
+        }
         let mut hdr = [0u8; MAX_HDR];
         let mut at = 0;
         // SAFETY: `self.bufs` is handed to the device (our caller's promise).
