@@ -87,3 +87,35 @@ fn the_null_device_reads_nothing_once_detached() {
     let (iommu, ring) = ring();
     detached_reads_nothing(NullNic::new(iommu), &ring);
 }
+
+/// A packet of no bytes at all (one data descriptor of length 0) is
+/// malformed: counted as such, completed, and no frame on the wire.
+fn empty_packet_is_malformed<D: Model>(mut nic: D, ring: &Coherent<Iommu>) {
+    let cmd = Dcmd::EOP | Dcmd::RS | Dcmd::IFCS;
+    let w = Desc::Data(Data::new(0x7700_0000, 0, cmd, 0, Popts::empty())).encode();
+    ring.write_u64(0, w[0]).unwrap();
+    ring.write_u64(8, w[1]).unwrap();
+    // SAFETY: the ring is this test's, kept as long as the device.
+    unsafe { nic.attach(ring.iova(), 8) }.unwrap();
+    // SAFETY: descriptor 0 is handed over; it names no bytes.
+    unsafe { nic.kick(1) }.unwrap();
+    let st = nic.counters();
+    assert_eq!(
+        (st.packets, st.bad_desc, st.write_backs),
+        (1, 1, 1),
+        "{st:?}"
+    );
+    assert_eq!((st.frames, st.wire_bytes), (0, 0), "{st:?}");
+}
+
+#[test]
+fn the_software_nic_sends_no_empty_frame() {
+    let (iommu, ring) = ring();
+    empty_packet_is_malformed(SoftNic::new(iommu, softnic::Config::default()), &ring);
+}
+
+#[test]
+fn the_null_device_sends_no_empty_frame() {
+    let (iommu, ring) = ring();
+    empty_packet_is_malformed(NullNic::new(iommu), &ring);
+}

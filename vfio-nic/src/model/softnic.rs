@@ -314,7 +314,8 @@ impl<T: Translate> SoftNic<T> {
     /// ([`TxDevice::kick`]'s promise).
     unsafe fn raw(&mut self, first: Data) {
         let total: usize = self.bufs.iter().map(|b| b.1).sum();
-        if first.paylen() as usize != total {
+        if total == 0 || first.paylen() as usize != total {
+            // A packet of no bytes puts no frame on the wire.
             self.stats.bad_desc += 1;
             return;
         }
