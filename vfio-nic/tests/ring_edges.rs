@@ -9,9 +9,12 @@ use std::time::{Duration, Instant};
 use pfrag::dma::{Coherent, Dir, Domain, SoftIommu, SoftIommuConfig};
 use vfio_nic::desc::{Data, Dcmd, Desc, Popts};
 use vfio_nic::device::TxDevice;
+use vfio_nic::format::virtio::Split;
+use vfio_nic::format::Format;
 use vfio_nic::model::null::NullNic;
 use vfio_nic::model::softnic::{self, SoftNic};
 use vfio_nic::model::thread::{self, Threaded};
+use vfio_nic::model::virtio::VirtioNet;
 use vfio_nic::model::Model;
 use vfio_nic::Error;
 
@@ -118,4 +121,32 @@ fn the_software_nic_sends_no_empty_frame() {
 fn the_null_device_sends_no_empty_frame() {
     let (iommu, ring) = ring();
     empty_packet_is_malformed(NullNic::new(iommu), &ring);
+}
+
+/// A ring that would run past the top of the IOVA space is refused at
+/// attach: its descriptors' addresses would wrap to IOVAs the caller
+/// never vouched for.
+#[test]
+fn a_ring_past_the_top_of_the_iova_space_is_refused() {
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let top = pfrag::Iova(u64::MAX - 63);
+    let fits = pfrag::Iova(u64::MAX - 127);
+    let mut nic = SoftNic::new(iommu.clone(), softnic::Config::default());
+    // SAFETY: refused, nothing attached; a kick would fault (nothing is
+    // mapped).
+    let r = unsafe { nic.attach(top, 8) };
+    assert!(matches!(r, Err(Error::BadConfig { .. })), "{r:?}");
+    assert_eq!(nic.head(), None);
+    // SAFETY: as above; nothing is mapped there.
+    unsafe { nic.attach(fits, 8) }.unwrap();
+    let mut null = NullNic::new(iommu.clone());
+    // SAFETY: as above.
+    let r = unsafe { null.attach(top, 8) };
+    assert!(matches!(r, Err(Error::BadConfig { .. })), "{r:?}");
+    let mut virtio = VirtioNet::new(iommu, softnic::Config::default()).unwrap();
+    let bytes = Split::ring_bytes(8) as u64;
+    // SAFETY: as above.
+    let r = unsafe { virtio.attach(pfrag::Iova((u64::MAX - bytes + 17) & !15), 8) };
+    assert!(matches!(r, Err(Error::BadConfig { .. })), "{r:?}");
+    assert_eq!(virtio.head(), None);
 }

@@ -17,12 +17,20 @@ pub(super) struct Ring {
 }
 
 impl Ring {
-    /// Points at a ring of `len` descriptors (a multiple of 8) at `ring`.
+    /// Points at a ring of `len` descriptors (a multiple of 8) at `ring`,
+    /// which must end below the top of the IOVA space.
     pub(super) fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         if len == 0 || !len.is_multiple_of(8) {
             return Err(Error::BadConfig {
                 what: "ring length (multiple of 8)",
                 value: u64::from(len),
+            });
+        }
+        let last = (u64::from(len) * desc::SIZE as u64) - 1;
+        if ring.checked_add(last).is_none() {
+            return Err(Error::BadConfig {
+                what: "ring address (past the top of the IOVA space)",
+                value: ring.raw(),
             });
         }
         self.ring = Some((ring, len));

@@ -419,6 +419,12 @@ impl<T: Translate> TxDevice for VirtioNet<T> {
             return Err(bad("virtqueue size (a power of two)"));
         }
         let l = Layout::new(len);
+        if ring.checked_add(l.bytes as u64 - 1).is_none() {
+            return Err(Error::BadConfig {
+                what: "virtqueue address (past the top of the IOVA space)",
+                value: ring.raw(),
+            });
+        }
         let mut q = Queue::new(len).map_err(|_| bad("virtqueue size"))?;
         let at = |off: usize| ring.offset(off as u64);
         q.try_set_desc_table_address(GuestAddress(ring.raw()))
