@@ -394,8 +394,13 @@ pub unsafe trait Translate: Send + Sync {
     /// flushes through this mapper (directly, or by dropping a pool, a
     /// `Coherent` region or a queue) nor calls [`read`](Self::read),
     /// [`write`](Self::write) or [`write_u32`](Self::write_u32): each
-    /// would wait for the hold, forever. (Nothing unsound follows from
-    /// breaking this; the thread hangs.)
+    /// would wait for the hold, forever. Mapping may unmap or flush too:
+    /// [`Domain::map`] and [`Domain::map_many`] (and so a pool that grows,
+    /// or [`Coherent::new`]) flush when the IOVA space is exhausted while
+    /// ranges wait for a flush, and a [`map_batch`](DmaMapper::map_batch)
+    /// that fails part way unmaps (and may flush) the runs it installed;
+    /// so the holder does not map through this mapper's domain either.
+    /// (Nothing unsound follows from breaking this; the thread hangs.)
     unsafe fn hold(&self) -> Hold<'_>;
     /// DMA read of `len` bytes at `iova`: `f` sees them piece by piece, in
     /// order, each piece within one translated page. A fault stops the read
