@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use pfrag::bounce::{self, SlotSize};
-use pfrag::dma::{Coherent, Dir, Domain, Identity, MapStats};
+use pfrag::dma::{Coherent, Dir, DmaMapper, Domain, Identity, MapStats};
 use pfrag::frag::CacheStats;
 use pfrag::iova::IovaAllocator;
 use pfrag::mem::{self, Region, MAX_REGION_LEN};
@@ -268,4 +268,23 @@ fn iova_ranges_that_overlap_are_merged() {
             "{ranges:?}: handed out twice"
         );
     }
+}
+
+/// An identity domain's `map_many` whose total length overflows is
+/// refused with the numbers, as in a domain with an IOVA allocator, not
+/// an overflow panic.
+#[test]
+fn identity_map_many_of_an_overflowing_total_is_an_error() {
+    let d = identity();
+    let each = (1u64 << 63) + 1;
+    let addrs = [VirtAddr(0x10_0000), VirtAddr(0x20_0000)];
+    // SAFETY: the total overflows, so the domain refuses before anything
+    // is mapped.
+    let e = unsafe { d.map_many(&addrs, each, 4096, Dir::TO_DEVICE, false) }.unwrap_err();
+    assert!(
+        matches!(e, Error::BadConfig { what: "mapping size", value } if value == each),
+        "{e:?}"
+    );
+    assert_eq!(d.pinned(), Default::default());
+    assert_eq!(d.mapper().stats().map_calls, 0);
 }

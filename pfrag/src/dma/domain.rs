@@ -206,15 +206,17 @@ impl<M: DmaMapper> Domain<M> {
         if addrs.is_empty() || each == 0 {
             return Err(Error::ZeroLength);
         }
+        // Refused in every domain, identity too, before anything is
+        // mapped: the error paths below count the whole block.
+        let total = each
+            .checked_mul(addrs.len() as u64)
+            .ok_or(Error::BadConfig {
+                what: "mapping size",
+                value: each,
+            })?;
         let iovas: Vec<Iova> = match &self.iova {
             None => addrs.iter().map(|a| Iova(a.raw() as u64)).collect(),
             Some(a) => {
-                let total = each
-                    .checked_mul(addrs.len() as u64)
-                    .ok_or(Error::BadConfig {
-                        what: "mapping size",
-                        value: each,
-                    })?;
                 let base = self.alloc(a, total, align)?;
                 (0..addrs.len() as u64)
                     .map(|i| base.offset(i * each))
@@ -237,7 +239,6 @@ impl<M: DmaMapper> Domain<M> {
             unsafe { m.map_batch(&ms) }
         });
         if let Err(e) = mapped {
-            let total = each * addrs.len() as u64;
             if matches!(e, Error::Unmap { .. }) {
                 // Undoing the batch failed: some runs stay mapped. Keep the
                 // whole block out of circulation (the caller pins the
