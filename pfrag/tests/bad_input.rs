@@ -288,3 +288,41 @@ fn identity_map_many_of_an_overflowing_total_is_an_error() {
     assert_eq!(d.pinned(), Default::default());
     assert_eq!(d.mapper().stats().map_calls, 0);
 }
+
+/// A device's 32-bit store at an IOVA that is not 4-byte aligned is
+/// refused, and counted as the refused access it is, once, with no
+/// translation counted (it used to fault uncounted).
+#[test]
+fn an_unaligned_device_store_is_a_counted_fault() {
+    use pfrag::dma::{FaultReason, Mapping, SoftIommu, SoftIommuConfig, Translate};
+    let r = Region::new(4096, 4096, false).unwrap();
+    let at = |iova: u64| Mapping {
+        iova: Iova(iova),
+        addr: r.addr(),
+        len: 4096,
+        dir: Dir::FROM_DEVICE,
+        huge: false,
+    };
+    let soft = SoftIommu::new(SoftIommuConfig::default()).unwrap();
+    let id = Identity::new();
+    let own = r.addr().raw() as u64;
+    // SAFETY: `r` outlives both mappings (unmapped below); no reference
+    // to its bytes is alive while the device stores.
+    unsafe {
+        soft.map(&at(0x10_0000)).unwrap();
+        id.map(&at(own)).unwrap();
+        assert!(soft.write_u32(Iova(0x10_0002), 1).is_err());
+        assert!(id.write_u32(Iova(own + 2), 1).is_err());
+        soft.write_u32(Iova(0x10_0004), 1).unwrap();
+        id.write_u32(Iova(own + 8), 1).unwrap();
+    }
+    let s = soft.stats();
+    assert_eq!((s.faults, s.iotlb_misses, s.iotlb_hits), (1, 1, 0));
+    let f = soft.faults();
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].reason, FaultReason::Unaligned);
+    assert_eq!(f[0].fault.iova, Iova(0x10_0002));
+    assert_eq!(id.stats().faults, 1);
+    soft.unmap(Iova(0x10_0000), 4096).unwrap();
+    id.unmap(Iova(own), 4096).unwrap();
+}

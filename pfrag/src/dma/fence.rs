@@ -154,7 +154,9 @@ pub(crate) unsafe fn device_write(
 /// Stores the 32-bit word `v` at `iova` through `translate` with one atomic
 /// release store: a device's descriptor write-back, which the driver polls
 /// while the device runs (on a thread of its own). `iova` must be 4-byte
-/// aligned (a translation keeps the page offset, so the address is too).
+/// aligned (a translation keeps the page offset, so the address is too);
+/// the mappers check that first, to count the fault, and this refuses an
+/// unaligned one as well.
 ///
 /// # Safety
 /// As for [`device_write`], for the 4 bytes at `iova`.

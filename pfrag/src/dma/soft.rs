@@ -27,6 +27,9 @@ pub enum FaultReason {
     Permission,
     /// The IOVA lies outside the domain's IOVA range.
     OutOfRange,
+    /// The access is not aligned as it must be: a 32-bit store
+    /// ([`Translate::write_u32`]) at an IOVA that is not 4-byte aligned.
+    Unaligned,
 }
 
 /// One recorded fault.
@@ -472,6 +475,10 @@ unsafe impl Translate for SoftIommu {
         unsafe { device_write(&self.fence, |i, d| self.translate(i, d), iova, src) }
     }
     unsafe fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        if iova.raw() % 4 != 0 {
+            let reason = FaultReason::Unaligned;
+            return Err(self.lock().fault(iova, Dir::FROM_DEVICE, reason));
+        }
         // SAFETY: the caller's promise is passed on unchanged.
         unsafe { device_store_u32(&self.fence, |i, d| self.translate(i, d), iova, v) }
     }
