@@ -296,6 +296,33 @@ fn settings_out_of_range_are_typed_errors() {
     ));
 }
 
+/// An IOVA range at the top of the 64-bit space, empty, reversed or
+/// unaligned, is refused with the numbers; the bounds the error gives do
+/// not overflow (`start + 4 KiB` used to, a panic in debug builds).
+#[test]
+fn iova_ranges_near_u64_max_are_typed_errors() {
+    let top: u64 = !0xfff;
+    let reversed = std::ops::Range {
+        start: u64::MAX,
+        end: 0,
+    };
+    for r in [top..u64::MAX, reversed, top..top, 0x1001..0x1_0000] {
+        let cfg = SoftIommuConfig {
+            iova_range: r.clone(),
+            ..SoftIommuConfig::default()
+        };
+        match SoftIommu::new(cfg).unwrap_err() {
+            Error::OutOfRange {
+                value, min, max, ..
+            } => {
+                assert_eq!(value, r.end, "{r:?}");
+                assert!(min <= max && max == 1 << 48, "{r:?}: {min:#x}..{max:#x}");
+            }
+            e => panic!("{r:?}: {e:?}"),
+        }
+    }
+}
+
 /// An IOMMU that lets any mapped pages be unmapped (not type1's rule).
 fn loose() -> SoftIommu {
     SoftIommu::new(SoftIommuConfig {
