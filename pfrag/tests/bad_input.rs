@@ -326,3 +326,35 @@ fn an_unaligned_device_store_is_a_counted_fault() {
     soft.unmap(Iova(0x10_0000), 4096).unwrap();
     id.unmap(Iova(own), 4096).unwrap();
 }
+
+/// A mapping whose direction allows no access (only bits `Dir` does not
+/// define) is refused by every mapper with `EINVAL`, and maps nothing (the
+/// identity mapper took it, and its page then allowed nothing: a debug
+/// assertion in the first translation).
+#[test]
+fn a_mapping_that_allows_no_access_is_refused() {
+    use pfrag::dma::{Mapping, SoftIommu, SoftIommuConfig, Translate};
+    let r = Region::new(4096, 4096, false).unwrap();
+    let own = Iova(r.addr().raw() as u64);
+    let at = |iova| Mapping {
+        iova,
+        addr: r.addr(),
+        len: 4096,
+        dir: Dir::from_bits_retain(1 << 5),
+        huge: false,
+    };
+    let id = Identity::new();
+    let soft = SoftIommu::new(SoftIommuConfig::default()).unwrap();
+    // SAFETY: refused, so nothing can reach `r`; were one taken, it is
+    // unmapped below before `r` drops.
+    let (a, b) = unsafe { (id.map(&at(own)), soft.map(&at(Iova(0x10_0000)))) };
+    let refused = |r: pfrag::Result<()>| r.map_err(|e| e.errno());
+    assert_eq!(refused(b), Err(Some(libc::EINVAL)));
+    let taken = a.is_ok();
+    assert!(id.translate(own, Dir::TO_DEVICE).is_err());
+    if taken {
+        id.unmap(own, 4096).unwrap();
+    }
+    assert!(!taken, "identity took a mapping that allows nothing");
+    assert_eq!((id.mapped_pages(), id.stats().map_calls), (0, 0));
+}

@@ -239,7 +239,11 @@ impl DmaMapper for Identity {
     unsafe fn map(&self, m: &Mapping) -> Result<()> {
         let aligned = m.len > 0 && (m.iova.raw() | m.len) % PAGE_SIZE == 0;
         let end = m.iova.raw().checked_add(m.len);
-        if m.iova.raw() != m.addr.raw() as u64 || !aligned || end.is_none() || m.dir.is_empty() {
+        if m.iova.raw() != m.addr.raw() as u64
+            || !aligned
+            || end.is_none()
+            || !m.dir.intersects(Dir::BIDIRECTIONAL)
+        {
             return Err(einval(m.iova, m.len));
         }
         let mut st = self.lock();
