@@ -358,3 +358,23 @@ fn a_mapping_that_allows_no_access_is_refused() {
     assert!(!taken, "identity took a mapping that allows nothing");
     assert_eq!((id.mapped_pages(), id.stats().map_calls), (0, 0));
 }
+
+/// A zero-length range given to `Domain::unmap_many` names no bytes: it is
+/// neither freed nor pinned (its free was refused, a debug assertion), and
+/// alone it is the mapper's `ZeroLength` error.
+#[test]
+fn unmap_many_of_a_zero_length_range_frees_and_pins_nothing() {
+    use pfrag::dma::{SoftIommu, SoftIommuConfig};
+    let d = Domain::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let r = Region::new(4096, 4096, false).unwrap();
+    // SAFETY: `r` outlives the mapping, removed below.
+    let iova = unsafe { d.map(r.addr(), 4096, 4096, Dir::TO_DEVICE) }.unwrap();
+    let after = Iova(iova.raw() + 4096);
+    // SAFETY: the mapping is this test's own, and nothing names it after.
+    unsafe { d.unmap_many(&[(iova, 4096), (after, 0)]) }.unwrap();
+    assert_eq!((d.iova_in_use(), d.pinned().iova_bytes), (0, 0));
+    // SAFETY: names nothing mapped.
+    let e = unsafe { d.unmap_many(&[(iova, 0)]) }.unwrap_err();
+    assert!(matches!(e.error, Error::ZeroLength), "{e:?}");
+    assert_eq!((d.iova_in_use(), d.pinned().iova_bytes), (0, 0));
+}

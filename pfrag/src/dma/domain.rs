@@ -306,6 +306,10 @@ impl<M: DmaMapper> Domain<M> {
             error: None,
         };
         for &(iova, len) in ranges {
+            if len == 0 {
+                // Names no bytes: nothing to free or to keep.
+                continue;
+            }
             if report.still_mapped(iova) {
                 self.pinned_iova.fetch_add(len, Relaxed);
             } else {
