@@ -193,6 +193,11 @@ impl<M: DmaMapper> Domain<M> {
     /// keep all the buffers' memory for good. On any other error nothing
     /// of the block can be reached, and the memory may go.
     ///
+    /// It may wait for device accesses and for every
+    /// [`Hold`](super::Hold) on the mapper: when the IOVA space is
+    /// exhausted while ranges wait for a flush it flushes, and a batch that
+    /// fails part way is unmapped again.
+    ///
     /// # Safety
     /// As [`map`](Self::map), for every buffer.
     pub unsafe fn map_many(

@@ -375,8 +375,10 @@ pub struct Translation {
 /// [`Hold`](Self::hold). So an implementation promises that a successful
 /// `translate` names `len` (at least 1) bytes of memory, inside one page,
 /// that the mapping covers for `access` and that stay allocated until an
-/// unmap of that mapping returns; that no unmap or flush returns while a
-/// `Hold` from [`hold`](Self::hold) is alive; and that `read`, `write` and
+/// unmap of that mapping returns (and, for a deferred one, until its
+/// flush generation completes); that no unmap or flush returns `Ok` while
+/// a `Hold` from [`hold`](Self::hold) is alive (one that fails removed
+/// nothing, or leaves its memory allocated for good); and that `read`, `write` and
 /// `write_u32` touch only what `translate` would name. pfrag's mappers
 /// keep these with their fence; a wrapper forwards all of them to one
 /// inner translation.
