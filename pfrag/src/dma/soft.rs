@@ -326,7 +326,7 @@ impl DmaMapper for SoftIommu {
                 st.nodes[s.node][s.idx] = 0;
             }
             return Err(Error::Map {
-                iova: Iova(m.iova.raw() + off),
+                iova: m.iova,
                 len: m.len,
                 source: errno(libc::EEXIST),
             });
@@ -379,13 +379,16 @@ impl DmaMapper for SoftIommu {
                     off += PAGE_SIZE;
                 }
                 Some((_, true, _)) | None => {
+                    // The request's numbers: the page that stopped it
+                    // (`at`) is the first not mapped, or inside a 2 MiB
+                    // page the range splits.
                     let code = if st.leaf(at).is_some() {
                         libc::EINVAL
                     } else {
                         libc::ENOENT
                     };
                     return Err(Error::Unmap {
-                        iova: Iova(at),
+                        iova,
                         len,
                         source: errno(code),
                     });
