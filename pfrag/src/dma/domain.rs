@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 use super::{BatchUnmap, Dir, DmaMapper, IovaSpace, Mapping, Unmapped};
-use crate::addr::{Iova, VirtAddr};
+use crate::addr::{Iova, VirtAddr, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::iova::IovaAllocator;
 
@@ -181,7 +181,8 @@ impl<M: DmaMapper> Domain<M> {
         Ok(unsafe { self.map_many(&[addr], len, align, dir, false) }?[0])
     }
 
-    /// Maps `addrs.len()` buffers of `each` bytes at one contiguous IOVA block
+    /// Maps `addrs.len()` buffers of `each` bytes (a multiple of 4 KiB, else
+    /// [`Error::BadConfig`]) at one contiguous IOVA block
     /// (buffer `i` at `base + i * each`, base aligned to `align`), with one map
     /// call per run that is contiguous in host memory too. `huge` says the
     /// memory is backed by 2 MiB huge pages, so the mapper may use
@@ -219,6 +220,15 @@ impl<M: DmaMapper> Domain<M> {
                 what: "mapping size",
                 value: each,
             })?;
+        // Each buffer's IOVA is given back on its own (`unmap_many`), which
+        // only whole pages can be, even where buffers coalesce into
+        // page-aligned runs that the mapper would take.
+        if each % PAGE_SIZE != 0 {
+            return Err(Error::BadConfig {
+                what: "buffer length (whole 4 KiB pages)",
+                value: each,
+            });
+        }
         let iovas: Vec<Iova> = match &self.iova {
             None => addrs.iter().map(|a| Iova(a.raw() as u64)).collect(),
             Some(a) => {
