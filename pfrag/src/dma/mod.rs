@@ -107,7 +107,10 @@ pub struct MapStats {
     pub map_calls: u64,
     /// Unmap calls.
     pub unmap_calls: u64,
-    /// 4 KiB page-table entries written (a 2 MiB superpage counts 512).
+    /// Page-table entries written: one per 4 KiB page, and one per 2 MiB
+    /// superpage where the mapper installs one ([`SoftIommu`] with huge
+    /// pages). A mapper that cannot see the page table (VFIO's) counts the
+    /// 4 KiB pages it mapped.
     pub ptes_written: u64,
     /// IOTLB invalidation operations.
     pub invalidations: u64,
