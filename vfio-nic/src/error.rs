@@ -244,6 +244,19 @@ pub enum Error {
         /// The end of the range before it (0 for the first).
         prev_end: u64,
     },
+    /// A read or write of PCI configuration space through VFIO failed.
+    #[error("PCI config space {op} of {len} bytes at {offset:#x} failed (errno {errno:?}): {source}", errno = .source.raw_os_error())]
+    ConfigSpace {
+        /// `"read"` or `"write"`.
+        op: &'static str,
+        /// Offset in config space.
+        offset: u64,
+        /// Bytes.
+        len: usize,
+        /// The OS error (`UnexpectedEof` for a short read).
+        #[source]
+        source: std::io::Error,
+    },
     /// A BAR that VFIO does not allow to mmap.
     #[error("BAR region {index} cannot be mmapped (region flags {flags:#x})")]
     BarNotMappable {

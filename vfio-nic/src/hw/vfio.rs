@@ -167,20 +167,35 @@ impl VfioPci {
     }
 
     /// Turns on memory decoding and bus mastering, keeping the command
-    /// register's other bits, and checks that they took: VFIO's
-    /// config-space accesses report no failure, so a failed read or write
-    /// shows only in the values read.
+    /// register's other bits, and checks that they took.
     fn enable_bus_master(&self) -> Result<()> {
         let read = || {
-            let mut cmd = pci::UNREAD.to_le_bytes();
-            self.device
-                .region_read(VFIO_PCI_CONFIG_REGION_INDEX, &mut cmd, pci::COMMAND);
-            u16::from_le_bytes(cmd)
+            let mut cmd = [0u8; 2];
+            self.config_read(pci::COMMAND, &mut cmd)?;
+            Ok::<_, Error>(u16::from_le_bytes(cmd))
         };
-        let v = pci::enabling(&self.bdf, read())?;
-        self.device
-            .region_write(VFIO_PCI_CONFIG_REGION_INDEX, &v.to_le_bytes(), pci::COMMAND);
-        pci::check_enabled(&self.bdf, v, read())
+        let v = pci::enabling(&self.bdf, read()?)?;
+        let (file, region) = self.config()?;
+        region.write(&file, pci::COMMAND, &v.to_le_bytes())?;
+        pci::check_enabled(&self.bdf, v, read()?)
+    }
+
+    /// The device file (a duplicate of its descriptor) and its config
+    /// region.
+    fn config(&self) -> Result<(std::fs::File, pci::ConfigRegion)> {
+        let fd = self.device.as_raw_fd();
+        // SAFETY: the descriptor is `self.device`'s, open while it lives,
+        // and the borrow ends before this function returns (the file is
+        // a duplicate of it).
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let file = fd
+            .try_clone_to_owned()
+            .map_err(|e| pci::config_error("dup", 0, 0, e))?;
+        let region = pci::ConfigRegion {
+            offset: self.device.get_region_offset(VFIO_PCI_CONFIG_REGION_INDEX),
+            size: self.device.get_region_size(VFIO_PCI_CONFIG_REGION_INDEX),
+        };
+        Ok((file.into(), region))
     }
 
     /// The device's PCI address.
@@ -216,29 +231,23 @@ impl VfioPci {
         }
     }
 
-    /// Reads `buf.len()` bytes of PCI configuration space at `offset`.
-    /// Bytes outside the region, or that the read could not get, read as
-    /// zero.
-    pub fn config_read(&self, offset: u64, buf: &mut [u8]) {
-        buf.fill(0);
-        let size = self.device.get_region_size(VFIO_PCI_CONFIG_REGION_INDEX);
-        if offset
-            .checked_add(buf.len() as u64)
-            .is_some_and(|end| end <= size)
-        {
-            self.device
-                .region_read(VFIO_PCI_CONFIG_REGION_INDEX, buf, offset);
-        }
+    /// Reads `buf.len()` bytes of PCI configuration space at `offset`:
+    /// all of them, or [`Error::OutOfRange`] for bytes outside the
+    /// region, [`Error::ConfigSpace`] (with the errno) for a read that
+    /// failed.
+    pub fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let (file, region) = self.config()?;
+        region.read(&file, offset, buf)
     }
 
     /// The PCI vendor and device IDs.
-    pub fn ids(&self) -> (u16, u16) {
+    pub fn ids(&self) -> Result<(u16, u16)> {
         let mut b = [0u8; 4];
-        self.config_read(0, &mut b);
-        (
+        self.config_read(0, &mut b)?;
+        Ok((
             u16::from_le_bytes([b[0], b[1]]),
             u16::from_le_bytes([b[2], b[3]]),
-        )
+        ))
     }
 
     /// The type1 container (the IOMMU domain of the device), if it was
