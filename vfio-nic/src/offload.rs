@@ -233,6 +233,10 @@ fn parse_layout(headers: &[u8], offload: Offload) -> Result<(Layout, usize)> {
     let (ip, iplen, proto, stated, rest) = match eth.ether_type {
         EtherType::IPV4 => {
             let (h, rest) = Ipv4Header::from_slice(rest).map_err(|e| parse(&e))?;
+            if h.is_fragmenting_payload() {
+                let (more, offset) = (h.more_fragments, h.fragment_offset.value());
+                return Err(bad(offload, HeaderFault::IpFragment { more, offset }));
+            }
             let stated = usize::from(h.total_len);
             (Ip::V4, h.header_len(), h.protocol, stated, rest)
         }
