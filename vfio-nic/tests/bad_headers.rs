@@ -139,3 +139,49 @@ fn ipv4_fragments_are_refused_for_an_offload_on_the_82576() {
 fn ipv4_fragments_are_refused_for_an_offload_on_virtio() {
     fragments_are_refused(&mut virtio_queue());
 }
+
+/// Ethernet + IPv6 + UDP headers for `payload`.
+fn udp6_headers(payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv6([1; 16], [2; 16], 64)
+        .udp(4000, 5000)
+        .write(&mut v, payload)
+        .unwrap();
+    v.truncate(62);
+    v
+}
+
+/// `h` with the UDP length field (at `at`) set to `len`.
+fn udp_length(h: &[u8], at: usize, len: u16) -> Vec<u8> {
+    let mut h = h.to_vec();
+    h[at + 4..at + 6].copy_from_slice(&len.to_be_bytes());
+    h
+}
+
+fn udp_lengths_are_checked<D: TxDevice + Model>(q: &mut tx::Queue<Iommu, D>) {
+    let payload = [0x5au8; 600];
+    let want = 8 + payload.len();
+    let wrong = |header: usize| move |why: &HeaderFault| matches!(why, HeaderFault::UdpLength { header: h, packet } if *h == header && *packet == want);
+    for (h, at) in [(headers(true, &payload), 34), (udp6_headers(&payload), 54)] {
+        // Shorter (the receiver takes the rest for padding and sums less
+        // than the device did) and longer than the datagram.
+        for len in [want - 100, want + 8] {
+            let bad = udp_length(&h, at, len as u16);
+            refused(q, &bad, &payload, Offload::Checksum, wrong(len));
+        }
+        q.send(&h, &payload, Offload::Checksum, 2).unwrap();
+        q.kick().unwrap();
+        q.wait(std::time::Duration::from_secs(10)).unwrap();
+    }
+}
+
+#[test]
+fn a_udp_length_that_is_not_the_datagrams_is_refused_on_the_82576() {
+    udp_lengths_are_checked(&mut softnic_queue());
+}
+
+#[test]
+fn a_udp_length_that_is_not_the_datagrams_is_refused_on_virtio() {
+    udp_lengths_are_checked(&mut virtio_queue());
+}
