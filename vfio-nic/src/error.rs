@@ -426,6 +426,24 @@ pub enum HeaderFault {
         /// The most the engine patches.
         max: usize,
     },
+    /// The length a UDP header states is not the datagram's (its header
+    /// and the payload; checksum offload): the receiver would read
+    /// another datagram than the one the device summed.
+    UdpLength {
+        /// What the header says.
+        header: usize,
+        /// What the datagram is.
+        packet: usize,
+    },
+    /// An IPv4 fragment: its L4 checksum covers the whole datagram, and
+    /// past the first fragment the bytes after its IP header are payload,
+    /// not an L4 header, so no offload can use it.
+    IpFragment {
+        /// More fragments follow (the MF flag).
+        more: bool,
+        /// Where the fragment starts in the datagram, in 8-byte units.
+        offset: u16,
+    },
     /// An MSS of 0.
     ZeroMss,
     /// No header bytes: every packet starts with at least its Ethernet
@@ -455,6 +473,14 @@ impl std::fmt::Display for HeaderFault {
             HeaderFault::TooLongToPatch { len, max } => write!(
                 f,
                 "{len} header bytes, more than the engine completes in a copy ({max})"
+            ),
+            HeaderFault::UdpLength { header, packet } => write!(
+                f,
+                "the UDP header's length {header} does not match the datagram's {packet} bytes"
+            ),
+            HeaderFault::IpFragment { more, offset } => write!(
+                f,
+                "an IPv4 fragment (offset {offset} x 8 bytes, more fragments: {more})"
             ),
             HeaderFault::ZeroMss => write!(f, "MSS 0"),
             HeaderFault::Empty => write!(f, "no header bytes given"),
