@@ -199,7 +199,6 @@ pub fn check<F: Format>(
     Ok(Some(layout))
 }
 
-/// [`Error::PayloadTooLarge`] if `payload` is past `max`.
 /// Refuses a UDP header (of checksum-offloaded `headers` laid out as
 /// `layout`, before `payload` bytes) whose length is not the datagram's:
 /// the device sums the bytes it is given, the receiver those the length
@@ -221,6 +220,7 @@ fn check_udp_length(headers: &[u8], layout: &Layout, payload: usize) -> Result<(
     Ok(())
 }
 
+/// [`Error::PayloadTooLarge`] if `payload` is past `max`.
 #[inline]
 fn too_large(payload: usize, max: usize) -> Result<()> {
     if payload > max {
