@@ -483,4 +483,17 @@ mod tests {
         assert_eq!(m(0).row("soft", &cfg).gbit_s, 0.0);
         assert_eq!(m(5_000).row("soft", &cfg).gbit_s, 40.0);
     }
+
+    /// The virtio-net model reads every byte: `--touch pages` with it is a
+    /// bad setting, refused by the up-front check (exit status 2 in the
+    /// sweep), not by the run after others ran.
+    #[test]
+    fn virtio_with_touch_pages_is_refused_up_front() {
+        let mut cfg = test_config(IommuMode::Strict, 0);
+        (cfg.model, cfg.touch) = (DeviceModel::Virtio, Touch::Pages);
+        let e = check(&cfg).unwrap_err().to_string();
+        assert!(e.contains("--touch pages"), "{e}");
+        cfg.touch = Touch::Checksum;
+        check(&cfg).unwrap();
+    }
 }

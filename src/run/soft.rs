@@ -102,9 +102,7 @@ fn measure<M: DmaMapper + Translate + 'static>(
                 verify: true,
             };
             if cfg.touch != Touch::Checksum {
-                return Err(RunError::Setting(
-                    "the virtio-net model reads every payload byte: --touch pages is the software NIC's".into(),
-                ));
+                return Err(RunError::Setting(super::check::VIRTIO_TOUCH.into()));
             }
             // Every feature the TX path uses is offered: the negotiation
             // cannot fail.
