@@ -10,6 +10,8 @@ use vfio_nic::desc::{Context, Data, Dcmd, Desc, Popts};
 use vfio_nic::device::TxDevice;
 use vfio_nic::model::softnic::{self, NicStats, SoftNic};
 
+mod common;
+
 /// Sends one TSO packet over IPv4 (`v4`) or IPv6 and TCP of `paylen`
 /// payload bytes cut at `mss`, and returns the model's counters and
 /// frames.
@@ -31,14 +33,10 @@ fn tso(v4: bool, paylen: u16, mss: u16) -> (NicStats, Vec<Vec<u8>>) {
     let first = Data::new(base, hlen as u16, Dcmd::TSE, paylen.into(), popts);
     let end = Dcmd::EOP | Dcmd::RS;
     let rest = Data::new(base + 4096, paylen, end, 0, Popts::empty());
-    for (i, d) in [Desc::Context(ctx), Desc::Data(first), Desc::Data(rest)]
-        .into_iter()
-        .enumerate()
-    {
-        let w = d.encode();
-        ring.write_u64(i * 16, w[0]).unwrap();
-        ring.write_u64(i * 16 + 8, w[1]).unwrap();
-    }
+    common::put_descs(
+        &ring,
+        [Desc::Context(ctx), Desc::Data(first), Desc::Data(rest)],
+    );
     let cfg = softnic::Config {
         capture: true,
         verify: false,
