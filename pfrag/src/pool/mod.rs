@@ -510,7 +510,9 @@ impl<M: DmaMapper> Pool<M> {
 
     /// Gives back free chunks past the high watermark (all free chunks
     /// under memory pressure) now; normally done by completions. Returns the
-    /// number of chunks released.
+    /// number of chunks released: 0 while another trim or shrink runs, or
+    /// while the pool grows (a pool grows only when it has no free chunk;
+    /// a pressure hook that the grow runs may trim the pool so).
     pub fn trim(&self) -> Result<usize> {
         self.shared.gate.open();
         self.shared.shrink()
