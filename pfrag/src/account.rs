@@ -78,11 +78,12 @@ impl Limits {
 /// in use at that moment. Runs once per transition, on the thread whose
 /// charge or uncharge caused it; never per packet.
 ///
-/// A pool's grow or shrink may be the cause, and runs the hook while it
-/// holds that pool's growth lock: a hook may trim pools
-/// ([`Pool::trim`](crate::pool::Pool::trim)) and drop frags, but must not
-/// take memory from the pool whose grow entered pressure (a refill that
-/// grows that pool would wait for the lock its own thread holds).
+/// A pool's grow or shrink may be the cause. A hook may trim pools
+/// ([`Pool::trim`](crate::pool::Pool::trim)), drop frags, and take memory
+/// as pressure ends, but must not take memory from the pool whose grow
+/// entered pressure: that grow runs the hook while it holds the pool's
+/// growth lock, which a refill that grows the pool again would wait for
+/// on the same thread.
 pub trait PressureHooks: Send + Sync + 'static {
     /// Usage rose above `pressure`.
     fn enter(&self, _bytes: u64) {}

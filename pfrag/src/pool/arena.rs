@@ -298,7 +298,8 @@ impl<M: DmaMapper> Shared<M> {
         // Not waited for: a grow holds the lock while it maps and while the
         // account runs its pressure hooks, which may trim this pool or drop
         // its frags (and so shrink it) on the growing thread itself. A pool
-        // that grows had no free chunk to give back when it began.
+        // that grows had no free chunk to give back when it began. A shrink
+        // lets go of it before it uncharges (below).
         let Some(arenas) = try_lock(&self.arenas) else {
             return Ok(0);
         };
@@ -335,13 +336,18 @@ impl<M: DmaMapper> Shared<M> {
             }
         }
         let n = released.len();
+        self.counters.chunks.fetch_sub(n as u64, Ordering::Relaxed);
+        self.counters.shrinks.fetch_add(1, Ordering::Relaxed);
+        // Uncharged with the lock let go: the account's hooks may grow
+        // this pool (a hook that takes memory again as pressure ends).
+        // And before a grow can reuse the chunks, so that the account
+        // never counts them twice.
+        drop(arenas);
+        self.uncharge((n * size) as u64);
         lock(&self.released).extend(released);
         self.counters
             .released
             .fetch_add(n as u64, Ordering::Relaxed);
-        self.counters.chunks.fetch_sub(n as u64, Ordering::Relaxed);
-        self.counters.shrinks.fetch_add(1, Ordering::Relaxed);
-        self.uncharge((n * size) as u64);
         first_err.map_or(Ok(n), Err)
     }
 
