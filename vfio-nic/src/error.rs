@@ -2,6 +2,7 @@
 
 /// Everything the NIC side can fail with.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The pool, mapper or bounce ring said no.
     #[error(transparent)]
@@ -382,6 +383,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Why a packet's headers cannot carry the offload asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HeaderFault {
     /// The headers do not parse (what etherparse said).
     Parse(String),

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 
 /// Why a translation faulted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FaultReason {
     /// No translation for the IOVA.
     NotPresent,

@@ -20,6 +20,7 @@ use crate::gen::{flow, pattern};
 
 /// Why one frame failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FrameError {
     /// Not Ethernet + IPv4 + TCP, or truncated.
     #[error("frame does not parse as Ethernet/IPv4/TCP: {0}")]
