@@ -60,8 +60,12 @@ fn setup() -> (Arc<MemAccount<Shed>>, Pool<Identity>) {
 }
 
 /// Runs `f` on a thread of its own; fails if it has not returned within
-/// ten seconds (a deadlock: the thread is left behind).
+/// ten seconds (a deadlock: the thread is left behind). Under Miri, `f`
+/// runs here: Miri reports a thread that waits for a lock it holds.
 fn within_ten_seconds(f: impl FnOnce() + Send + 'static) {
+    if cfg!(miri) {
+        return f();
+    }
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         f();
@@ -75,7 +79,6 @@ fn within_ten_seconds(f: impl FnOnce() + Send + 'static) {
 }
 
 #[test]
-#[cfg_attr(miri, ignore = "a deadlock leaves a thread behind, which Miri reports")]
 fn a_hook_that_trims_the_growing_pool_does_not_deadlock() {
     let (acct, pool) = setup();
     *acct.hooks().pool.lock().unwrap() = Some(pool.clone());
@@ -94,7 +97,6 @@ fn a_hook_that_trims_the_growing_pool_does_not_deadlock() {
 }
 
 #[test]
-#[cfg_attr(miri, ignore = "a deadlock leaves a thread behind, which Miri reports")]
 fn a_hook_that_drops_frags_of_the_growing_pool_does_not_deadlock() {
     let (acct, pool) = setup();
     let a = acct.clone();
@@ -114,7 +116,6 @@ fn a_hook_that_drops_frags_of_the_growing_pool_does_not_deadlock() {
 }
 
 #[test]
-#[cfg_attr(miri, ignore = "a deadlock leaves a thread behind, which Miri reports")]
 fn a_hook_that_refills_when_the_shrink_leaves_pressure_does_not_deadlock() {
     let (acct, pool) = setup();
     *acct.hooks().cache.lock().unwrap() = Some(FragCache::new(pool.clone()));
