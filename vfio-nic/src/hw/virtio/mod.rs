@@ -341,14 +341,29 @@ impl<T: Transport> VirtioNetPci<T> {
         Ok(())
     }
 
+    /// Writes the 16-bit field at `off` and reads it back:
+    /// [`Error::NotTaken`] if the device kept another value.
+    fn write_checked(&self, what: &'static str, off: u32, v: u16) -> Result<()> {
+        self.write::<u16>(off, v)?;
+        let read = self.read::<u16>(off)?;
+        if read != v {
+            return Err(Error::NotTaken {
+                what,
+                wrote: u32::from(v),
+                read: u32::from(read),
+            });
+        }
+        Ok(())
+    }
+
     /// Writes the TX queue's size and addresses, enables it and sets
-    /// `DRIVER_OK`.
+    /// `DRIVER_OK`; the size and the enable are read back.
     ///
     /// # Safety
     /// As [`attach_parts`](Self::attach_parts).
     unsafe fn program(&mut self, len: u16, parts: [Iova; 3]) -> Result<()> {
         self.write::<u16>(common::QUEUE_SELECT, TX_QUEUE)?;
-        self.write::<u16>(common::QUEUE_SIZE, len)?;
+        self.write_checked("virtio queue_size", common::QUEUE_SIZE, len)?;
         self.write::<u16>(common::QUEUE_MSIX_VECTOR, common::NO_VECTOR)?;
         let offs = [
             common::QUEUE_DESC,
@@ -359,7 +374,7 @@ impl<T: Transport> VirtioNetPci<T> {
             self.write::<u32>(off, at.raw() as u32)?;
             self.write::<u32>(off + 4, (at.raw() >> 32) as u32)?;
         }
-        self.write::<u16>(common::QUEUE_ENABLE, 1)?;
+        self.write_checked("virtio queue_enable", common::QUEUE_ENABLE, 1)?;
         self.set_status(VIRTIO_CONFIG_S_DRIVER_OK)?;
         let s = self.status()?;
         if u32::from(s) & (VIRTIO_CONFIG_S_NEEDS_RESET | VIRTIO_CONFIG_S_FAILED) != 0 {

@@ -26,6 +26,8 @@ struct Fake {
     /// Ignore a write of 0 to the status: a reset that never reads back 0,
     /// the device going on as it was.
     stuck: std::cell::Cell<bool>,
+    /// A common configuration field whose writes do not take.
+    ignored: std::cell::Cell<Option<u32>>,
 }
 
 impl Fake {
@@ -42,6 +44,7 @@ impl Fake {
             refuse_driver_ok: std::cell::Cell::new(false),
             mult: 4,
             stuck: std::cell::Cell::new(false),
+            ignored: std::cell::Cell::new(None),
         }
     }
     /// Resets as a write of 0 does: every field 0.
@@ -119,6 +122,9 @@ impl Transport for &Fake {
         let (n, mut v) = (size_of::<W>(), to64(v));
         if off == common::DEVICE_STATUS {
             self.statuses.borrow_mut().push(v);
+        }
+        if self.ignored.get() == Some(off) {
+            return Ok(());
         }
         match off {
             common::DEVICE_STATUS if v == 0 => {
@@ -365,4 +371,31 @@ fn a_refusal_whose_reset_fails_reports_both() {
     }
     let s = e.to_string();
     assert!(s.contains("refused") && s.contains("virtio reset"), "{s}");
+}
+
+/// A queue whose enable (or size) does not take is an error with both
+/// values, and the device is reset before it returns, the ring not
+/// attached. The driver used to set `DRIVER_OK` on it and report the ring
+/// attached.
+#[test]
+fn a_queue_field_that_does_not_take_is_an_error() {
+    for (off, what, wrote) in [
+        (common::QUEUE_ENABLE, "virtio queue_enable", 1),
+        (common::QUEUE_SIZE, "virtio queue_size", 64),
+    ] {
+        let dev = Fake::new(ALL);
+        let mut nic = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap();
+        dev.ignored.set(Some(off));
+        // SAFETY: the fake device reads no memory.
+        let e = unsafe { nic.attach(Iova(0x10_0000), 64) }.unwrap_err();
+        match e {
+            Error::NotTaken {
+                what: w, wrote: v, ..
+            } => assert_eq!((w, v), (what, wrote)),
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_eq!(dev.get(common::DEVICE_STATUS, 1), 0, "reset");
+        // SAFETY: as above.
+        assert!(matches!(unsafe { nic.kick(0) }, Err(Error::NotAttached)));
+    }
 }
