@@ -319,11 +319,11 @@ impl<T: Transport> VirtioNetPci<T> {
     ) -> Result<()> {
         // Checked before anything changes: a ring the device cannot take
         // leaves the device (and a ring it runs) as it was.
-        if !len.is_power_of_two() || len > self.max {
-            return Err(Error::VirtqueueSize { len, max: self.max });
-        }
+        self.check_size(len)?;
         if !self.negotiated()? {
             self.init()?;
+            // Against the maximum the device reports after this reset.
+            self.check_size(len)?;
         }
         // SAFETY: the caller's promise for the three parts is passed on.
         let r = unsafe { self.program(len, [desc, driver, device]) };
@@ -337,6 +337,15 @@ impl<T: Transport> VirtioNetPci<T> {
                 });
             }
             return Err(error);
+        }
+        Ok(())
+    }
+
+    /// [`Error::VirtqueueSize`] unless the device takes a TX queue of
+    /// `len` entries: a power of two, up to its maximum.
+    fn check_size(&self, len: u16) -> Result<()> {
+        if !len.is_power_of_two() || len > self.max {
+            return Err(Error::VirtqueueSize { len, max: self.max });
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use crate::format::virtio::features;
 struct Fake {
     offered: u64,
     accept_features: bool,
-    max: u16,
+    max: std::cell::Cell<u16>,
     /// Common configuration bytes; queue fields (0x18..) per queue.
     common: RefCell<[u8; 0x38]>,
     queues: RefCell<[[u8; 0x38]; 2]>,
@@ -35,7 +35,7 @@ impl Fake {
         Fake {
             offered,
             accept_features: true,
-            max: 256,
+            max: std::cell::Cell::new(256),
             common: RefCell::new([0; 0x38]),
             queues: RefCell::new([[0; 0x38]; 2]),
             notes: RefCell::new(Vec::new()),
@@ -112,7 +112,7 @@ impl Transport for &Fake {
                     0
                 }
             }
-            common::QUEUE_SIZE if self.get(off, 2) == 0 => u64::from(self.max),
+            common::QUEUE_SIZE if self.get(off, 2) == 0 => u64::from(self.max.get()),
             common::QUEUE_NOTIFY_OFF => self.sel() as u64,
             _ => self.get(off, n),
         };
@@ -256,8 +256,8 @@ fn marks_need_notification_addresses_4_bytes_apart() {
 
 #[test]
 fn a_ring_the_device_cannot_take_is_refused_before_it_is_enabled() {
-    let mut dev = Fake::new(ALL);
-    dev.max = 32;
+    let dev = Fake::new(ALL);
+    dev.max.set(32);
     let mut nic = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap();
     for len in [64u16, 48] {
         // SAFETY: the fake device reads no memory.
@@ -398,4 +398,30 @@ fn a_queue_field_that_does_not_take_is_an_error() {
         // SAFETY: as above.
         assert!(matches!(unsafe { nic.kick(0) }, Err(Error::NotAttached)));
     }
+}
+
+/// The size is checked against the maximum the device reports after the
+/// reset that precedes the ring: a device that now takes fewer entries
+/// than at the last bring-up refuses the ring before it is programmed.
+/// The check used to be made against the maximum of the bring-up before.
+#[test]
+fn a_ring_is_checked_against_the_maximum_after_its_reset() {
+    let dev = Fake::new(ALL);
+    let mut nic = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap();
+    nic.detach().unwrap();
+    dev.max.set(32);
+    // SAFETY: the fake device reads no memory.
+    let e = unsafe { nic.attach(Iova(0x10_0000), 64) }.unwrap_err();
+    assert!(
+        matches!(e, Error::VirtqueueSize { len: 64, max: 32 }),
+        "{e}"
+    );
+    assert_eq!(
+        dev.queue(usize::from(TX_QUEUE), 0x18, 2),
+        0,
+        "no size written"
+    );
+    assert_eq!(dev.queue(usize::from(TX_QUEUE), 0x20, 8), 0, "no address");
+    // SAFETY: as above.
+    unsafe { nic.attach(Iova(0x10_0000), 32) }.unwrap();
 }
