@@ -99,7 +99,7 @@ fn attach(ends: Ends) -> (Option<Error>, Arc<Domain<Iommu>>, Option<bool>) {
         // SAFETY: the device reads no memory.
         unsafe { tx::Queue::new(d, pool, dev, tx::Config::default()) }
     }));
-    let e = r.ok().map(|r| r.err().expect("the attach fails"));
+    let e = r.ok().map(|r| r.expect_err("the attach fails"));
     let seen = *seen.lock().unwrap();
     (e, domain, seen)
 }
