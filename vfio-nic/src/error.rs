@@ -334,6 +334,17 @@ pub enum Error {
         /// 0x40).
         status: u8,
     },
+    /// A device register did not take the value written: it reads back
+    /// another.
+    #[error("device register {what}: wrote {wrote:#x}, read back {read:#x}")]
+    NotTaken {
+        /// The register.
+        what: &'static str,
+        /// The value written.
+        wrote: u32,
+        /// The value read back.
+        read: u32,
+    },
     /// The device did not finish a step in time.
     #[error("device {what} did not complete in {waited_ms} ms")]
     DeviceTimeout {

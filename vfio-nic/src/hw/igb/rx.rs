@@ -133,10 +133,12 @@ impl<R: Regs> Igb<R> {
     /// queue instead of going to the wire. Call [`stop_rx`](Self::stop_rx)
     /// before dropping `rx`; if it fails, keep `rx` with [`RxRing::pin`].
     ///
-    /// The device starts at descriptor 0, so `rx` is re-armed first and
+    /// A receiver already running is stopped first, as
+    /// [`start_rx_at`](Self::start_rx_at) does; one that does not stop is
+    /// [`Error::DeviceTimeout`], with `rx` untouched and the receiver on.
+    /// The device then starts at descriptor 0, so `rx` is re-armed and
     /// read from there: frames a ring started before holds unread are
-    /// dropped (on an error too, since the ring is re-armed before any
-    /// register is written).
+    /// dropped (on a later error too).
     ///
     /// # Safety
     /// `rx` stays alive, and its buffers the device's, until a
@@ -149,6 +151,8 @@ impl<R: Regs> Igb<R> {
         rx: &mut RxRing<M>,
         loopback: bool,
     ) -> Result<()> {
+        // The device may still write `rx`: it is re-armed once stopped.
+        self.quiesce_rx()?;
         rx.rearm()?;
         // SAFETY: `rx`'s ring and buffers are what the caller handed over.
         unsafe { self.start_rx_at(rx.ring.iova(), rx.len, loopback) }
@@ -159,7 +163,9 @@ impl<R: Regs> Igb<R> {
     /// `ring` (128-byte aligned, [`Error::BadConfig`] otherwise), each
     /// pointing at a 2 KiB buffer ([`RX_BUF`]). The ring and every buffer
     /// must stay mapped, writable by the device, until
-    /// [`stop_rx`](Self::stop_rx) returns `Ok`.
+    /// [`stop_rx`](Self::stop_rx) returns `Ok`. A receiver already running
+    /// is stopped before the queue is re-pointed; one that does not stop
+    /// is [`Error::DeviceTimeout`], the receiver left on its old ring.
     ///
     /// # Safety
     /// `ring` is `len` RX descriptors, and the buffers they name, that the
@@ -178,8 +184,7 @@ impl<R: Regs> Igb<R> {
             });
         }
         let base = ring.raw();
-        self.reg(regs::RCTL, 0)?;
-        self.reg(regs::rxdctl(0), 0)?;
+        self.quiesce_rx()?;
         self.reg(regs::rdbal(0), base as u32)?;
         self.reg(regs::rdbah(0), (base >> 32) as u32)?;
         self.reg(regs::rdlen(0), u32::from(len) * crate::desc::SIZE as u32)?;
@@ -209,6 +214,21 @@ impl<R: Regs> Igb<R> {
     pub unsafe fn rx_tail(&self, tail: u16) -> Result<()> {
         fence(Ordering::SeqCst);
         self.reg(regs::rdt(0), u32::from(tail))
+    }
+
+    /// [`stop_rx`](Self::stop_rx), or, if the queue does not read back
+    /// disabled, the receiver and the queue put back as they were: the
+    /// device keeps the ring it has.
+    fn quiesce_rx(&self) -> Result<()> {
+        let (rctl, rxdctl) = (self.read(regs::RCTL)?, self.read(regs::rxdctl(0))?);
+        if let Err(e) = self.stop_rx() {
+            // Best effort: the error that stopped the call is the one
+            // reported.
+            let _ = self.reg(regs::rxdctl(0), rxdctl);
+            let _ = self.reg(regs::RCTL, rctl);
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Turns the receiver (and loopback) off and waits (bounded by the

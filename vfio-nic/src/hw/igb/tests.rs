@@ -409,3 +409,70 @@ fn a_restarted_rx_ring_reads_where_the_device_writes() {
     assert_eq!((frame.len(), tail), (70, 0));
     nic.stop_rx().unwrap();
 }
+
+/// Pointing a running RX queue at another ring stops it first, as
+/// attaching another TX ring does: a queue that does not stop is a
+/// timeout, and the old ring stays the device's (its base is not
+/// rewritten, the receiver is left on). It used to be re-pointed while
+/// its disable had not read back, and the call returned `Ok`.
+#[test]
+fn restarting_rx_stops_the_queue_first() {
+    for stops in [false, true] {
+        let fake = Fake {
+            disable_reads: if stops { 3 } else { u32::MAX },
+            ..Fake::default()
+        };
+        let cfg = if stops { patient() } else { quick() };
+        let mut nic = Igb::new(fake, cfg).unwrap();
+        // SAFETY: a fake: no device writes anything.
+        unsafe { nic.start_rx_at(Iova(0x1000), 32, true) }.unwrap();
+        let rctl = nic.regs().get(RCTL);
+        // SAFETY: as above.
+        let r = unsafe { nic.start_rx_at(Iova(0x2000), 32, true) };
+        let base = nic.regs().get(rdbal(0));
+        if stops {
+            r.unwrap();
+            assert_eq!(base, 0x2000);
+            continue;
+        }
+        assert!(
+            matches!(
+                r,
+                Err(Error::DeviceTimeout {
+                    what: "RX queue disable",
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert_eq!(base, 0x1000, "the old ring stays the device's");
+        assert_ne!(nic.regs().get(rxdctl(0)) & QUEUE_ENABLE, 0);
+        assert_eq!(nic.regs().get(RCTL), rctl, "the receiver left on");
+    }
+}
+
+/// A ring restarted while its receiver does not stop is not re-armed: a
+/// frame the device wrote back stays there to be read, its descriptor
+/// not handed back. It used to be re-armed before the receiver was
+/// stopped.
+#[test]
+fn a_ring_whose_receiver_does_not_stop_is_not_rearmed() {
+    use pfrag::dma::{SoftIommu, SoftIommuConfig};
+    let d = Arc::new(Domain::new(
+        SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+    ));
+    let mut rx = RxRing::new(d, 32).unwrap();
+    let fake = Fake {
+        disable_reads: u32::MAX,
+        ..Fake::default()
+    };
+    let mut nic = Igb::new(fake, quick()).unwrap();
+    // SAFETY: the registers are a fake: no device writes anything.
+    unsafe { nic.start_rx(&mut rx, true) }.unwrap();
+    device_receives(&rx, 0, 60);
+    // SAFETY: as above.
+    let r = unsafe { nic.start_rx(&mut rx, true) };
+    assert!(matches!(r, Err(Error::DeviceTimeout { .. })), "{r:?}");
+    let (frame, tail) = rx.next_frame().unwrap().expect("the frame is kept");
+    assert_eq!((frame.len(), tail), (60, 0));
+}
