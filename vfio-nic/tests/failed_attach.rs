@@ -26,6 +26,9 @@ enum Ends {
     AttachPanics,
     /// `attach` fails after taking the ring, and `detach` panics.
     DetachPanics,
+    /// `attach` fails after taking the ring, and the device's `Drop`,
+    /// where it stops, panics.
+    DropPanics,
 }
 
 /// A device that takes the ring, then fails as its [`Ends`] says, and
@@ -70,6 +73,9 @@ impl Drop for Refusing {
             .ring
             .is_some_and(|i| self.iommu.translate(i, Dir::TO_DEVICE).is_ok());
         *self.seen.lock().unwrap() = Some(mapped);
+        if self.ends == Ends::DropPanics {
+            panic!("the device's drop panicked");
+        }
     }
 }
 
@@ -143,6 +149,21 @@ fn a_detach_that_panics_after_a_failed_attach_keeps_the_ring() {
         e.is_none() || matches!(e, Some(Error::DeviceTimeout { .. })),
         "{e:?}"
     );
+    assert_eq!(seen, Some(true), "the ring mapped as the device stopped");
+    let p = domain.pinned();
+    assert_eq!((p.host_bytes, p.iova_bytes), (ring_bytes(), ring_bytes()));
+}
+
+/// A device whose own drop (where it stops) panics may still hold the
+/// ring: it is kept for good.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "keeps memory allocated for good on purpose, which Miri's leak check reports"
+)]
+fn a_device_drop_that_panics_after_a_failed_attach_keeps_the_ring() {
+    let (e, domain, seen) = attach(Ends::DropPanics);
+    assert!(e.is_none(), "the panic goes on: {e:?}");
     assert_eq!(seen, Some(true), "the ring mapped as the device stopped");
     let p = domain.pinned();
     assert_eq!((p.host_bytes, p.iova_bytes), (ring_bytes(), ring_bytes()));

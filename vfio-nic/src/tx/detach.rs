@@ -91,11 +91,13 @@ pub(super) unsafe fn attach<M: DmaMapper, D: TxDevice>(
         }
     };
     let stopped = catch_unwind(AssertUnwindSafe(|| dev.detach()));
-    drop(dev);
-    match stopped {
-        Ok(Ok(())) => drop(ring),
-        Ok(Err(_)) => ring.pin(),
-        Err(panic) => {
+    // The device's own drop may be where it stops, so it goes first; a
+    // drop that panics leaves it holding the ring too.
+    let dropped = catch_unwind(AssertUnwindSafe(|| drop(dev)));
+    match (stopped, dropped) {
+        (Ok(Ok(())), Ok(())) => drop(ring),
+        (Ok(Err(_)), Ok(())) => ring.pin(),
+        (Err(panic), _) | (_, Err(panic)) => {
             ring.pin();
             resume_unwind(panic);
         }
