@@ -95,6 +95,7 @@ pub fn summarise(reps: &[Row]) -> Option<Row> {
     out.gbit_s_max = gbit.max;
     out.faults = reps.iter().map(|r| r.faults).sum();
     out.bytes_verified = reps.iter().map(|r| r.bytes_verified).min()?;
+    out.bytes_sent = reps.iter().map(|r| r.bytes_sent).min()?;
     let driver: Option<Vec<f64>> = reps.iter().map(|r| r.driver_ns_per_pkt).collect();
     if let Some(d) = driver.as_deref().and_then(Spread::of) {
         out.driver_ns_per_pkt = Some(d.median);

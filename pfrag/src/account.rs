@@ -77,6 +77,13 @@ impl Limits {
 /// Called when the account enters or leaves memory pressure, with the bytes
 /// in use at that moment. Runs once per transition, on the thread whose
 /// charge or uncharge caused it; never per packet.
+///
+/// A pool's grow or shrink may be the cause. A hook may trim pools
+/// ([`Pool::trim`](crate::pool::Pool::trim)), drop frags, and take memory
+/// as pressure ends, but must not take memory from the pool whose grow
+/// entered pressure: that grow runs the hook while it holds the pool's
+/// growth lock, which a refill that grows the pool again would wait for
+/// on the same thread.
 pub trait PressureHooks: Send + Sync + 'static {
     /// Usage rose above `pressure`.
     fn enter(&self, _bytes: u64) {}

@@ -7,6 +7,7 @@ use crate::addr::Iova;
 /// Everything that can go wrong in pfrag. Variants carry the numbers that
 /// explain the failure and, where the OS said no, the `io::Error` with its errno.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A chunk order outside `0..=MAX_ORDER`.
     #[error("order {order} is out of range (0..={max})")]

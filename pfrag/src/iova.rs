@@ -37,7 +37,8 @@ pub struct IovaAllocator {
 }
 
 impl IovaAllocator {
-    /// An allocator over `ranges` (each trimmed to 4 KiB boundaries).
+    /// An allocator over `ranges` (each trimmed to 4 KiB boundaries; ranges
+    /// that overlap or touch, in any order, make one space).
     ///
     /// The page at IOVA 0 is never handed out, even when a range starts
     /// there: devices read a zero buffer address as "no buffer" (QEMU's
@@ -51,15 +52,26 @@ impl IovaAllocator {
             pending: BTreeMap::new(),
             in_use: 0,
         };
-        for r in ranges {
-            let Some(start) = checked_align_up(r.start, PAGE_SIZE) else {
-                continue; // no whole page left in the range
-            };
-            let start = start.max(PAGE_SIZE);
-            let end = r.end & !(PAGE_SIZE - 1);
-            if start < end {
-                a.insert_free(start, end);
+        let mut pages: Vec<(u64, u64)> = ranges
+            .iter()
+            .filter_map(|r| {
+                // `None`: no whole page left in the range.
+                let start = checked_align_up(r.start, PAGE_SIZE)?.max(PAGE_SIZE);
+                let end = r.end & !(PAGE_SIZE - 1);
+                (start < end).then_some((start, end))
+            })
+            .collect();
+        // Sorted and merged first: `free` holds disjoint ranges only.
+        pages.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(pages.len());
+        for (start, end) in pages {
+            match merged.last_mut() {
+                Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
             }
+        }
+        for (start, end) in merged {
+            a.insert_free(start, end);
         }
         a.space = a.free.clone();
         a

@@ -24,6 +24,17 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Locks `m` if no one holds it now, else `None` (a lock held by this very
+/// thread included, where [`lock`] would never return). Poison is
+/// tolerated as in [`lock`].
+pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// [`lock`] for the std mutexes of state that loom does not model (the
 /// IOMMU models); the same function when loom is off.
 #[cfg(not(loom))]

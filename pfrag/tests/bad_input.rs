@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use pfrag::bounce::{self, SlotSize};
-use pfrag::dma::{Coherent, Dir, Domain, Identity, MapStats};
+use pfrag::dma::{Coherent, Dir, DmaMapper, Domain, Identity, MapStats};
 use pfrag::frag::CacheStats;
 use pfrag::iova::IovaAllocator;
 use pfrag::mem::{self, Region, MAX_REGION_LEN};
@@ -238,4 +238,168 @@ fn touching_ranges_past_u64_max_stay_apart() {
             out.error
         );
     }
+}
+
+/// Configured ranges that overlap, in any order, are one space: every byte
+/// is handed out once (an overlapping range used to become a second free
+/// range over the same bytes, handed out twice, or a debug panic).
+#[test]
+fn iova_ranges_that_overlap_are_merged() {
+    let orders: [&[std::ops::Range<u64>]; 3] = [
+        &[0x2000..0x3000, 0x1000..0x5000],
+        &[0x1000..0x5000, 0x2000..0x3000],
+        &[0x3000..0x5000, 0x1000..0x4000, 0x4000..0x5000],
+    ];
+    for ranges in orders {
+        let mut a = IovaAllocator::new(ranges);
+        let mut got = Vec::new();
+        while let Ok(i) = a.alloc(0x1000, 0x1000) {
+            got.push(i.raw());
+            assert!(got.len() <= 4, "{ranges:?}: more pages than the space");
+        }
+        got.sort_unstable();
+        assert_eq!(got, [0x1000, 0x2000, 0x3000, 0x4000], "{ranges:?}");
+        assert_eq!(a.in_use(), 0x4000);
+        // The whole space in one piece leaves nothing behind.
+        let mut b = IovaAllocator::new(ranges);
+        assert_eq!(b.alloc(0x4000, 0x1000).unwrap(), Iova(0x1000), "{ranges:?}");
+        assert!(
+            b.alloc(0x1000, 0x1000).is_err(),
+            "{ranges:?}: handed out twice"
+        );
+    }
+}
+
+/// An identity domain's `map_many` whose total length overflows is
+/// refused with the numbers, as in a domain with an IOVA allocator, not
+/// an overflow panic.
+#[test]
+fn identity_map_many_of_an_overflowing_total_is_an_error() {
+    let d = identity();
+    let each = (1u64 << 63) + 1;
+    let addrs = [VirtAddr(0x10_0000), VirtAddr(0x20_0000)];
+    // SAFETY: the total overflows, so the domain refuses before anything
+    // is mapped.
+    let e = unsafe { d.map_many(&addrs, each, 4096, Dir::TO_DEVICE, false) }.unwrap_err();
+    assert!(
+        matches!(e, Error::BadConfig { what: "mapping size", value } if value == each),
+        "{e:?}"
+    );
+    assert_eq!(d.pinned(), Default::default());
+    assert_eq!(d.mapper().stats().map_calls, 0);
+}
+
+/// A device's 32-bit store at an IOVA that is not 4-byte aligned is
+/// refused, and counted as the refused access it is, once, with no
+/// translation counted (it used to fault uncounted).
+#[test]
+fn an_unaligned_device_store_is_a_counted_fault() {
+    use pfrag::dma::{FaultReason, Mapping, SoftIommu, SoftIommuConfig, Translate};
+    let r = Region::new(4096, 4096, false).unwrap();
+    let at = |iova: u64| Mapping {
+        iova: Iova(iova),
+        addr: r.addr(),
+        len: 4096,
+        dir: Dir::FROM_DEVICE,
+        huge: false,
+    };
+    let soft = SoftIommu::new(SoftIommuConfig::default()).unwrap();
+    let id = Identity::new();
+    let own = r.addr().raw() as u64;
+    // SAFETY: `r` outlives both mappings (unmapped below); no reference
+    // to its bytes is alive while the device stores.
+    unsafe {
+        soft.map(&at(0x10_0000)).unwrap();
+        id.map(&at(own)).unwrap();
+        assert!(soft.write_u32(Iova(0x10_0002), 1).is_err());
+        assert!(id.write_u32(Iova(own + 2), 1).is_err());
+        soft.write_u32(Iova(0x10_0004), 1).unwrap();
+        id.write_u32(Iova(own + 8), 1).unwrap();
+    }
+    let s = soft.stats();
+    assert_eq!((s.faults, s.iotlb_misses, s.iotlb_hits), (1, 1, 0));
+    let f = soft.faults();
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].reason, FaultReason::Unaligned);
+    assert_eq!(f[0].fault.iova, Iova(0x10_0002));
+    assert_eq!(id.stats().faults, 1);
+    soft.unmap(Iova(0x10_0000), 4096).unwrap();
+    id.unmap(Iova(own), 4096).unwrap();
+}
+
+/// A mapping whose direction allows no access (only bits `Dir` does not
+/// define) is refused by every mapper with `EINVAL`, and maps nothing (the
+/// identity mapper took it, and its page then allowed nothing: a debug
+/// assertion in the first translation).
+#[test]
+fn a_mapping_that_allows_no_access_is_refused() {
+    use pfrag::dma::{Mapping, SoftIommu, SoftIommuConfig, Translate};
+    let r = Region::new(4096, 4096, false).unwrap();
+    let own = Iova(r.addr().raw() as u64);
+    let at = |iova| Mapping {
+        iova,
+        addr: r.addr(),
+        len: 4096,
+        dir: Dir::from_bits_retain(1 << 5),
+        huge: false,
+    };
+    let id = Identity::new();
+    let soft = SoftIommu::new(SoftIommuConfig::default()).unwrap();
+    // SAFETY: refused, so nothing can reach `r`; were one taken, it is
+    // unmapped below before `r` drops.
+    let (a, b) = unsafe { (id.map(&at(own)), soft.map(&at(Iova(0x10_0000)))) };
+    let refused = |r: pfrag::Result<()>| r.map_err(|e| e.errno());
+    assert_eq!(refused(b), Err(Some(libc::EINVAL)));
+    let taken = a.is_ok();
+    assert!(id.translate(own, Dir::TO_DEVICE).is_err());
+    if taken {
+        id.unmap(own, 4096).unwrap();
+    }
+    assert!(!taken, "identity took a mapping that allows nothing");
+    assert_eq!((id.mapped_pages(), id.stats().map_calls), (0, 0));
+}
+
+/// A zero-length range given to `Domain::unmap_many` names no bytes: it is
+/// neither freed nor pinned (its free was refused, a debug assertion), and
+/// alone it is the mapper's `ZeroLength` error.
+#[test]
+fn unmap_many_of_a_zero_length_range_frees_and_pins_nothing() {
+    use pfrag::dma::{SoftIommu, SoftIommuConfig};
+    let d = Domain::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let r = Region::new(4096, 4096, false).unwrap();
+    // SAFETY: `r` outlives the mapping, removed below.
+    let iova = unsafe { d.map(r.addr(), 4096, 4096, Dir::TO_DEVICE) }.unwrap();
+    let after = Iova(iova.raw() + 4096);
+    // SAFETY: the mapping is this test's own, and nothing names it after.
+    unsafe { d.unmap_many(&[(iova, 4096), (after, 0)]) }.unwrap();
+    assert_eq!((d.iova_in_use(), d.pinned().iova_bytes), (0, 0));
+    // SAFETY: names nothing mapped.
+    let e = unsafe { d.unmap_many(&[(iova, 0)]) }.unwrap_err();
+    assert!(matches!(e.error, Error::ZeroLength), "{e:?}");
+    assert_eq!((d.iova_in_use(), d.pinned().iova_bytes), (0, 0));
+}
+
+/// Buffers whose length is not a whole number of 4 KiB pages are refused
+/// by `Domain::map_many` before anything is mapped, even where they would
+/// coalesce into page-aligned runs: their IOVAs could not be given back one
+/// by one (a free of an unaligned IOVA is refused), so the block leaked.
+#[test]
+fn map_many_of_buffers_that_are_not_whole_pages_is_refused() {
+    use pfrag::dma::{SoftIommu, SoftIommuConfig};
+    let d = Domain::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let r = Region::new(3 * 4096, 4096, false).unwrap();
+    let each = 6 * 1024;
+    let addrs = [r.addr(), r.addr().offset(each as usize)];
+    // SAFETY: `r` outlives any mapping of it: all are removed below.
+    let got = unsafe { d.map_many(&addrs, each, 4096, Dir::TO_DEVICE, false) };
+    if let Ok(iovas) = &got {
+        let ranges: Vec<_> = iovas.iter().map(|&i| (i, each)).collect();
+        // SAFETY: the mapping is this test's own.
+        let _ = unsafe { d.unmap_many(&ranges) };
+    }
+    assert!(
+        matches!(got, Err(Error::BadConfig { value, .. }) if value == each),
+        "{got:?}"
+    );
+    assert_eq!((d.iova_in_use(), d.mapper().mapped_pages()), (0, 0));
 }

@@ -471,3 +471,38 @@ fn arenas_freed_out_of_order_still_go_back_whole() {
     assert_eq!(st.released, 24);
     assert_eq!(iommu.mappings(), 1);
 }
+
+/// A refill that fails for want of memory leaves the cache as it was: it
+/// keeps the chunk it carves, so a frag that fits that chunk's tail still
+/// comes from it, and the failed call counts no waste.
+#[test]
+fn a_refill_the_pool_cannot_grow_for_keeps_the_cache_as_it_was() {
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    cfg.grow_batch = 1;
+    cfg.max_bytes = Some(4096);
+    let pool = Pool::new(domain(Invalidation::Strict), cfg).unwrap();
+    let mut c = FragCache::new(pool.clone());
+    let a = c.refill(3000, true).unwrap();
+    let before = c.stats();
+    // 1,088 bytes left: too few for 2,000 whole, or for 600 and 600.
+    let mut v = Vec::new();
+    let errs = [
+        c.refill(2000, true).map(drop),
+        c.refill_bulk(600, 2, &mut v),
+        c.frags(2000, true, &mut v),
+    ];
+    for e in errs {
+        assert!(matches!(e, Err(Error::LimitReached { .. })), "{e:?}");
+    }
+    assert!(v.is_empty());
+    assert_eq!(c.stats(), before, "nothing counted for the failed calls");
+    let b = c.refill(1000, true).unwrap();
+    assert_eq!(
+        b.addr().raw() - a.addr().raw(),
+        3008,
+        "the same chunk's tail"
+    );
+    drop((a, b));
+    drop(c);
+    assert_eq!(pool.free_chunks(), 1);
+}

@@ -477,3 +477,65 @@ fn a_failed_grow_beside_another_grow_leaves_the_account_as_that_one_alone() {
     assert_eq!(acct.hooks().calls(), 0);
     drop(f);
 }
+
+/// A per-chunk pool of 4 KiB chunks, grown one at a time, whose `nth` map
+/// fails; a queue has room again with one chunk back.
+fn failing_nth_map(queues: usize, nth: u64) -> Pool<pfrag::dma::Faulty<SoftIommu>> {
+    use pfrag::dma::{Faulty, FaultyConfig, Op};
+    let faults = FaultyConfig {
+        fail_nth: Some((Op::Map, nth)),
+        ..FaultyConfig::default()
+    };
+    let m = Faulty::new(SoftIommu::new(SoftIommuConfig::default()).unwrap(), faults).unwrap();
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::PerChunk);
+    cfg.reclaim = Reclaim::Hysteresis {
+        threshold: 16 << 10,
+        chunk: 4 << 10,
+    };
+    cfg.queues = queues;
+    cfg.grow_batch = 1;
+    Pool::new(Arc::new(Domain::new(m)), cfg).unwrap()
+}
+
+/// A take whose per-chunk map fails leaves the reserves as they were: the
+/// chunk goes back to the reserve it came from, its queue's own or the
+/// neighbour's it was being borrowed from, and no borrow is counted.
+#[test]
+fn a_take_whose_map_fails_puts_the_chunk_back_where_it_was() {
+    for borrowed in [false, true] {
+        let pool = failing_nth_map(2, 2);
+        let mut owner = FragCache::for_queue(pool.clone(), 1).unwrap();
+        drop(owner.refill(4096, true).unwrap());
+        owner.release();
+        let taker = usize::from(!borrowed);
+        let before: Vec<_> = (0..2).map(|q| pool.queue_stats(q).unwrap()).collect();
+        assert_eq!(before[1].held, 4096, "{before:?}");
+        let mut c = FragCache::for_queue(pool.clone(), taker).unwrap();
+        let e = c.refill(4096, true).unwrap_err();
+        assert!(matches!(e, Error::Map { .. }), "{e:?}");
+        for (q, was) in before.iter().enumerate() {
+            let now = pool.queue_stats(q).unwrap();
+            let was = QueueStatsNoFlags::from(*was);
+            assert_eq!(
+                QueueStatsNoFlags::from(now),
+                was,
+                "queue {q}, borrowed {borrowed}"
+            );
+        }
+        assert_eq!((pool.free_chunks(), pool.reserved_chunks()), (0, 1));
+        // The next take maps: the chunk is where it was.
+        drop(c.refill(4096, true).unwrap());
+    }
+}
+
+/// A queue's reserve counters, less its running-dry flag and count (a
+/// take that finds the reserve empty has run dry, whether it then fails
+/// or not).
+#[derive(Debug, PartialEq)]
+struct QueueStatsNoFlags(u64, u64, u64, u64, u64);
+
+impl From<pool::QueueStats> for QueueStatsNoFlags {
+    fn from(s: pool::QueueStats) -> Self {
+        QueueStatsNoFlags(s.held, s.shared_ops, s.borrows, s.lent, s.reclaim_calls)
+    }
+}

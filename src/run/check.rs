@@ -82,10 +82,19 @@ pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
     // The software models' queues split no data buffer (`soft::run`).
     match cfg.model {
         DeviceModel::Soft | DeviceModel::Null => check_packet::<igb::Advanced>(cfg, None)?,
-        DeviceModel::Virtio => check_packet::<virtio::Split>(cfg, None)?,
+        DeviceModel::Virtio => {
+            if cfg.touch != Touch::Checksum {
+                return Err(RunError::Setting(VIRTIO_TOUCH.into()));
+            }
+            check_packet::<virtio::Split>(cfg, None)?
+        }
     }
     check_wire(cfg)
 }
+
+/// Why a virtio-net run refuses `--touch pages`.
+pub(super) const VIRTIO_TOUCH: &str =
+    "the virtio-net model reads every payload byte: --touch pages is the software NIC's";
 
 /// With a line rate, one packet's frames, with their gaps, must leave
 /// before the run gives up waiting for a completion.

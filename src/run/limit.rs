@@ -54,6 +54,7 @@ fn ceiling(cfg: &RunConfig, device: bool) -> Row {
         ns_per_pkt: ns / p,
         gbit_s: gbit,
         bytes_verified: verified,
+        bytes_sent: cfg.packets * cfg.payload as u64,
         touch: touch_name(cfg.touch).into(),
         backing: "small".into(),
         queues: 1,

@@ -483,4 +483,30 @@ mod tests {
         assert_eq!(m(0).row("soft", &cfg).gbit_s, 0.0);
         assert_eq!(m(5_000).row("soft", &cfg).gbit_s, 40.0);
     }
+
+    /// The null device fetches no segment: its rows leave
+    /// `pages_per_segment` empty (not measured), not 0.
+    #[test]
+    fn a_null_device_row_has_no_pages_per_segment() {
+        let mut cfg = test_config(IommuMode::Strict, 0);
+        cfg.payload = 4000;
+        let soft = run(&cfg, &mut |_| {}).unwrap();
+        assert!(soft[0].pages_per_segment.is_some_and(|p| p > 0.0));
+        cfg.model = DeviceModel::Null;
+        let null = run(&cfg, &mut |_| {}).unwrap();
+        assert_eq!(null[0].pages_per_segment, None);
+    }
+
+    /// The virtio-net model reads every byte: `--touch pages` with it is a
+    /// bad setting, refused by the up-front check (exit status 2 in the
+    /// sweep), not by the run after others ran.
+    #[test]
+    fn virtio_with_touch_pages_is_refused_up_front() {
+        let mut cfg = test_config(IommuMode::Strict, 0);
+        (cfg.model, cfg.touch) = (DeviceModel::Virtio, Touch::Pages);
+        let e = check(&cfg).unwrap_err().to_string();
+        assert!(e.contains("--touch pages"), "{e}");
+        cfg.touch = Touch::Checksum;
+        check(&cfg).unwrap();
+    }
 }

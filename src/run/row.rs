@@ -139,6 +139,10 @@ pub struct Row {
     /// Distinct 4 KiB pages per segment's payload: the page translations
     /// a TSO engine makes per segment (software NIC).
     pub pages_per_segment: Option<f64>,
+    /// Payload bytes posted in the measured part (the least of any
+    /// repetition in a summary row): `bytes_verified` must equal it where
+    /// the device reads every byte.
+    pub bytes_sent: u64,
 }
 
 /// What both backends measure over a run's measured part.
@@ -201,6 +205,7 @@ impl Measured {
             line_rate_gbit: cfg.device.line_rate_gbit,
             iommu_latency: cfg.device.iommu_latency,
             mss: cfg.mss,
+            bytes_sent: self.bytes,
             ..self.cpu_columns(cfg)
         }
         .single()
@@ -229,6 +234,27 @@ impl Measured {
 }
 
 impl Row {
+    /// What is wrong with a run on the software NIC that reads every
+    /// byte, in words (empty when it is sound): a device fault, a pressure
+    /// hook call count other than the account's transitions, or a payload
+    /// byte sent and not verified.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.faults > 0 || self.pressure_hook_calls != self.pressure_transitions {
+            out.push(format!(
+                "{} faults, {} hook calls for {} transitions",
+                self.faults, self.pressure_hook_calls, self.pressure_transitions
+            ));
+        }
+        if self.bytes_verified == 0 || self.bytes_verified != self.bytes_sent {
+            out.push(format!(
+                "{} bytes verified of {} sent",
+                self.bytes_verified, self.bytes_sent
+            ));
+        }
+        out
+    }
+
     /// The row as one repetition: `reps` 1, and each figure's range (the
     /// `_min` and `_max` columns) the figure itself.
     pub fn single(self) -> Row {

@@ -102,9 +102,7 @@ fn measure<M: DmaMapper + Translate + 'static>(
                 verify: true,
             };
             if cfg.touch != Touch::Checksum {
-                return Err(RunError::Setting(
-                    "the virtio-net model reads every payload byte: --touch pages is the software NIC's".into(),
-                ));
+                return Err(RunError::Setting(super::check::VIRTIO_TOUCH.into()));
             }
             // Every feature the TX path uses is offered: the negotiation
             // cannot fail.
@@ -385,7 +383,8 @@ fn row(cfg: &RunConfig, r: &QueueRun, queue: Option<usize>, sh: &Shared) -> Row 
     let mut row = Row {
         iotlb_misses_per_pkt: Some(map.iotlb_misses as f64 / p),
         pages_per_pkt: Some(r.nic.pages as f64 / r.nic.packets.max(1) as f64),
-        pages_per_segment: (r.nic.frames > 0)
+        // The null device fetches no segment's payload: not measured.
+        pages_per_segment: (r.nic.frames > 0 && cfg.model != DeviceModel::Null)
             .then(|| r.nic.segment_pages as f64 / r.nic.frames as f64),
         model_iommu_ns_per_pkt: Some(map.model_ns / p),
         faults: r.faults,

@@ -2,6 +2,7 @@
 
 /// Everything the NIC side can fail with.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The pool, mapper or bounce ring said no.
     #[error(transparent)]
@@ -230,6 +231,33 @@ pub enum Error {
         /// Calls made.
         tries: u32,
     },
+    /// The kernel reported usable IOVA ranges that are not non-empty,
+    /// ascending and disjoint: range `index` (end exclusive) ends at or
+    /// before its start, or starts before the range ahead of it ends.
+    #[error("the kernel's usable IOVA range {index}, {start:#x}..{end:#x}, is empty, reversed, or not after the range before it (ending at {prev_end:#x})")]
+    OddIovaRanges {
+        /// Which range, counted from 0 in the kernel's order.
+        index: usize,
+        /// Its start.
+        start: u64,
+        /// Its end, exclusive.
+        end: u64,
+        /// The end of the range before it (0 for the first).
+        prev_end: u64,
+    },
+    /// A read or write of PCI configuration space through VFIO failed.
+    #[error("PCI config space {op} of {len} bytes at {offset:#x} failed (errno {errno:?}): {source}", errno = .source.raw_os_error())]
+    ConfigSpace {
+        /// `"read"` or `"write"`.
+        op: &'static str,
+        /// Offset in config space.
+        offset: u64,
+        /// Bytes.
+        len: usize,
+        /// The OS error (`UnexpectedEof` for a short read).
+        #[source]
+        source: std::io::Error,
+    },
     /// A BAR that VFIO does not allow to mmap.
     #[error("BAR region {index} cannot be mmapped (region flags {flags:#x})")]
     BarNotMappable {
@@ -306,6 +334,17 @@ pub enum Error {
         /// 0x40).
         status: u8,
     },
+    /// A device register did not take the value written: it reads back
+    /// another.
+    #[error("device register {what}: wrote {wrote:#x}, read back {read:#x}")]
+    NotTaken {
+        /// The register.
+        what: &'static str,
+        /// The value written.
+        wrote: u32,
+        /// The value read back.
+        read: u32,
+    },
     /// The device did not finish a step in time.
     #[error("device {what} did not complete in {waited_ms} ms")]
     DeviceTimeout {
@@ -355,6 +394,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Why a packet's headers cannot carry the offload asked for.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HeaderFault {
     /// The headers do not parse (what etherparse said).
     Parse(String),
@@ -399,6 +439,24 @@ pub enum HeaderFault {
         /// The most the engine patches.
         max: usize,
     },
+    /// The length a UDP header states is not the datagram's (its header
+    /// and the payload; checksum offload): the receiver would read
+    /// another datagram than the one the device summed.
+    UdpLength {
+        /// What the header says.
+        header: usize,
+        /// What the datagram is.
+        packet: usize,
+    },
+    /// An IPv4 fragment: its L4 checksum covers the whole datagram, and
+    /// past the first fragment the bytes after its IP header are payload,
+    /// not an L4 header, so no offload can use it.
+    IpFragment {
+        /// More fragments follow (the MF flag).
+        more: bool,
+        /// Where the fragment starts in the datagram, in 8-byte units.
+        offset: u16,
+    },
     /// An MSS of 0.
     ZeroMss,
     /// No header bytes: every packet starts with at least its Ethernet
@@ -428,6 +486,14 @@ impl std::fmt::Display for HeaderFault {
             HeaderFault::TooLongToPatch { len, max } => write!(
                 f,
                 "{len} header bytes, more than the engine completes in a copy ({max})"
+            ),
+            HeaderFault::UdpLength { header, packet } => write!(
+                f,
+                "the UDP header's length {header} does not match the datagram's {packet} bytes"
+            ),
+            HeaderFault::IpFragment { more, offset } => write!(
+                f,
+                "an IPv4 fragment (offset {offset} x 8 bytes, more fragments: {more})"
             ),
             HeaderFault::ZeroMss => write!(f, "MSS 0"),
             HeaderFault::Empty => write!(f, "no header bytes given"),

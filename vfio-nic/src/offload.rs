@@ -194,8 +194,30 @@ pub fn check<F: Format>(
                 },
             ));
         }
+        check_udp_length(headers, &layout, payload)?;
     }
     Ok(Some(layout))
+}
+
+/// Refuses a UDP header (of checksum-offloaded `headers` laid out as
+/// `layout`, before `payload` bytes) whose length is not the datagram's:
+/// the device sums the bytes it is given, the receiver those the length
+/// names.
+fn check_udp_length(headers: &[u8], layout: &Layout, payload: usize) -> Result<()> {
+    if layout.l4 != L4::Udp {
+        return Ok(());
+    }
+    // The UDP header was parsed from these bytes: its length field lies
+    // 4 bytes into it.
+    let at = usize::from(layout.maclen) + usize::from(layout.iplen) + 4;
+    let stated = u16::from_be_bytes([headers[at], headers[at + 1]]);
+    let packet = usize::from(layout.l4len) + payload;
+    if usize::from(stated) != packet {
+        let header = usize::from(stated);
+        let why = HeaderFault::UdpLength { header, packet };
+        return Err(bad(Offload::Checksum, why));
+    }
+    Ok(())
 }
 
 /// [`Error::PayloadTooLarge`] if `payload` is past `max`.
@@ -233,6 +255,10 @@ fn parse_layout(headers: &[u8], offload: Offload) -> Result<(Layout, usize)> {
     let (ip, iplen, proto, stated, rest) = match eth.ether_type {
         EtherType::IPV4 => {
             let (h, rest) = Ipv4Header::from_slice(rest).map_err(|e| parse(&e))?;
+            if h.is_fragmenting_payload() {
+                let (more, offset) = (h.more_fragments, h.fragment_offset.value());
+                return Err(bad(offload, HeaderFault::IpFragment { more, offset }));
+            }
             let stated = usize::from(h.total_len);
             (Ip::V4, h.header_len(), h.protocol, stated, rest)
         }

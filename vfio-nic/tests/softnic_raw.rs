@@ -12,6 +12,8 @@ use vfio_nic::device::TxDevice;
 use vfio_nic::model::softnic::{self, SoftNic};
 use vfio_nic::Error;
 
+mod common;
+
 /// A NIC attached to an 8-descriptor ring mapped for `dir`, for tests that
 /// write descriptors by hand.
 struct RawRing {
@@ -131,23 +133,19 @@ fn a_checksum_offload_keeps_the_drivers_ip_length() {
     fr.resize(flow::HDR_LEN + carried, 0);
     pattern::fill(0, 0, &mut fr[flow::HDR_LEN..]);
     buf.write(0, &fr).unwrap();
-    for (i, d) in [
-        Desc::Context(Context::tcp_ipv4(14, 20, 20, 0)),
-        Desc::Data(Data::new(
-            buf.iova().raw(),
-            fr.len() as u16,
-            Dcmd::EOP | Dcmd::RS | Dcmd::IFCS,
-            fr.len() as u32,
-            Popts::IXSM | Popts::TXSM,
-        )),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let w = d.encode();
-        ring.write_u64(i * 16, w[0]).unwrap();
-        ring.write_u64(i * 16 + 8, w[1]).unwrap();
-    }
+    common::put_descs(
+        &ring,
+        [
+            Desc::Context(Context::tcp_ipv4(14, 20, 20, 0)),
+            Desc::Data(Data::new(
+                buf.iova().raw(),
+                fr.len() as u16,
+                Dcmd::EOP | Dcmd::RS | Dcmd::IFCS,
+                fr.len() as u32,
+                Popts::IXSM | Popts::TXSM,
+            )),
+        ],
+    );
     let cfg = softnic::Config {
         capture: true,
         ..softnic::Config::default()

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 use super::{BatchUnmap, Dir, DmaMapper, IovaSpace, Mapping, Unmapped};
-use crate::addr::{Iova, VirtAddr};
+use crate::addr::{Iova, VirtAddr, PAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::iova::IovaAllocator;
 
@@ -181,7 +181,8 @@ impl<M: DmaMapper> Domain<M> {
         Ok(unsafe { self.map_many(&[addr], len, align, dir, false) }?[0])
     }
 
-    /// Maps `addrs.len()` buffers of `each` bytes at one contiguous IOVA block
+    /// Maps `addrs.len()` buffers of `each` bytes (a multiple of 4 KiB, else
+    /// [`Error::BadConfig`]) at one contiguous IOVA block
     /// (buffer `i` at `base + i * each`, base aligned to `align`), with one map
     /// call per run that is contiguous in host memory too. `huge` says the
     /// memory is backed by 2 MiB huge pages, so the mapper may use
@@ -192,6 +193,11 @@ impl<M: DmaMapper> Domain<M> {
     /// reached: its IOVA stays allocated and pinned, and the caller must
     /// keep all the buffers' memory for good. On any other error nothing
     /// of the block can be reached, and the memory may go.
+    ///
+    /// It may wait for device accesses and for every
+    /// [`Hold`](super::Hold) on the mapper: when the IOVA space is
+    /// exhausted while ranges wait for a flush it flushes, and a batch that
+    /// fails part way is unmapped again.
     ///
     /// # Safety
     /// As [`map`](Self::map), for every buffer.
@@ -206,15 +212,26 @@ impl<M: DmaMapper> Domain<M> {
         if addrs.is_empty() || each == 0 {
             return Err(Error::ZeroLength);
         }
+        // Refused in every domain, identity too, before anything is
+        // mapped: the error paths below count the whole block.
+        let total = each
+            .checked_mul(addrs.len() as u64)
+            .ok_or(Error::BadConfig {
+                what: "mapping size",
+                value: each,
+            })?;
+        // Each buffer's IOVA is given back on its own (`unmap_many`), which
+        // only whole pages can be, even where buffers coalesce into
+        // page-aligned runs that the mapper would take.
+        if each % PAGE_SIZE != 0 {
+            return Err(Error::BadConfig {
+                what: "buffer length (whole 4 KiB pages)",
+                value: each,
+            });
+        }
         let iovas: Vec<Iova> = match &self.iova {
             None => addrs.iter().map(|a| Iova(a.raw() as u64)).collect(),
             Some(a) => {
-                let total = each
-                    .checked_mul(addrs.len() as u64)
-                    .ok_or(Error::BadConfig {
-                        what: "mapping size",
-                        value: each,
-                    })?;
                 let base = self.alloc(a, total, align)?;
                 (0..addrs.len() as u64)
                     .map(|i| base.offset(i * each))
@@ -237,7 +254,6 @@ impl<M: DmaMapper> Domain<M> {
             unsafe { m.map_batch(&ms) }
         });
         if let Err(e) = mapped {
-            let total = each * addrs.len() as u64;
             if matches!(e, Error::Unmap { .. }) {
                 // Undoing the batch failed: some runs stay mapped. Keep the
                 // whole block out of circulation (the caller pins the
@@ -305,6 +321,10 @@ impl<M: DmaMapper> Domain<M> {
             error: None,
         };
         for &(iova, len) in ranges {
+            if len == 0 {
+                // Names no bytes: nothing to free or to keep.
+                continue;
+            }
             if report.still_mapped(iova) {
                 self.pinned_iova.fetch_add(len, Relaxed);
             } else {

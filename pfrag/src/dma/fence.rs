@@ -53,9 +53,12 @@ impl Fence {
 /// [`read`](super::Translate::read) and [`write`](super::Translate::write)
 /// enter the fence per access.
 ///
-/// While it is alive, the thread holding it must not unmap through that
-/// mapper (directly, or by dropping a pool or queue): the unmap would wait
-/// for this hold forever. Nor should it call
+/// While it is alive, the thread holding it must not unmap or flush
+/// through that mapper (directly, or by dropping a pool or queue): the
+/// unmap would wait for this hold forever. Nor may it map through the
+/// mapper's [`Domain`](super::Domain) (a pool growing included), which
+/// flushes when the IOVA space runs out while ranges wait for a flush, and
+/// unmaps what a failed batch installed. Nor should it call
 /// [`read`](super::Translate::read) or [`write`](super::Translate::write)
 /// of the same mapper, which may wait behind an unmap that waits for it.
 /// Taking one is `unsafe` for that reason:
@@ -151,7 +154,9 @@ pub(crate) unsafe fn device_write(
 /// Stores the 32-bit word `v` at `iova` through `translate` with one atomic
 /// release store: a device's descriptor write-back, which the driver polls
 /// while the device runs (on a thread of its own). `iova` must be 4-byte
-/// aligned (a translation keeps the page offset, so the address is too).
+/// aligned (a translation keeps the page offset, so the address is too);
+/// the mappers check that first, to count the fault, and this refuses an
+/// unaligned one as well.
 ///
 /// # Safety
 /// As for [`device_write`], for the 4 bytes at `iova`.

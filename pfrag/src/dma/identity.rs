@@ -239,7 +239,11 @@ impl DmaMapper for Identity {
     unsafe fn map(&self, m: &Mapping) -> Result<()> {
         let aligned = m.len > 0 && (m.iova.raw() | m.len) % PAGE_SIZE == 0;
         let end = m.iova.raw().checked_add(m.len);
-        if m.iova.raw() != m.addr.raw() as u64 || !aligned || end.is_none() || m.dir.is_empty() {
+        if m.iova.raw() != m.addr.raw() as u64
+            || !aligned
+            || end.is_none()
+            || !m.dir.intersects(Dir::BIDIRECTIONAL)
+        {
             return Err(einval(m.iova, m.len));
         }
         let mut st = self.lock();
@@ -281,6 +285,10 @@ impl DmaMapper for Identity {
         0
     }
     fn flush(&self) -> Result<()> {
+        // Nothing is deferred, but a flush still returns only once every
+        // device access and `Hold` that started before it has ended, as
+        // `Translate` promises.
+        self.fence.quiesce();
         Ok(())
     }
     fn stats(&self) -> MapStats {
@@ -324,6 +332,13 @@ unsafe impl Translate for Identity {
         unsafe { device_write(&self.fence, |i, d| self.translate(i, d), iova, src) }
     }
     unsafe fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        if iova.raw() % 4 != 0 {
+            self.faults.fetch_add(1, Relaxed);
+            return Err(Fault {
+                iova,
+                access: Dir::FROM_DEVICE,
+            });
+        }
         // SAFETY: the caller's promise is passed on unchanged.
         unsafe { device_store_u32(&self.fence, |i, d| self.translate(i, d), iova, v) }
     }

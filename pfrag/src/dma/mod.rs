@@ -107,7 +107,10 @@ pub struct MapStats {
     pub map_calls: u64,
     /// Unmap calls.
     pub unmap_calls: u64,
-    /// 4 KiB page-table entries written (a 2 MiB superpage counts 512).
+    /// Page-table entries written: one per 4 KiB page, and one per 2 MiB
+    /// superpage where the mapper installs one ([`SoftIommu`] with huge
+    /// pages). A mapper that cannot see the page table (VFIO's) counts the
+    /// 4 KiB pages it mapped.
     pub ptes_written: u64,
     /// IOTLB invalidation operations.
     pub invalidations: u64,
@@ -375,8 +378,10 @@ pub struct Translation {
 /// [`Hold`](Self::hold). So an implementation promises that a successful
 /// `translate` names `len` (at least 1) bytes of memory, inside one page,
 /// that the mapping covers for `access` and that stay allocated until an
-/// unmap of that mapping returns; that no unmap or flush returns while a
-/// `Hold` from [`hold`](Self::hold) is alive; and that `read`, `write` and
+/// unmap of that mapping returns (and, for a deferred one, until its
+/// flush generation completes); that no unmap or flush returns `Ok` while
+/// a `Hold` from [`hold`](Self::hold) is alive (one that fails removed
+/// nothing, or leaves its memory allocated for good); and that `read`, `write` and
 /// `write_u32` touch only what `translate` would name. pfrag's mappers
 /// keep these with their fence; a wrapper forwards all of them to one
 /// inner translation.
@@ -394,8 +399,13 @@ pub unsafe trait Translate: Send + Sync {
     /// flushes through this mapper (directly, or by dropping a pool, a
     /// `Coherent` region or a queue) nor calls [`read`](Self::read),
     /// [`write`](Self::write) or [`write_u32`](Self::write_u32): each
-    /// would wait for the hold, forever. (Nothing unsound follows from
-    /// breaking this; the thread hangs.)
+    /// would wait for the hold, forever. Mapping may unmap or flush too:
+    /// [`Domain::map`] and [`Domain::map_many`] (and so a pool that grows,
+    /// or [`Coherent::new`]) flush when the IOVA space is exhausted while
+    /// ranges wait for a flush, and a [`map_batch`](DmaMapper::map_batch)
+    /// that fails part way unmaps (and may flush) the runs it installed;
+    /// so the holder does not map through this mapper's domain either.
+    /// (Nothing unsound follows from breaking this; the thread hangs.)
     unsafe fn hold(&self) -> Hold<'_>;
     /// DMA read of `len` bytes at `iova`: `f` sees them piece by piece, in
     /// order, each piece within one translated page. A fault stops the read

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 
 /// Why a translation faulted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FaultReason {
     /// No translation for the IOVA.
     NotPresent,
@@ -27,6 +28,9 @@ pub enum FaultReason {
     Permission,
     /// The IOVA lies outside the domain's IOVA range.
     OutOfRange,
+    /// The access is not aligned as it must be: a 32-bit store
+    /// ([`Translate::write_u32`]) at an IOVA that is not 4-byte aligned.
+    Unaligned,
 }
 
 /// One recorded fault.
@@ -323,7 +327,7 @@ impl DmaMapper for SoftIommu {
                 st.nodes[s.node][s.idx] = 0;
             }
             return Err(Error::Map {
-                iova: Iova(m.iova.raw() + off),
+                iova: m.iova,
                 len: m.len,
                 source: errno(libc::EEXIST),
             });
@@ -376,13 +380,16 @@ impl DmaMapper for SoftIommu {
                     off += PAGE_SIZE;
                 }
                 Some((_, true, _)) | None => {
+                    // The request's numbers: the page that stopped it
+                    // (`at`) is the first not mapped, or inside a 2 MiB
+                    // page the range splits.
                     let code = if st.leaf(at).is_some() {
                         libc::EINVAL
                     } else {
                         libc::ENOENT
                     };
                     return Err(Error::Unmap {
-                        iova: Iova(at),
+                        iova,
                         len,
                         source: errno(code),
                     });
@@ -472,6 +479,10 @@ unsafe impl Translate for SoftIommu {
         unsafe { device_write(&self.fence, |i, d| self.translate(i, d), iova, src) }
     }
     unsafe fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
+        if iova.raw() % 4 != 0 {
+            let reason = FaultReason::Unaligned;
+            return Err(self.lock().fault(iova, Dir::FROM_DEVICE, reason));
+        }
         // SAFETY: the caller's promise is passed on unchanged.
         unsafe { device_store_u32(&self.fence, |i, d| self.translate(i, d), iova, v) }
     }

@@ -138,7 +138,9 @@ impl SoftIommuConfig {
             return Err(Error::OutOfRange {
                 what: "iova range end (whole pages, start < end)",
                 value: r.end,
-                min: r.start + PAGE_SIZE,
+                // Saturated and capped: a start near the top of the
+                // 64-bit space must not overflow here.
+                min: r.start.saturating_add(PAGE_SIZE).min(1 << IOVA_BITS),
                 max: 1 << IOVA_BITS,
             });
         }

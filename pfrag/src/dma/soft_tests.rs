@@ -111,6 +111,43 @@ fn double_map_is_eexist_and_rolls_back() {
     assert!(m.translate(Iova(0x10_0000), Dir::TO_DEVICE).is_err());
 }
 
+/// A refused map or unmap names the request (its IOVA and length, as the
+/// error's fields say); the first page that conflicted or was missing used
+/// to stand for the request's IOVA, which named a range never asked for.
+#[test]
+fn refusals_name_the_request() {
+    let m = iommu(Invalidation::Strict);
+    map(&m, 0x10_1000, 0x7000_0000, 0x1000, Dir::TO_DEVICE).unwrap();
+    let e = map(&m, 0x10_0000, 0x7100_0000, 0x3000, Dir::TO_DEVICE).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EEXIST));
+    assert!(
+        matches!(
+            e,
+            Error::Map {
+                iova: Iova(0x10_0000),
+                len: 0x3000,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // Mapped, then a hole: the unmap stops at the hole.
+    let e = m.unmap(Iova(0x10_1000), 0x2000).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::ENOENT));
+    assert!(
+        matches!(
+            e,
+            Error::Unmap {
+                iova: Iova(0x10_1000),
+                len: 0x2000,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(m.mapped_pages(), 1);
+}
+
 #[test]
 fn unmap_of_unmapped_range_is_enoent() {
     let m = iommu(Invalidation::Strict);
@@ -294,6 +331,33 @@ fn settings_out_of_range_are_typed_errors() {
             ..
         }
     ));
+}
+
+/// An IOVA range at the top of the 64-bit space, empty, reversed or
+/// unaligned, is refused with the numbers; the bounds the error gives do
+/// not overflow (`start + 4 KiB` used to, a panic in debug builds).
+#[test]
+fn iova_ranges_near_u64_max_are_typed_errors() {
+    let top: u64 = !0xfff;
+    let reversed = std::ops::Range {
+        start: u64::MAX,
+        end: 0,
+    };
+    for r in [top..u64::MAX, reversed, top..top, 0x1001..0x1_0000] {
+        let cfg = SoftIommuConfig {
+            iova_range: r.clone(),
+            ..SoftIommuConfig::default()
+        };
+        match SoftIommu::new(cfg).unwrap_err() {
+            Error::OutOfRange {
+                value, min, max, ..
+            } => {
+                assert_eq!(value, r.end, "{r:?}");
+                assert!(min <= max && max == 1 << 48, "{r:?}: {min:#x}..{max:#x}");
+            }
+            e => panic!("{r:?}: {e:?}"),
+        }
+    }
 }
 
 /// An IOMMU that lets any mapped pages be unmapped (not type1's rule).

@@ -518,16 +518,22 @@ impl<M: DmaMapper> FragCache<M> {
 
     /// Moves to a fresh chunk: reuses the current one in place if all its
     /// frags completed and it is reusable (no failed unmap, no unmap
-    /// waiting for its flush), else leaves it to its frags (or, if none is
-    /// left, to the pool, to pin or park) and takes one from the pool. The
-    /// bytes of the current chunk not carved count as waste.
+    /// waiting for its flush), else takes one from the pool and leaves the
+    /// current one to its frags (or, if none is left, to the pool, to pin
+    /// or park). The bytes of the current chunk not carved count as waste.
+    ///
+    /// A chunk with frags out is let go only once the next one is taken:
+    /// a take that fails (the pool at its limit, say) leaves the cache as
+    /// it was, still carving it.
     #[cold]
     fn next_chunk(&mut self) -> Result<()> {
         if let Some(c) = self.cur {
-            self.left_bytes += self.chunk_size as u64;
-            self.cur = None;
-            if c.get().refcnt.fetch_sub(self.bias, Ordering::AcqRel) == self.bias {
-                self.bias = 0;
+            // `refcnt` is the bias plus one per frag or hold out, and only
+            // frags make holds: at the bias alone, no other reference is
+            // left or can appear, and the acquire load sees what the last
+            // completer did.
+            if c.get().refcnt.load(Ordering::Acquire) == self.bias {
+                self.left_bytes += self.chunk_size as u64;
                 if self.pool.shared.reusable(c) {
                     // Every frag completed: the chunk is ours alone; keep it.
                     self.carve_from(c);
@@ -535,14 +541,22 @@ impl<M: DmaMapper> FragCache<M> {
                     return Ok(());
                 }
                 // It waits for a flush, or must be pinned: let the pool
-                // decide. SAFETY: the refcount reached zero here, so the
-                // chunk is ours alone, and `c` is not used again.
+                // decide (before taking, so that a flush it forces can
+                // free it for the take).
+                self.cur = None;
+                self.bias = 0;
+                c.get().refcnt.store(0, Ordering::Relaxed);
+                // SAFETY: the cache held the only references, so the chunk
+                // is ours alone, and `c` is not used again.
                 unsafe { Shared::recycle(c) };
             }
-            self.bias = 0;
         }
-        let c = self.pool.take(self.queue)?;
-        self.carve_from(c);
+        let next = self.pool.take(self.queue)?;
+        if let Some(c) = self.cur.take() {
+            self.left_bytes += self.chunk_size as u64;
+            put(c, self.bias);
+        }
+        self.carve_from(next);
         self.stats.chunks_taken += 1;
         Ok(())
     }

@@ -13,7 +13,7 @@ use crate::addr::{Iova, VirtAddr, HUGE_PAGE_SIZE};
 use crate::dma::{DmaMapper, Unmapped};
 use crate::error::{Error, Result};
 use crate::mem::{Backing, Region};
-use crate::sync::{lock, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{lock, try_lock, AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Keeps shrink from scanning the free list on every completion when no
 /// arena can be whole yet. A scan that takes nothing records how many more
@@ -295,7 +295,14 @@ impl<M: DmaMapper> Shared<M> {
         if free <= mark || self.gate.shut(mark) {
             return Ok(0);
         }
-        let arenas = lock(&self.arenas);
+        // Not waited for: a grow holds the lock while it maps and while the
+        // account runs its pressure hooks, which may trim this pool or drop
+        // its frags (and so shrink it) on the growing thread itself. A pool
+        // that grows had no free chunk to give back when it began. A shrink
+        // lets go of it before it uncharges (below).
+        let Some(arenas) = try_lock(&self.arenas) else {
+            return Ok(0);
+        };
         let (out, missing) = self.take_whole_arenas(&arenas, free - mark);
         self.gate.set(missing, mark);
         if out.is_empty() {
@@ -329,13 +336,18 @@ impl<M: DmaMapper> Shared<M> {
             }
         }
         let n = released.len();
+        self.counters.chunks.fetch_sub(n as u64, Ordering::Relaxed);
+        self.counters.shrinks.fetch_add(1, Ordering::Relaxed);
+        // Uncharged with the lock let go: the account's hooks may grow
+        // this pool (a hook that takes memory again as pressure ends).
+        // And before a grow can reuse the chunks, so that the account
+        // never counts them twice.
+        drop(arenas);
+        self.uncharge((n * size) as u64);
         lock(&self.released).extend(released);
         self.counters
             .released
             .fetch_add(n as u64, Ordering::Relaxed);
-        self.counters.chunks.fetch_sub(n as u64, Ordering::Relaxed);
-        self.counters.shrinks.fetch_add(1, Ordering::Relaxed);
-        self.uncharge((n * size) as u64);
         first_err.map_or(Ok(n), Err)
     }
 

@@ -33,9 +33,11 @@
 mod arena;
 mod config;
 mod policy;
+mod reserve;
 mod stats;
 
 pub use config::{Config, Policy, Reclaim};
+use reserve::Reserve;
 use stats::QueueCounters;
 pub use stats::{QueueStats, Stats};
 
@@ -49,39 +51,6 @@ use crate::dma::{DmaMapper, Domain};
 use crate::error::{Error, Result};
 use crate::mem::Region;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering, Queue};
-
-/// One queue's reserve of free chunks. Aligned so that two queues' counters
-/// never share a cache line (queues run on different cores).
-#[repr(align(128))]
-struct Reserve<M: DmaMapper> {
-    /// Chunks this queue has out of the lists; while above zero the queue
-    /// holds one strong count on the pool's shared state.
-    out: AtomicU64,
-    free: Queue<ChunkPtr<M>>,
-    /// Bytes in `free`.
-    held: AtomicU64,
-    /// "Under pressure: do not borrow from me." Set by the owner when it
-    /// runs dry, cleared by the owner when it has room again.
-    pressured: AtomicBool,
-    c: QueueCounters,
-}
-
-impl<M: DmaMapper> Reserve<M> {
-    fn new() -> Reserve<M> {
-        Reserve {
-            out: AtomicU64::new(0),
-            free: Queue::new(),
-            held: AtomicU64::new(0),
-            pressured: AtomicBool::new(false),
-            c: QueueCounters::default(),
-        }
-    }
-
-    /// Counts `n` pushes or pops on the shared free list by this queue.
-    fn shared_op(&self, n: u64) {
-        self.c.shared_ops.fetch_add(n, Ordering::Relaxed);
-    }
-}
 
 /// The most references a chunk may carry. Past it, taking one more
 /// panics, after undoing the increment, so the count never wraps (leaked
@@ -466,10 +435,12 @@ impl<M: DmaMapper> Pool<M> {
         let sh = &self.shared;
         let r = sh.reserve(q)?;
         let size = sh.cfg.order.size() as u64;
-        let c = loop {
+        // The reserve the chunk came from, if any: a chunk whose map fails
+        // goes back there.
+        let (c, from) = loop {
             if let Some(c) = r.free.pop() {
                 r.held.fetch_sub(size, Ordering::Relaxed);
-                break c;
+                break (c, Some(q));
             }
             if sh.cfg.reclaim != Reclaim::Eager && !r.pressured.load(Ordering::Relaxed) {
                 // Ran dry: ask the neighbours to leave our reserve alone.
@@ -478,10 +449,10 @@ impl<M: DmaMapper> Pool<M> {
             }
             if let Some(c) = sh.free.pop() {
                 r.shared_op(1);
-                break c;
+                break (c, None);
             }
-            if let Some(c) = sh.borrow(q) {
-                break c;
+            if let Some((c, nb)) = sh.borrow(q) {
+                break (c, Some(nb));
             }
             if sh.unpark(false) == 0 {
                 if let Err(e) = sh.grow() {
@@ -494,9 +465,12 @@ impl<M: DmaMapper> Pool<M> {
         };
         c.get().owner.store(q as u32, Ordering::Relaxed);
         if let Err(e) = sh.map_taken(c) {
-            sh.push_free(c);
-            r.shared_op(1);
+            sh.untake(c, from, r);
             return Err(e);
+        }
+        if let Some(nb) = from.filter(|&nb| nb != q) {
+            r.c.borrows.fetch_add(1, Ordering::Relaxed);
+            sh.reserves[nb].c.lent.fetch_add(1, Ordering::Relaxed);
         }
         if r.out.fetch_add(1, Ordering::AcqRel) == 0 {
             // The queue's first chunk out: it now keeps the pool alive.
@@ -510,7 +484,9 @@ impl<M: DmaMapper> Pool<M> {
 
     /// Gives back free chunks past the high watermark (all free chunks
     /// under memory pressure) now; normally done by completions. Returns the
-    /// number of chunks released.
+    /// number of chunks released: 0 while another trim or shrink runs, or
+    /// while the pool grows (a pool grows only when it has no free chunk;
+    /// a pressure hook that the grow runs may trim the pool so).
     pub fn trim(&self) -> Result<usize> {
         self.shared.gate.open();
         self.shared.shrink()
@@ -529,46 +505,6 @@ impl<M: DmaMapper> Shared<M> {
         self.pressure
             .as_ref()
             .is_some_and(|p| p.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    /// A chunk from the first neighbour of `q` (in ring order) that is not
-    /// under pressure and has one. Lock-free pops only.
-    fn borrow(&self, q: usize) -> Option<ChunkPtr<M>> {
-        let n = self.reserves.len();
-        let me = &self.reserves[q];
-        let size = self.cfg.order.size() as u64;
-        for i in 1..n {
-            let nb = &self.reserves[(q + i) % n];
-            if nb.pressured.load(Ordering::Relaxed) {
-                me.c.skipped_pressured.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            if let Some(c) = nb.free.pop() {
-                nb.held.fetch_sub(size, Ordering::Relaxed);
-                nb.c.lent.fetch_add(1, Ordering::Relaxed);
-                me.c.borrows.fetch_add(1, Ordering::Relaxed);
-                return Some(c);
-            }
-        }
-        None
-    }
-
-    /// Moves up to `bytes` (at least one chunk) from queue `r`'s reserve to
-    /// the shared list: one reclaim call.
-    fn reclaim(&self, r: &Reserve<M>, bytes: u64) {
-        let size = self.cfg.order.size() as u64;
-        let mut moved = 0u64;
-        while moved < bytes.max(size) {
-            let Some(c) = r.free.pop() else { break };
-            r.held.fetch_sub(size, Ordering::Relaxed);
-            self.push_free(c);
-            moved += size;
-        }
-        if moved > 0 {
-            r.c.reclaim_calls.fetch_add(1, Ordering::Relaxed);
-            r.c.reclaimed_bytes.fetch_add(moved, Ordering::Relaxed);
-            r.shared_op(moved / size);
-        }
     }
 
     pub(crate) fn note_unmap_error(&self) {

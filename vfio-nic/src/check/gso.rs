@@ -54,6 +54,7 @@ const MIN_FRAME: usize = 60;
 /// Why a captured frame cannot be what a driver posts to a virtio-net
 /// device for checksum offload or TSO.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum GsoError {
     /// Not Ethernet + IPv4 or IPv6 + TCP or UDP, or cut inside the headers.
     #[error("frame does not parse as Ethernet/IP/TCP or UDP: {0}")]

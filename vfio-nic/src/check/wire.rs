@@ -20,6 +20,7 @@ use crate::gen::{flow, pattern};
 
 /// Why one frame failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FrameError {
     /// Not Ethernet + IPv4 + TCP, or truncated.
     #[error("frame does not parse as Ethernet/IPv4/TCP: {0}")]
@@ -88,21 +89,41 @@ pub fn same_checksum(a: u16, b: u16) -> bool {
     a == b || (a | b == 0xffff && a & b == 0 && (a == 0 || b == 0))
 }
 
-/// Whether a frame of flow `fl` at stream offset `off` is whole in itself:
-/// its IPv4 and TCP checksums hold and its payload is the flow's pattern
-/// there. Only such a frame may take a flow up after a gap.
-fn intact(
+/// Checks that a frame of flow `fl` at stream offset `off` is whole in
+/// itself: its IPv4 and TCP checksums hold and its payload is the flow's
+/// pattern there. The first check that fails is the error. Only a whole
+/// frame may take a flow up after a gap.
+fn whole(
     iph: &etherparse::Ipv4Header,
     th: &etherparse::TcpHeader,
     fl: u32,
     off: u32,
     payload: &[u8],
-) -> bool {
-    iph.header_checksum == iph.calc_header_checksum()
-        && th
-            .calc_checksum_ipv4(iph, payload)
-            .is_ok_and(|want| same_checksum(th.checksum, want))
-        && pattern::verify(fl, off, payload)
+) -> Result<(), FrameError> {
+    let want = iph.calc_header_checksum();
+    if iph.header_checksum != want {
+        return Err(FrameError::IpChecksum {
+            got: iph.header_checksum,
+            want,
+        });
+    }
+    let want = th
+        .calc_checksum_ipv4(iph, payload)
+        .map_err(|e| FrameError::Parse(e.to_string()))?;
+    if !same_checksum(th.checksum, want) {
+        return Err(FrameError::TcpChecksum {
+            got: th.checksum,
+            want,
+        });
+    }
+    if !pattern::verify(fl, off, payload) {
+        return Err(FrameError::Payload {
+            flow: fl,
+            off,
+            len: payload.len(),
+        });
+    }
+    Ok(())
 }
 
 /// Running check of a sequence of frames.
@@ -178,7 +199,7 @@ impl WireCheck {
             // before it), and whole in itself, takes the flow up: it counts
             // bad once, and those after it are judged against it. A damaged
             // one, or one behind (late, or a duplicate), moves nothing.
-            if off.wrapping_sub(want) < 1 << 31 && intact(&iph, &th, fl, off, payload) {
+            if off.wrapping_sub(want) < 1 << 31 && whole(&iph, &th, fl, off, payload).is_ok() {
                 if st.streams == 0 {
                     st.streams += 1;
                     self.report.streams += 1;
@@ -192,29 +213,7 @@ impl WireCheck {
             });
         }
         st.next = off.wrapping_add(payload.len() as u32);
-        let want = iph.calc_header_checksum();
-        if iph.header_checksum != want {
-            return Err(FrameError::IpChecksum {
-                got: iph.header_checksum,
-                want,
-            });
-        }
-        let want = th
-            .calc_checksum_ipv4(&iph, payload)
-            .map_err(|e| FrameError::Parse(e.to_string()))?;
-        if !same_checksum(th.checksum, want) {
-            return Err(FrameError::TcpChecksum {
-                got: th.checksum,
-                want,
-            });
-        }
-        if !pattern::verify(fl, off, payload) {
-            return Err(FrameError::Payload {
-                flow: fl,
-                off,
-                len: payload.len(),
-            });
-        }
+        whole(&iph, &th, fl, off, payload)?;
         Ok(payload.len())
     }
 

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pfrag::dma::{Dir, MapStats};
+use pfrag::Iova;
 
 use crate::hw::ioctl::Access;
 
@@ -38,6 +39,29 @@ impl MapAccess {
             MapAccess::Narrow => Access::ReadWrite,
         }
     }
+}
+
+/// Checks the range `iova..iova + len` a mapper is asked to map or unmap,
+/// before any ioctl: a zero length is [`pfrag::Error::ZeroLength`], and a
+/// range that does not end below `u64::MAX` is
+/// [`pfrag::Error::OutOfRange`] (`what` = `len`, with the largest length
+/// that fits at `iova`). Such a range wraps the 64-bit IOVA space, and
+/// `u64::MAX` bytes at IOVA 0 is what `IOMMU_IOAS_UNMAP` takes as "unmap
+/// the whole IOAS", every owner's mappings included.
+pub(crate) fn check_range(what: &'static str, iova: Iova, len: u64) -> pfrag::Result<()> {
+    if len == 0 {
+        return Err(pfrag::Error::ZeroLength);
+    }
+    let max = (u64::MAX - 1).saturating_sub(iova.raw());
+    if len > max {
+        return Err(pfrag::Error::OutOfRange {
+            what,
+            value: len,
+            min: 1,
+            max,
+        });
+    }
+    Ok(())
 }
 
 /// A VFIO mapper's counts: map and unmap ioctls, 4 KiB pages mapped, and
@@ -87,6 +111,55 @@ impl Counters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zero_length_is_refused() {
+        assert!(matches!(
+            check_range("len", Iova(0x1000), 0),
+            Err(pfrag::Error::ZeroLength)
+        ));
+        assert!(check_range("len", Iova(0x1000), 0x1000).is_ok());
+        assert!(check_range("len", Iova(0), 0x1000).is_ok());
+    }
+
+    /// `IOMMU_IOAS_UNMAP` of `u64::MAX` bytes at IOVA 0 is the kernel's
+    /// unmap of the whole IOAS, every owner's mappings: never a range.
+    #[test]
+    fn the_whole_iova_space_is_not_a_range() {
+        let r = check_range("unmap length", Iova(0), u64::MAX);
+        assert!(
+            matches!(
+                r,
+                Err(pfrag::Error::OutOfRange {
+                    value: u64::MAX,
+                    min: 1,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    }
+
+    /// A range whose end lies past the 64-bit IOVA space wraps: refused,
+    /// with the largest length that would fit.
+    #[test]
+    fn a_range_past_the_end_of_the_iova_space_is_refused() {
+        let top = Iova(u64::MAX - 0xfff);
+        let r = check_range("len", top, 0x1000);
+        assert!(
+            matches!(
+                r,
+                Err(pfrag::Error::OutOfRange {
+                    value: 0x1000,
+                    max: 0xffe,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert!(check_range("len", Iova(1 << 63), 1 << 63).is_err());
+        assert!(check_range("len", Iova(1 << 63), (1 << 62) + 0x1000).is_ok());
+    }
 
     /// An unmap the kernel refused is an ioctl, not an invalidation.
     #[test]

@@ -4,7 +4,6 @@
 //! mappings it accepts.
 
 use std::ops::Range;
-use std::os::fd::AsRawFd;
 
 use vfio_bindings::bindings::vfio::{
     vfio_info_cap_header, vfio_iommu_type1_info, vfio_iova_range, VFIO_IOMMU_INFO_CAPS,
@@ -40,7 +39,7 @@ pub const MAX_INFO_TRIES: u32 = 4;
 /// [`Error::IommuInfoSize`] if the kernel asks for more than
 /// [`MAX_INFO_BYTES`], or still for more after [`MAX_INFO_TRIES`] calls.
 pub fn iommu_info(container: &VfioContainer) -> Result<IommuInfo> {
-    get_info(|buf| ioctl::iommu_get_info(container.as_raw_fd(), buf))
+    get_info(|buf| ioctl::iommu_get_info(container, buf))
 }
 
 /// [`iommu_info`] over `ioctl`, which fills in the buffer it is given
@@ -69,6 +68,27 @@ fn get_info(mut ioctl: impl FnMut(&mut [u64]) -> Result<(), i32>) -> Result<Iomm
         max: MAX_INFO_BYTES,
         tries: MAX_INFO_TRIES,
     })
+}
+
+/// Checks the usable IOVA ranges (end exclusive) the kernel reported, as
+/// [`parse_iommu_info`] or `IOMMU_IOAS_IOVA_RANGES` give them: each
+/// non-empty, each starting at or after the end of the one before.
+/// [`Error::OddIovaRanges`] naming the first that is not: an allocator
+/// given overlapping ranges would hand out one IOVA twice.
+pub fn check_ranges(ranges: &[Range<u64>]) -> Result<()> {
+    let mut prev_end = 0;
+    for (index, r) in ranges.iter().enumerate() {
+        if r.start >= r.end || (index > 0 && r.start < prev_end) {
+            return Err(Error::OddIovaRanges {
+                index,
+                start: r.start,
+                end: r.end,
+                prev_end,
+            });
+        }
+        prev_end = r.end;
+    }
+    Ok(())
 }
 
 fn le32(b: &[u8], off: usize) -> Option<u32> {
@@ -224,6 +244,76 @@ mod tests {
         assert_eq!(info.page_sizes, (1 << 12) | (1 << 21) | (1 << 30));
         assert_eq!(info.ranges, vec![0..0xfee0_0000, 0xfef0_0000..(1 << 39)]);
         assert_eq!(info.dma_avail, Some(65_530));
+    }
+
+    /// A GET_INFO answer whose IOVA-range capability holds `ranges`
+    /// (inclusive, as the kernel writes them).
+    fn info_with_ranges(ranges: &[(u64, u64)]) -> Vec<u8> {
+        let mut b = Vec::new();
+        push32(&mut b, 0);
+        push32(&mut b, VFIO_IOMMU_INFO_CAPS);
+        push64(&mut b, 1 << 12);
+        push32(&mut b, 24);
+        push32(&mut b, 0);
+        b.extend_from_slice(&(VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE as u16).to_le_bytes());
+        b.extend_from_slice(&1u16.to_le_bytes());
+        push32(&mut b, 0);
+        push32(&mut b, ranges.len() as u32);
+        push32(&mut b, 0);
+        for &(s, e) in ranges {
+            push64(&mut b, s);
+            push64(&mut b, e);
+        }
+        let n = b.len() as u32;
+        b[0..4].copy_from_slice(&n.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn ascending_disjoint_ranges_pass() {
+        let info = parse_iommu_info(&info_with_ranges(&[
+            (0, 0xfedf_ffff),
+            (0xfef0_0000, u64::MAX),
+        ]));
+        assert_eq!(info.ranges, vec![0..0xfee0_0000, 0xfef0_0000..u64::MAX]);
+        check_ranges(&info.ranges).unwrap();
+        check_ranges(&[]).unwrap();
+    }
+
+    /// Overlapping, repeated, unordered or reversed ranges are refused,
+    /// naming the first odd one and the end of the one before.
+    #[test]
+    fn odd_ranges_are_an_error_naming_the_range() {
+        // The kernel's ranges, and the index, start, end and end before
+        // that the error names.
+        type Case = (&'static [(u64, u64)], (usize, u64, u64, u64));
+        let cases: [Case; 4] = [
+            (
+                &[(0x1000, 0xffff), (0x8000, 0x1_ffff)],
+                (1, 0x8000, 0x2_0000, 0x1_0000),
+            ),
+            (
+                &[(0x1000, 0xffff), (0x1000, 0xffff)],
+                (1, 0x1000, 0x1_0000, 0x1_0000),
+            ),
+            (
+                &[(0x10_0000, 0x1f_ffff), (0x1000, 0xffff)],
+                (1, 0x1000, 0x1_0000, 0x20_0000),
+            ),
+            (&[(0x2000, 0xfff)], (0, 0x2000, 0x1000, 0)),
+        ];
+        for (raw, want) in cases {
+            let info = parse_iommu_info(&info_with_ranges(raw));
+            match check_ranges(&info.ranges) {
+                Err(Error::OddIovaRanges {
+                    index,
+                    start,
+                    end,
+                    prev_end,
+                }) => assert_eq!((index, start, end, prev_end), want, "{raw:x?}"),
+                other => panic!("{raw:x?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -173,22 +173,34 @@ fn last_errno() -> i32 {
 /// half must hold `argsz` (its length in bytes). Returns the errno on
 /// failure: `EINVAL`, without a call, for an `argsz` shorter than the
 /// kernel's struct or longer than `buf`.
-pub(crate) fn iommu_get_info(container: RawFd, buf: &mut [u64]) -> Result<(), i32> {
-    let argsz = buf.first().map_or(0, |w| *w as u32) as usize;
-    let min = std::mem::size_of::<vfio_iommu_type1_info>();
-    if argsz < min || argsz > std::mem::size_of_val(buf) {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: the ioctl number is VFIO_IOMMU_GET_INFO, whose argument is a
+pub(crate) fn iommu_get_info(
+    container: &vfio_ioctls::VfioContainer,
+    buf: &mut [u64],
+) -> Result<(), i32> {
+    check_info_argsz(buf)?;
+    let fd = container.as_raw_fd();
+    // SAFETY: the descriptor is a VFIO container's (the type says so), on
+    // which the ioctl number is VFIO_IOMMU_GET_INFO, whose argument is a
     // vfio_iommu_type1_info of `argsz` bytes that the kernel fills in and
     // never writes past; `buf` holds at least that many bytes (checked
     // above), aligned to 8 as the kernel's structs.
-    let ret = unsafe { libc::ioctl(container, VFIO_IOMMU_GET_INFO as _, buf.as_mut_ptr()) };
+    let ret = unsafe { libc::ioctl(fd, VFIO_IOMMU_GET_INFO as _, buf.as_mut_ptr()) };
     if ret == 0 {
         Ok(())
     } else {
         Err(last_errno())
     }
+}
+
+/// `EINVAL` unless `buf`'s `argsz` (its first word's low half) is at
+/// least the kernel's `vfio_iommu_type1_info` and at most `buf`'s length.
+fn check_info_argsz(buf: &[u64]) -> Result<(), i32> {
+    let argsz = buf.first().map_or(0, |w| *w as u32) as usize;
+    let min = std::mem::size_of::<vfio_iommu_type1_info>();
+    if argsz < min || argsz > std::mem::size_of_val(buf) {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
 }
 
 /// `VFIO_IOMMU_MAP_DMA` on `container`: the device may reach
@@ -250,17 +262,17 @@ mod tests {
 
     /// A safe call never lets the kernel write past its buffer: an
     /// `argsz` longer than the buffer (or shorter than the kernel's
-    /// struct) is `EINVAL` before any ioctl (which, on fd -1, would be
-    /// `EBADF`).
+    /// struct) is `EINVAL` before any ioctl.
     #[test]
     fn iommu_get_info_refuses_an_argsz_its_buffer_cannot_hold() {
         let mut buf = vec![0u64; 4];
         buf[0] = 4096;
-        assert_eq!(iommu_get_info(-1, &mut buf), Err(libc::EINVAL));
+        assert_eq!(check_info_argsz(&buf), Err(libc::EINVAL));
         buf[0] = 8;
-        assert_eq!(iommu_get_info(-1, &mut buf), Err(libc::EINVAL));
+        assert_eq!(check_info_argsz(&buf), Err(libc::EINVAL));
         buf[0] = 32;
-        assert_eq!(iommu_get_info(-1, &mut buf), Err(libc::EBADF));
+        assert_eq!(check_info_argsz(&buf), Ok(()));
+        assert_eq!(check_info_argsz(&[]), Err(libc::EINVAL));
     }
 
     #[test]

@@ -34,7 +34,8 @@ use pfrag::{Iova, OsAdvice};
 use vfio_ioctls::VfioIommufd;
 
 use crate::error::{Error, Result};
-use crate::hw::access::{Counters, MapAccess};
+use crate::hw::access::{check_range, Counters, MapAccess};
+use crate::hw::info::check_ranges;
 use crate::hw::ioctl;
 use crate::hw::vfio::VfioPci;
 
@@ -77,6 +78,8 @@ impl IommufdMapper {
     }
 
     /// As [`new`](Self::new), with the access policy `access`.
+    /// [`Error::OddIovaRanges`] if the IOAS's IOVA ranges overlap, and
+    /// [`Error::BadConfig`] for an alignment pfrag's maps cannot keep.
     pub fn with_access(pci: &VfioPci, access: MapAccess) -> Result<IommufdMapper> {
         let ioas = pci.iommufd().ok_or(Error::WrongBackend {
             want: "iommufd",
@@ -88,14 +91,7 @@ impl IommufdMapper {
                 errno: Some(errno),
                 detail: std::io::Error::from_raw_os_error(errno).to_string(),
             })?;
-        // pfrag maps 4 KiB pages at 4 KiB-aligned IOVAs: an IOAS that
-        // needs more would refuse every map.
-        if alignment > pfrag::PAGE_SIZE {
-            return Err(Error::BadConfig {
-                what: "IOAS IOVA alignment (pfrag maps at 4 KiB alignment)",
-                value: alignment,
-            });
-        }
+        check_ioas(&ranges, alignment)?;
         Ok(IommufdMapper {
             ioas: ioas.clone(),
             ranges,
@@ -128,14 +124,23 @@ impl IommufdMapper {
     fn fd(&self) -> &IommuFd {
         self.ioas.iommufd()
     }
+}
 
-    /// Refuses a zero length before any ioctl.
-    fn check_len(len: u64) -> pfrag::Result<()> {
-        if len == 0 {
-            return Err(pfrag::Error::ZeroLength);
-        }
-        Ok(())
+/// Checks what `IOMMU_IOAS_IOVA_RANGES` reported: ranges ascending and
+/// disjoint ([`check_ranges`]), and an alignment that pfrag's 4 KiB-aligned
+/// maps keep.
+fn check_ioas(ranges: &[Range<u64>], alignment: u64) -> Result<()> {
+    check_ranges(ranges)?;
+    // pfrag maps 4 KiB pages at 4 KiB-aligned IOVAs: an IOAS whose
+    // alignment does not divide 4 KiB (larger, or not a power of two)
+    // would refuse every map.
+    if !pfrag::PAGE_SIZE.is_multiple_of(alignment) {
+        return Err(Error::BadConfig {
+            what: "IOAS IOVA alignment (a divisor of pfrag's 4 KiB)",
+            value: alignment,
+        });
     }
+    Ok(())
 }
 
 /// Advice for an errno of `IOMMU_IOAS_MAP`.
@@ -158,7 +163,7 @@ fn map_hint(errno: i32) -> &'static str {
 
 impl DmaMapper for IommufdMapper {
     unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
-        IommufdMapper::check_len(m.len)?;
+        check_range("mapping length", m.iova, m.len)?;
         // SAFETY: the map lets the device reach `m.addr..+m.len` until the
         // unmap, with the access of `m.dir` (narrowed by `self.access`).
         // Our caller promised (`DmaMapper::map`'s contract) that the memory
@@ -188,7 +193,7 @@ impl DmaMapper for IommufdMapper {
     }
 
     fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
-        IommufdMapper::check_len(len)?;
+        check_range("unmap length", iova, len)?;
         let refused = |n: i32, why: &str| pfrag::Error::Unmap {
             iova,
             len,
@@ -256,19 +261,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn overlapping_ioas_ranges_are_refused() {
+        check_ioas(&[0x1000..0x10_0000, 0x20_0000..0x30_0000], 4096).unwrap();
+        assert!(matches!(
+            check_ioas(&[0x1000..0x10_0000, 0x8000..0x30_0000], 4096),
+            Err(Error::OddIovaRanges { index: 1, .. })
+        ));
+    }
+
+    /// pfrag maps at 4 KiB-aligned IOVAs, so only an alignment that
+    /// divides 4 KiB lets a map through; the kernel's is a power of two.
+    #[test]
+    fn an_alignment_that_does_not_divide_4k_is_refused() {
+        let r = 0x1000..0x10_0000;
+        for a in [1, 8, 4096] {
+            check_ioas(std::slice::from_ref(&r), a).unwrap();
+        }
+        for a in [0x600, 3, 8192, 0] {
+            assert!(
+                matches!(
+                    check_ioas(std::slice::from_ref(&r), a),
+                    Err(Error::BadConfig { value, .. }) if value == a
+                ),
+                "{a:#x}"
+            );
+        }
+    }
+
+    #[test]
     fn hints_name_the_cause() {
         assert!(map_hint(libc::ENOMEM).contains("RLIMIT_MEMLOCK"));
         assert!(map_hint(libc::EEXIST).contains("overlaps"));
         assert!(map_hint(libc::EINVAL).contains("IOVA ranges"));
         assert_eq!(map_hint(libc::EPERM), "IOMMU_IOAS_MAP failed");
-    }
-
-    #[test]
-    fn a_zero_length_is_refused_before_any_ioctl() {
-        assert!(matches!(
-            IommufdMapper::check_len(0),
-            Err(pfrag::Error::ZeroLength)
-        ));
-        assert!(IommufdMapper::check_len(4096).is_ok());
     }
 }

@@ -31,13 +31,13 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError, VfioIommufd};
 
 use crate::error::{Error, Result};
-use crate::hw::access::Counters;
 pub use crate::hw::access::MapAccess;
+use crate::hw::access::{check_range, Counters};
 use crate::hw::ioctl;
 use crate::hw::mmio::{Bar, Reg, Regs};
 use crate::hw::pci;
 
-pub use crate::hw::info::{iommu_info, parse_iommu_info, IommuInfo};
+pub use crate::hw::info::{check_ranges, iommu_info, parse_iommu_info, IommuInfo};
 
 /// The module parameter that caps mappings per container.
 pub const DMA_ENTRY_LIMIT: &str = "/sys/module/vfio_iommu_type1/parameters/dma_entry_limit";
@@ -167,20 +167,35 @@ impl VfioPci {
     }
 
     /// Turns on memory decoding and bus mastering, keeping the command
-    /// register's other bits, and checks that they took: VFIO's
-    /// config-space accesses report no failure, so a failed read or write
-    /// shows only in the values read.
+    /// register's other bits, and checks that they took.
     fn enable_bus_master(&self) -> Result<()> {
         let read = || {
-            let mut cmd = pci::UNREAD.to_le_bytes();
-            self.device
-                .region_read(VFIO_PCI_CONFIG_REGION_INDEX, &mut cmd, pci::COMMAND);
-            u16::from_le_bytes(cmd)
+            let mut cmd = [0u8; 2];
+            self.config_read(pci::COMMAND, &mut cmd)?;
+            Ok::<_, Error>(u16::from_le_bytes(cmd))
         };
-        let v = pci::enabling(&self.bdf, read())?;
-        self.device
-            .region_write(VFIO_PCI_CONFIG_REGION_INDEX, &v.to_le_bytes(), pci::COMMAND);
-        pci::check_enabled(&self.bdf, v, read())
+        let v = pci::enabling(&self.bdf, read()?)?;
+        let (file, region) = self.config()?;
+        region.write(&file, pci::COMMAND, &v.to_le_bytes())?;
+        pci::check_enabled(&self.bdf, v, read()?)
+    }
+
+    /// The device file (a duplicate of its descriptor) and its config
+    /// region.
+    fn config(&self) -> Result<(std::fs::File, pci::ConfigRegion)> {
+        let fd = self.device.as_raw_fd();
+        // SAFETY: the descriptor is `self.device`'s, open while it lives,
+        // and the borrow ends before this function returns (the file is
+        // a duplicate of it).
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let file = fd
+            .try_clone_to_owned()
+            .map_err(|e| pci::config_error("dup", 0, 0, e))?;
+        let region = pci::ConfigRegion {
+            offset: self.device.get_region_offset(VFIO_PCI_CONFIG_REGION_INDEX),
+            size: self.device.get_region_size(VFIO_PCI_CONFIG_REGION_INDEX),
+        };
+        Ok((file.into(), region))
     }
 
     /// The device's PCI address.
@@ -216,29 +231,23 @@ impl VfioPci {
         }
     }
 
-    /// Reads `buf.len()` bytes of PCI configuration space at `offset`.
-    /// Bytes outside the region, or that the read could not get, read as
-    /// zero.
-    pub fn config_read(&self, offset: u64, buf: &mut [u8]) {
-        buf.fill(0);
-        let size = self.device.get_region_size(VFIO_PCI_CONFIG_REGION_INDEX);
-        if offset
-            .checked_add(buf.len() as u64)
-            .is_some_and(|end| end <= size)
-        {
-            self.device
-                .region_read(VFIO_PCI_CONFIG_REGION_INDEX, buf, offset);
-        }
+    /// Reads `buf.len()` bytes of PCI configuration space at `offset`:
+    /// all of them, or [`Error::OutOfRange`] for bytes outside the
+    /// region, [`Error::ConfigSpace`] (with the errno) for a read that
+    /// failed.
+    pub fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let (file, region) = self.config()?;
+        region.read(&file, offset, buf)
     }
 
     /// The PCI vendor and device IDs.
-    pub fn ids(&self) -> (u16, u16) {
+    pub fn ids(&self) -> Result<(u16, u16)> {
         let mut b = [0u8; 4];
-        self.config_read(0, &mut b);
-        (
+        self.config_read(0, &mut b)?;
+        Ok((
             u16::from_le_bytes([b[0], b[1]]),
             u16::from_le_bytes([b[2], b[3]]),
-        )
+        ))
     }
 
     /// The type1 container (the IOMMU domain of the device), if it was
@@ -387,13 +396,15 @@ impl VfioMapper {
 
     /// As [`new`](Self::new), with the access policy `access`.
     /// [`Error::WrongBackend`] for a device opened through iommufd (see
-    /// [`IommufdMapper`](crate::hw::iommufd::IommufdMapper)).
+    /// [`IommufdMapper`](crate::hw::iommufd::IommufdMapper)), and
+    /// [`Error::OddIovaRanges`] if the kernel's IOVA ranges overlap.
     pub fn with_access(pci: &VfioPci, access: MapAccess) -> Result<VfioMapper> {
         let container = pci.container().ok_or(Error::WrongBackend {
             want: "type1",
             have: pci.backend_name(),
         })?;
         let info = iommu_info(container)?;
+        check_ranges(&info.ranges)?;
         Ok(VfioMapper {
             container: container.clone(),
             info,
@@ -453,6 +464,7 @@ fn errno(e: &VfioError) -> i32 {
 
 impl DmaMapper for VfioMapper {
     unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
+        check_range("mapping length", m.iova, m.len)?;
         let len = usize::try_from(m.len).map_err(|_| pfrag::Error::OutOfRange {
             what: "mapping length",
             value: m.len,
@@ -492,6 +504,7 @@ impl DmaMapper for VfioMapper {
     }
 
     fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
+        check_range("unmap length", iova, len)?;
         let n = usize::try_from(len).map_err(|_| pfrag::Error::OutOfRange {
             what: "unmap length",
             value: len,

@@ -152,6 +152,11 @@ impl<T: Translate> NullNic<T> {
             self.stats.count_read_fault();
             return;
         }
+        if bytes == 0 {
+            // No bytes: no frame on the wire, a malformed packet.
+            self.stats.bad_desc += 1;
+            return;
+        }
         // Payload: what follows the headers of an offloaded packet.
         let payload = if offloaded {
             bytes.saturating_sub(self.hlen)
@@ -182,6 +187,7 @@ impl<T: Translate> TxDevice for NullNic<T> {
     }
 
     fn detach(&mut self) -> Result<()> {
+        self.ring.detach();
         self.forget_packet();
         self.resync = Resync::Off;
         Ok(())

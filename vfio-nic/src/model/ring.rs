@@ -17,7 +17,8 @@ pub(super) struct Ring {
 }
 
 impl Ring {
-    /// Points at a ring of `len` descriptors (a multiple of 8) at `ring`.
+    /// Points at a ring of `len` descriptors (a multiple of 8) at `ring`,
+    /// which must end below the top of the IOVA space.
     pub(super) fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
         if len == 0 || !len.is_multiple_of(8) {
             return Err(Error::BadConfig {
@@ -25,9 +26,22 @@ impl Ring {
                 value: u64::from(len),
             });
         }
+        let last = (u64::from(len) * desc::SIZE as u64) - 1;
+        if ring.checked_add(last).is_none() {
+            return Err(Error::BadConfig {
+                what: "ring address (past the top of the IOVA space)",
+                value: ring.raw(),
+            });
+        }
         self.ring = Some((ring, len));
         self.head = 0;
         Ok(())
+    }
+
+    /// Forgets the ring: a doorbell finds none until the next attach.
+    pub(super) fn detach(&mut self) {
+        self.ring = None;
+        self.head = 0;
     }
 
     /// The head, once a ring is attached.

@@ -212,6 +212,12 @@ impl<T: Translate> SoftNic<T> {
         if first.paylen() as usize != expect || mss == 0 {
             return Ok(None);
         }
+        // A segment is one IP packet: its 16-bit length field (IPv4's
+        // counts the IP header, IPv6's does not) must hold the longest.
+        let ip_hdr = if ctx.is_ipv4() { iplen } else { 0 };
+        if tse && ip_hdr + l4len + mss.min(paylen) > usize::from(u16::MAX) {
+            return Ok(None);
+        }
         let mut hdr = [0u8; MAX_HDR];
         let mut at = 0;
         // SAFETY: `self.bufs` is handed to the device (our caller's promise).
@@ -308,7 +314,8 @@ impl<T: Translate> SoftNic<T> {
     /// ([`TxDevice::kick`]'s promise).
     unsafe fn raw(&mut self, first: Data) {
         let total: usize = self.bufs.iter().map(|b| b.1).sum();
-        if first.paylen() as usize != total {
+        if total == 0 || first.paylen() as usize != total {
+            // A packet of no bytes puts no frame on the wire.
             self.stats.bad_desc += 1;
             return;
         }
@@ -425,6 +432,7 @@ impl<T: Translate> TxDevice for SoftNic<T> {
     }
 
     fn detach(&mut self) -> Result<()> {
+        self.ring.detach();
         self.forget_packet();
         self.resync = Resync::Off;
         Ok(())

@@ -202,6 +202,17 @@ fn serve_paced<D: Model>(s: &Shared<D>, ns_per_byte: f64, wire: &mut Wire) -> u6
             Some(h) if bell != NO_DOORBELL && h != tail && len > 0 => h,
             _ => return bell,
         };
+        if tail >= len {
+            // A tail outside the ring: the head would never reach it, and
+            // the walk would take descriptors never handed over, round and
+            // round. Refused as the model's own doorbell refuses it.
+            let e = Error::BadConfig {
+                what: "tail",
+                value: u64::from(tail),
+            };
+            lock(&s.error).get_or_insert(e);
+            return bell;
+        }
         let before = d.counters();
         let next = ((u32::from(head) + 1) % u32::from(len)) as u16;
         // SAFETY: the descriptor at `head` lies before `tail`, the latest

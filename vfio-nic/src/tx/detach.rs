@@ -5,9 +5,9 @@
 
 use std::fmt;
 use std::mem::ManuallyDrop;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
-use pfrag::dma::DmaMapper;
+use pfrag::dma::{Coherent, DmaMapper};
 use pfrag::frag::Frag;
 
 use super::{Hdr, Queue};
@@ -61,6 +61,48 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
             b.pin();
         }
     }
+}
+
+/// Points `dev` at `ring` (`len` descriptors) and hands both back. If the
+/// device fails to take it, the device is stopped before the ring is freed:
+/// its [`detach`](TxDevice::detach), then the device itself is dropped
+/// (one that stops only in its own `Drop` stops there), then the ring. A
+/// detach that fails or panics, or an attach that panics, may leave the
+/// device holding the ring: it is kept for good
+/// ([`Coherent::pin`](pfrag::dma::Coherent::pin)), and a panic goes on.
+///
+/// # Safety
+/// As [`TxDevice::attach`], for `ring`, which the queue keeps for the
+/// device.
+pub(super) unsafe fn attach<M: DmaMapper, D: TxDevice>(
+    mut dev: D,
+    ring: Coherent<M>,
+    len: u16,
+) -> Result<(D, Coherent<M>), Error> {
+    // SAFETY: the caller's promise for `ring` is passed on unchanged.
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe { dev.attach(ring.iova(), len) }));
+    let error = match r {
+        Ok(Ok(())) => return Ok((dev, ring)),
+        Ok(Err(e)) => e,
+        Err(panic) => {
+            ring.pin();
+            drop(dev);
+            resume_unwind(panic);
+        }
+    };
+    let stopped = catch_unwind(AssertUnwindSafe(|| dev.detach()));
+    // The device's own drop may be where it stops, so it goes first; a
+    // drop that panics leaves it holding the ring too.
+    let dropped = catch_unwind(AssertUnwindSafe(|| drop(dev)));
+    match (stopped, dropped) {
+        (Ok(Ok(())), Ok(())) => drop(ring),
+        (Ok(Err(_)), Ok(())) => ring.pin(),
+        (Err(panic), _) | (_, Err(panic)) => {
+            ring.pin();
+            resume_unwind(panic);
+        }
+    }
+    Err(error)
 }
 
 /// Stops the device before any memory it may read is freed: the device's

@@ -287,12 +287,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// queue's doorbell vouches for descriptors naming IOVAs of `domain`;
     /// a device that translated them through another IOMMU would read
     /// whatever that one maps there.
-    pub unsafe fn new(
-        domain: Arc<Domain<M>>,
-        pool: Pool<M>,
-        mut dev: D,
-        cfg: Config,
-    ) -> Result<Self> {
+    pub unsafe fn new(domain: Arc<Domain<M>>, pool: Pool<M>, dev: D, cfg: Config) -> Result<Self> {
         check_config(&cfg)?;
         check_format::<Fmt<D>>()?;
         check_memory(&domain, pool.domain(), pool.config().dir, "the pool")?;
@@ -323,16 +318,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         // replaced). The caller promised the device translates through
         // `domain`, where the ring and every frag the queue posts are
         // mapped.
-        if let Err(e) = unsafe { dev.attach(ring.iova(), cfg.ring) } {
-            // A device that took some of the ring before it failed must let
-            // go of it before the ring is freed; one that cannot be stopped
-            // keeps the ring, allocated and mapped for good (counted in the
-            // domain's pinned memory).
-            if dev.detach().is_err() {
-                ring.pin();
-            }
-            return Err(e);
-        }
+        let (dev, ring) = unsafe { detach::attach(dev, ring, cfg.ring) }?;
         Ok(Queue {
             dev: Some(dev),
             detaching: false,

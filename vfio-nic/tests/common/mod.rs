@@ -159,3 +159,15 @@ pub fn tcp_headers() -> Vec<u8> {
     v.truncate(54);
     v
 }
+
+/// Writes `descs` into the 82576 descriptor ring `ring`, the first at
+/// index 0.
+pub fn put_descs<M: pfrag::dma::DmaMapper>(
+    ring: &pfrag::dma::Coherent<M>,
+    descs: impl IntoIterator<Item = vfio_nic::desc::Desc>,
+) {
+    for (i, d) in descs.into_iter().enumerate() {
+        ring.write_u64s(i * vfio_nic::desc::SIZE, &d.encode())
+            .unwrap();
+    }
+}

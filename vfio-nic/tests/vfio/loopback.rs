@@ -6,10 +6,10 @@ fn mac_loopback_receives_what_was_sent() {
     use vfio_nic::check::wire::WireCheck;
     use vfio_nic::hw::igb::RxRing;
     let (domain, mut nic) = open();
-    let rx = RxRing::new(domain.clone(), 128).unwrap();
+    let mut rx = RxRing::new(domain.clone(), 128).unwrap();
     // SAFETY: `rx` lives to the end of the test, after RX is stopped, and
     // is pinned if it cannot be.
-    unsafe { nic.start_rx(&rx, true) }.unwrap();
+    unsafe { nic.start_rx(&mut rx, true) }.unwrap();
     let pool = Pool::new(
         domain.clone(),
         pool::Config::new(Order::new(2).unwrap(), Policy::Persistent),

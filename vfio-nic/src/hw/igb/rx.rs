@@ -48,16 +48,25 @@ impl<M: DmaMapper> RxRing<M> {
         let n = usize::from(len);
         let ring = Coherent::new(domain.clone(), n * crate::desc::SIZE, Dir::BIDIRECTIONAL)?;
         let bufs = Coherent::new(domain, n * RX_BUF, Dir::FROM_DEVICE)?;
-        let rx = RxRing {
+        let mut rx = RxRing {
             ring,
             bufs,
             len,
             next: 0,
         };
-        for i in 0..len {
-            rx.arm(i)?;
-        }
+        rx.rearm()?;
         Ok(rx)
+    }
+
+    /// Arms every descriptor and reads from descriptor 0 next, where the
+    /// device starts writing: frames written back and not read are
+    /// dropped, their descriptors and buffers handed to the device again.
+    fn rearm(&mut self) -> Result<()> {
+        for i in 0..self.len {
+            self.arm(i)?;
+        }
+        self.next = 0;
+        Ok(())
     }
 
     /// Writes descriptor `i` in its read format: packet buffer address, and
@@ -124,22 +133,39 @@ impl<R: Regs> Igb<R> {
     /// queue instead of going to the wire. Call [`stop_rx`](Self::stop_rx)
     /// before dropping `rx`; if it fails, keep `rx` with [`RxRing::pin`].
     ///
+    /// A receiver already running is stopped first, as
+    /// [`start_rx_at`](Self::start_rx_at) does; one that does not stop is
+    /// [`Error::DeviceTimeout`], with `rx` untouched and the receiver on.
+    /// The device then starts at descriptor 0, so `rx` is re-armed and
+    /// read from there: frames a ring started before holds unread are
+    /// dropped (on a later error too).
+    ///
     /// # Safety
     /// `rx` stays alive, and its buffers the device's, until a
     /// [`stop_rx`](Self::stop_rx) that returned `Ok`: the NIC writes
     /// received frames into them. Without one (it failed, or the `Igb` was
     /// dropped first: its drop tries to stop the receiver but cannot report
     /// a failure), `rx` is the device's for good ([`RxRing::pin`]).
-    pub unsafe fn start_rx<M: DmaMapper>(&mut self, rx: &RxRing<M>, loopback: bool) -> Result<()> {
+    pub unsafe fn start_rx<M: DmaMapper>(
+        &mut self,
+        rx: &mut RxRing<M>,
+        loopback: bool,
+    ) -> Result<()> {
+        // The device may still write `rx`: it is re-armed once stopped.
+        self.quiesce_rx()?;
+        rx.rearm()?;
         // SAFETY: `rx`'s ring and buffers are what the caller handed over.
         unsafe { self.start_rx_at(rx.ring.iova(), rx.len, loopback) }
     }
 
     /// As [`start_rx`](Self::start_rx), for a ring the caller built: `len`
     /// advanced one-buffer RX descriptors (a multiple of 8, 8..=4096) at
-    /// `ring`, each pointing at a 2 KiB buffer ([`RX_BUF`]). The ring and
-    /// every buffer must stay mapped, writable by the device, until
-    /// [`stop_rx`](Self::stop_rx) returns `Ok`.
+    /// `ring` (128-byte aligned, [`Error::BadConfig`] otherwise), each
+    /// pointing at a 2 KiB buffer ([`RX_BUF`]). The ring and every buffer
+    /// must stay mapped, writable by the device, until
+    /// [`stop_rx`](Self::stop_rx) returns `Ok`. A receiver already running
+    /// is stopped before the queue is re-pointed; one that does not stop
+    /// is [`Error::DeviceTimeout`], the receiver left on its old ring.
     ///
     /// # Safety
     /// `ring` is `len` RX descriptors, and the buffers they name, that the
@@ -149,9 +175,16 @@ impl<R: Regs> Igb<R> {
     /// they point.
     pub unsafe fn start_rx_at(&mut self, ring: Iova, len: u16, loopback: bool) -> Result<()> {
         check_rx_len(len)?;
+        // RDBAL's low 7 bits are ignored: the device would use the ring
+        // at the address rounded down, memory not handed to it.
+        if !ring.raw().is_multiple_of(128) {
+            return Err(Error::BadConfig {
+                what: "igb RX ring address (128-byte aligned)",
+                value: ring.raw(),
+            });
+        }
         let base = ring.raw();
-        self.reg(regs::RCTL, 0)?;
-        self.reg(regs::rxdctl(0), 0)?;
+        self.quiesce_rx()?;
         self.reg(regs::rdbal(0), base as u32)?;
         self.reg(regs::rdbah(0), (base >> 32) as u32)?;
         self.reg(regs::rdlen(0), u32::from(len) * crate::desc::SIZE as u32)?;
@@ -181,6 +214,21 @@ impl<R: Regs> Igb<R> {
     pub unsafe fn rx_tail(&self, tail: u16) -> Result<()> {
         fence(Ordering::SeqCst);
         self.reg(regs::rdt(0), u32::from(tail))
+    }
+
+    /// [`stop_rx`](Self::stop_rx), or, if the queue does not read back
+    /// disabled, the receiver and the queue put back as they were: the
+    /// device keeps the ring it has.
+    fn quiesce_rx(&self) -> Result<()> {
+        let (rctl, rxdctl) = (self.read(regs::RCTL)?, self.read(regs::rxdctl(0))?);
+        if let Err(e) = self.stop_rx() {
+            // Best effort: the error that stopped the call is the one
+            // reported.
+            let _ = self.reg(regs::rxdctl(0), rxdctl);
+            let _ = self.reg(regs::RCTL, rctl);
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Turns the receiver (and loopback) off and waits (bounded by the

@@ -160,9 +160,9 @@ fn rx_queue_is_programmed_at_the_rx_stride() {
     let d = Arc::new(Domain::new(
         SoftIommu::new(SoftIommuConfig::default()).unwrap(),
     ));
-    let rx = RxRing::new(d, 32).unwrap();
+    let mut rx = RxRing::new(d, 32).unwrap();
     // SAFETY: the registers are a fake: no device writes anything.
-    unsafe { nic.start_rx(&rx, true) }.unwrap();
+    unsafe { nic.start_rx(&mut rx, true) }.unwrap();
     let r = nic.regs();
     assert_eq!(
         u64::from(r.get(rdbal(0))),
@@ -237,7 +237,7 @@ fn stop_rx_waits_until_the_rx_queue_reads_disabled() {
     let d = Arc::new(Domain::new(
         SoftIommu::new(SoftIommuConfig::default()).unwrap(),
     ));
-    let rx = RxRing::new(d, 32).unwrap();
+    let mut rx = RxRing::new(d, 32).unwrap();
     for (reads, stops) in [(3, true), (u32::MAX, false)] {
         let fake = Fake {
             disable_reads: reads,
@@ -246,7 +246,7 @@ fn stop_rx_waits_until_the_rx_queue_reads_disabled() {
         let cfg = if stops { patient() } else { quick() };
         let mut nic = Igb::new(fake, cfg).unwrap();
         // SAFETY: the registers are a fake: no device writes anything.
-        unsafe { nic.start_rx(&rx, true) }.unwrap();
+        unsafe { nic.start_rx(&mut rx, true) }.unwrap();
         match nic.stop_rx() {
             Ok(()) if stops => {
                 assert_eq!(nic.regs().get(rxdctl(0)) & Rxdctl::ENABLE.bits(), 0);
@@ -328,7 +328,7 @@ fn an_rx_ring_pinned_after_a_failed_stop_keeps_its_mapping() {
     use pfrag::dma::{Dir, SoftIommu, SoftIommuConfig, Translate};
     let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
     let d = Arc::new(Domain::new(iommu.clone()));
-    let rx = RxRing::new(d.clone(), 32).unwrap();
+    let mut rx = RxRing::new(d.clone(), 32).unwrap();
     let iova = rx.ring.iova();
     let fake = Fake {
         disable_reads: u32::MAX,
@@ -336,7 +336,7 @@ fn an_rx_ring_pinned_after_a_failed_stop_keeps_its_mapping() {
     };
     let mut nic = Igb::new(fake, quick()).unwrap();
     // SAFETY: `rx` is kept for good below, its stop having failed.
-    unsafe { nic.start_rx(&rx, true) }.unwrap();
+    unsafe { nic.start_rx(&mut rx, true) }.unwrap();
     assert!(nic.stop_rx().is_err());
     rx.pin();
     // 32 descriptors of 16 bytes and 32 buffers of 2 KiB, in whole pages.
@@ -346,4 +346,133 @@ fn an_rx_ring_pinned_after_a_failed_stop_keeps_its_mapping() {
     assert!(iommu.translate(iova, Dir::FROM_DEVICE).is_ok());
     let again = RxRing::new(d, 32).unwrap();
     assert_ne!(again.ring.iova(), iova);
+}
+
+/// The 82576 ignores the low 7 bits of RDBAL: an RX ring that is not
+/// 128-byte aligned would have the device write receive descriptors
+/// below it. Refused as the TX ring is, before any register is written.
+#[test]
+fn an_rx_ring_not_128_byte_aligned_is_refused_before_any_write() {
+    let mut nic = Igb::new(Fake::default(), quick()).unwrap();
+    let before = nic.regs().writes.borrow().len();
+    // SAFETY: the registers are a fake: no device writes anything.
+    let r = unsafe { nic.start_rx_at(Iova(0x1000_0040), 32, true) };
+    assert!(
+        matches!(
+            r,
+            Err(Error::BadConfig {
+                value: 0x1000_0040,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(nic.regs().writes.borrow().len(), before);
+    // SAFETY: as above.
+    unsafe { nic.start_rx_at(Iova(0x1000_0080), 32, true) }.unwrap();
+    assert_eq!(nic.regs().get(rdbal(0)), 0x1000_0080);
+    nic.stop_rx().unwrap();
+}
+
+/// What the device does on receiving a `len`-byte frame into descriptor
+/// `i`: the write-back with the length and DD set.
+fn device_receives<M: pfrag::dma::DmaMapper>(rx: &RxRing<M>, i: usize, len: u64) {
+    let wb = u64::from(RxSta::DD.bits()) | (len << 32);
+    rx.ring.write_u64(i * crate::desc::SIZE + 8, wb).unwrap();
+}
+
+/// Started again after a stop, the device writes from descriptor 0 (RDH
+/// 0): the ring reads from there too, and a frame written back before
+/// the stop and not read is not taken for a new one (its descriptor, and
+/// buffer, are the device's again).
+#[test]
+fn a_restarted_rx_ring_reads_where_the_device_writes() {
+    use pfrag::dma::{SoftIommu, SoftIommuConfig};
+    let d = Arc::new(Domain::new(
+        SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+    ));
+    let mut rx = RxRing::new(d, 32).unwrap();
+    let mut nic = Igb::new(Fake::default(), quick()).unwrap();
+    // SAFETY: the registers are a fake: no device writes anything.
+    unsafe { nic.start_rx(&mut rx, true) }.unwrap();
+    device_receives(&rx, 0, 60);
+    device_receives(&rx, 1, 61);
+    let (frame, tail) = rx.next_frame().unwrap().unwrap();
+    assert_eq!((frame.len(), tail), (60, 0));
+    nic.stop_rx().unwrap();
+    // SAFETY: as above.
+    unsafe { nic.start_rx(&mut rx, true) }.unwrap();
+    assert_eq!(nic.regs().get(rdh(0)), 0);
+    assert!(rx.next_frame().unwrap().is_none(), "a frame from before");
+    device_receives(&rx, 0, 70);
+    let (frame, tail) = rx.next_frame().unwrap().expect("descriptor 0");
+    assert_eq!((frame.len(), tail), (70, 0));
+    nic.stop_rx().unwrap();
+}
+
+/// Pointing a running RX queue at another ring stops it first, as
+/// attaching another TX ring does: a queue that does not stop is a
+/// timeout, and the old ring stays the device's (its base is not
+/// rewritten, the receiver is left on). It used to be re-pointed while
+/// its disable had not read back, and the call returned `Ok`.
+#[test]
+fn restarting_rx_stops_the_queue_first() {
+    for stops in [false, true] {
+        let fake = Fake {
+            disable_reads: if stops { 3 } else { u32::MAX },
+            ..Fake::default()
+        };
+        let cfg = if stops { patient() } else { quick() };
+        let mut nic = Igb::new(fake, cfg).unwrap();
+        // SAFETY: a fake: no device writes anything.
+        unsafe { nic.start_rx_at(Iova(0x1000), 32, true) }.unwrap();
+        let rctl = nic.regs().get(RCTL);
+        // SAFETY: as above.
+        let r = unsafe { nic.start_rx_at(Iova(0x2000), 32, true) };
+        let base = nic.regs().get(rdbal(0));
+        if stops {
+            r.unwrap();
+            assert_eq!(base, 0x2000);
+            continue;
+        }
+        assert!(
+            matches!(
+                r,
+                Err(Error::DeviceTimeout {
+                    what: "RX queue disable",
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert_eq!(base, 0x1000, "the old ring stays the device's");
+        assert_ne!(nic.regs().get(rxdctl(0)) & QUEUE_ENABLE, 0);
+        assert_eq!(nic.regs().get(RCTL), rctl, "the receiver left on");
+    }
+}
+
+/// A ring restarted while its receiver does not stop is not re-armed: a
+/// frame the device wrote back stays there to be read, its descriptor
+/// not handed back. It used to be re-armed before the receiver was
+/// stopped.
+#[test]
+fn a_ring_whose_receiver_does_not_stop_is_not_rearmed() {
+    use pfrag::dma::{SoftIommu, SoftIommuConfig};
+    let d = Arc::new(Domain::new(
+        SoftIommu::new(SoftIommuConfig::default()).unwrap(),
+    ));
+    let mut rx = RxRing::new(d, 32).unwrap();
+    let fake = Fake {
+        disable_reads: u32::MAX,
+        ..Fake::default()
+    };
+    let mut nic = Igb::new(fake, quick()).unwrap();
+    // SAFETY: the registers are a fake: no device writes anything.
+    unsafe { nic.start_rx(&mut rx, true) }.unwrap();
+    device_receives(&rx, 0, 60);
+    // SAFETY: as above.
+    let r = unsafe { nic.start_rx(&mut rx, true) };
+    assert!(matches!(r, Err(Error::DeviceTimeout { .. })), "{r:?}");
+    let (frame, tail) = rx.next_frame().unwrap().expect("the frame is kept");
+    assert_eq!((frame.len(), tail), (60, 0));
 }

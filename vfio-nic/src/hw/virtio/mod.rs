@@ -319,11 +319,11 @@ impl<T: Transport> VirtioNetPci<T> {
     ) -> Result<()> {
         // Checked before anything changes: a ring the device cannot take
         // leaves the device (and a ring it runs) as it was.
-        if !len.is_power_of_two() || len > self.max {
-            return Err(Error::VirtqueueSize { len, max: self.max });
-        }
+        self.check_size(len)?;
         if !self.negotiated()? {
             self.init()?;
+            // Against the maximum the device reports after this reset.
+            self.check_size(len)?;
         }
         // SAFETY: the caller's promise for the three parts is passed on.
         let r = unsafe { self.program(len, [desc, driver, device]) };
@@ -341,14 +341,38 @@ impl<T: Transport> VirtioNetPci<T> {
         Ok(())
     }
 
+    /// [`Error::VirtqueueSize`] unless the device takes a TX queue of
+    /// `len` entries: a power of two, up to its maximum.
+    fn check_size(&self, len: u16) -> Result<()> {
+        if !len.is_power_of_two() || len > self.max {
+            return Err(Error::VirtqueueSize { len, max: self.max });
+        }
+        Ok(())
+    }
+
+    /// Writes the 16-bit field at `off` and reads it back:
+    /// [`Error::NotTaken`] if the device kept another value.
+    fn write_checked(&self, what: &'static str, off: u32, v: u16) -> Result<()> {
+        self.write::<u16>(off, v)?;
+        let read = self.read::<u16>(off)?;
+        if read != v {
+            return Err(Error::NotTaken {
+                what,
+                wrote: u32::from(v),
+                read: u32::from(read),
+            });
+        }
+        Ok(())
+    }
+
     /// Writes the TX queue's size and addresses, enables it and sets
-    /// `DRIVER_OK`.
+    /// `DRIVER_OK`; the size and the enable are read back.
     ///
     /// # Safety
     /// As [`attach_parts`](Self::attach_parts).
     unsafe fn program(&mut self, len: u16, parts: [Iova; 3]) -> Result<()> {
         self.write::<u16>(common::QUEUE_SELECT, TX_QUEUE)?;
-        self.write::<u16>(common::QUEUE_SIZE, len)?;
+        self.write_checked("virtio queue_size", common::QUEUE_SIZE, len)?;
         self.write::<u16>(common::QUEUE_MSIX_VECTOR, common::NO_VECTOR)?;
         let offs = [
             common::QUEUE_DESC,
@@ -359,7 +383,7 @@ impl<T: Transport> VirtioNetPci<T> {
             self.write::<u32>(off, at.raw() as u32)?;
             self.write::<u32>(off + 4, (at.raw() >> 32) as u32)?;
         }
-        self.write::<u16>(common::QUEUE_ENABLE, 1)?;
+        self.write_checked("virtio queue_enable", common::QUEUE_ENABLE, 1)?;
         self.set_status(VIRTIO_CONFIG_S_DRIVER_OK)?;
         let s = self.status()?;
         if u32::from(s) & (VIRTIO_CONFIG_S_NEEDS_RESET | VIRTIO_CONFIG_S_FAILED) != 0 {

@@ -10,7 +10,7 @@ use crate::format::virtio::features;
 struct Fake {
     offered: u64,
     accept_features: bool,
-    max: u16,
+    max: std::cell::Cell<u16>,
     /// Common configuration bytes; queue fields (0x18..) per queue.
     common: RefCell<[u8; 0x38]>,
     queues: RefCell<[[u8; 0x38]; 2]>,
@@ -26,6 +26,8 @@ struct Fake {
     /// Ignore a write of 0 to the status: a reset that never reads back 0,
     /// the device going on as it was.
     stuck: std::cell::Cell<bool>,
+    /// A common configuration field whose writes do not take.
+    ignored: std::cell::Cell<Option<u32>>,
 }
 
 impl Fake {
@@ -33,7 +35,7 @@ impl Fake {
         Fake {
             offered,
             accept_features: true,
-            max: 256,
+            max: std::cell::Cell::new(256),
             common: RefCell::new([0; 0x38]),
             queues: RefCell::new([[0; 0x38]; 2]),
             notes: RefCell::new(Vec::new()),
@@ -42,6 +44,7 @@ impl Fake {
             refuse_driver_ok: std::cell::Cell::new(false),
             mult: 4,
             stuck: std::cell::Cell::new(false),
+            ignored: std::cell::Cell::new(None),
         }
     }
     /// Resets as a write of 0 does: every field 0.
@@ -109,7 +112,7 @@ impl Transport for &Fake {
                     0
                 }
             }
-            common::QUEUE_SIZE if self.get(off, 2) == 0 => u64::from(self.max),
+            common::QUEUE_SIZE if self.get(off, 2) == 0 => u64::from(self.max.get()),
             common::QUEUE_NOTIFY_OFF => self.sel() as u64,
             _ => self.get(off, n),
         };
@@ -119,6 +122,9 @@ impl Transport for &Fake {
         let (n, mut v) = (size_of::<W>(), to64(v));
         if off == common::DEVICE_STATUS {
             self.statuses.borrow_mut().push(v);
+        }
+        if self.ignored.get() == Some(off) {
+            return Ok(());
         }
         match off {
             common::DEVICE_STATUS if v == 0 => {
@@ -250,8 +256,8 @@ fn marks_need_notification_addresses_4_bytes_apart() {
 
 #[test]
 fn a_ring_the_device_cannot_take_is_refused_before_it_is_enabled() {
-    let mut dev = Fake::new(ALL);
-    dev.max = 32;
+    let dev = Fake::new(ALL);
+    dev.max.set(32);
     let mut nic = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap();
     for len in [64u16, 48] {
         // SAFETY: the fake device reads no memory.
@@ -365,4 +371,57 @@ fn a_refusal_whose_reset_fails_reports_both() {
     }
     let s = e.to_string();
     assert!(s.contains("refused") && s.contains("virtio reset"), "{s}");
+}
+
+/// A queue whose enable (or size) does not take is an error with both
+/// values, and the device is reset before it returns, the ring not
+/// attached. The driver used to set `DRIVER_OK` on it and report the ring
+/// attached.
+#[test]
+fn a_queue_field_that_does_not_take_is_an_error() {
+    for (off, what, wrote) in [
+        (common::QUEUE_ENABLE, "virtio queue_enable", 1),
+        (common::QUEUE_SIZE, "virtio queue_size", 64),
+    ] {
+        let dev = Fake::new(ALL);
+        let mut nic = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap();
+        dev.ignored.set(Some(off));
+        // SAFETY: the fake device reads no memory.
+        let e = unsafe { nic.attach(Iova(0x10_0000), 64) }.unwrap_err();
+        match e {
+            Error::NotTaken {
+                what: w, wrote: v, ..
+            } => assert_eq!((w, v), (what, wrote)),
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_eq!(dev.get(common::DEVICE_STATUS, 1), 0, "reset");
+        // SAFETY: as above.
+        assert!(matches!(unsafe { nic.kick(0) }, Err(Error::NotAttached)));
+    }
+}
+
+/// The size is checked against the maximum the device reports after the
+/// reset that precedes the ring: a device that now takes fewer entries
+/// than at the last bring-up refuses the ring before it is programmed.
+/// The check used to be made against the maximum of the bring-up before.
+#[test]
+fn a_ring_is_checked_against_the_maximum_after_its_reset() {
+    let dev = Fake::new(ALL);
+    let mut nic = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap();
+    nic.detach().unwrap();
+    dev.max.set(32);
+    // SAFETY: the fake device reads no memory.
+    let e = unsafe { nic.attach(Iova(0x10_0000), 64) }.unwrap_err();
+    assert!(
+        matches!(e, Error::VirtqueueSize { len: 64, max: 32 }),
+        "{e}"
+    );
+    assert_eq!(
+        dev.queue(usize::from(TX_QUEUE), 0x18, 2),
+        0,
+        "no size written"
+    );
+    assert_eq!(dev.queue(usize::from(TX_QUEUE), 0x20, 8), 0, "no address");
+    // SAFETY: as above.
+    unsafe { nic.attach(Iova(0x10_0000), 32) }.unwrap();
 }

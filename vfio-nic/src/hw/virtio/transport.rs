@@ -45,7 +45,7 @@ impl PciTransport {
     /// names lie inside BARs that are mapped.
     pub fn new(pci: VfioPci) -> Result<PciTransport> {
         let mut cfg = vec![0u8; 256];
-        pci.config_read(0, &mut cfg);
+        pci.config_read(0, &mut cfg)?;
         let caps = caps::parse(&cfg)?;
         let t = PciTransport { pci, caps };
         t.bar_of(caps.common, "common configuration", 0x38)?;

@@ -45,7 +45,7 @@
 
 mod mem;
 
-use std::mem::offset_of;
+use std::mem::{offset_of, size_of};
 
 use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, Ipv6Header, TcpHeader};
 use pfrag::dma::Translate;
@@ -55,8 +55,9 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4,
     VIRTIO_NET_HDR_GSO_TCPV6,
 };
+use virtio_bindings::virtio_ring::{vring_desc, VRING_DESC_F_INDIRECT};
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
-use vm_memory::{GuestAddress, GuestMemory, Permissions};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 use super::segment::{
     pieces, range_pages, segment_pages, segments, Packet, Seed, Segmenter, MAX_HDR,
@@ -418,6 +419,12 @@ impl<T: Translate> TxDevice for VirtioNet<T> {
             return Err(bad("virtqueue size (a power of two)"));
         }
         let l = Layout::new(len);
+        if ring.checked_add(l.bytes as u64 - 1).is_none() {
+            return Err(Error::BadConfig {
+                what: "virtqueue address (past the top of the IOVA space)",
+                value: ring.raw(),
+            });
+        }
         let mut q = Queue::new(len).map_err(|_| bad("virtqueue size"))?;
         let at = |off: usize| ring.offset(off as u64);
         q.try_set_desc_table_address(GuestAddress(ring.raw()))
@@ -473,16 +480,21 @@ impl Engine {
     /// after an index read that showed more: if it takes nothing either,
     /// the entries it was shown cannot be read, and that is the error.
     fn drain<M: GuestMemory>(&mut self, q: &mut Queue, mem: &M) -> Result<()> {
-        let size = q.size();
+        let (table, size) = (GuestAddress(q.desc_table()), q.size());
         let mut empty = 0u32;
         loop {
             q.disable_notification(mem).map_err(Error::Virtqueue)?;
             let mut taken = 0u32;
             while let Some(chain) = q.iter(mem).map_err(Error::Virtqueue)?.next() {
                 let head = chain.head_index();
-                self.take(mem, chain, size);
-                q.add_used(mem, head, 0).map_err(Error::Virtqueue)?;
+                self.take(mem, chain, (table, size));
                 taken += 1;
+                if head >= size {
+                    // No chain has that id: counted as malformed (`take`
+                    // found no descriptor), with no used entry to return.
+                    continue;
+                }
+                q.add_used(mem, head, 0).map_err(Error::Virtqueue)?;
             }
             if !q.enable_notification(mem).map_err(Error::Virtqueue)? {
                 return Ok(());
@@ -496,25 +508,45 @@ impl Engine {
         }
     }
 
-    /// Sends one chain of a table of `size` descriptors (counted as
-    /// malformed if a buffer is device-written or the chain is longer than
-    /// a packet may be).
+    /// Sends one chain of a descriptor table at `ring.0` of `ring.1`
+    /// descriptors (counted as malformed if a buffer is device-written, a
+    /// descriptor names an indirect table, which the device does not
+    /// offer, or the chain is longer than a packet may be).
     ///
     /// A chain cut short, whose last descriptor read names a next one, is
     /// dropped, never sent as a shorter packet: as a fault if that next
     /// descriptor lies in the table (it could not be read), as malformed
     /// otherwise (it lies outside, or the chain loops).
-    fn take<M: GuestMemory>(&mut self, mem: &M, chain: DescriptorChain<&M>, size: u16) {
+    fn take<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        mut chain: DescriptorChain<&M>,
+        ring: (GuestAddress, u16),
+    ) {
         self.bufs.clear();
+        let size = ring.1;
         let mut ok = true;
         let (mut n, mut cut) = (0usize, None);
-        for d in chain {
+        let mut at = chain.head_index();
+        loop {
+            // `virtio-queue` would follow an indirect descriptor into its
+            // table: it is looked at before the chain reads it.
+            if at < size && indirect(mem, ring, at) {
+                self.stats.descs += 1;
+                (ok, cut) = (false, None);
+                break;
+            }
+            let Some(d) = chain.next() else { break };
             self.stats.descs += 1;
             n += 1;
             cut = d.has_next().then(|| d.next());
             ok &= !d.is_write_only() && self.bufs.len() < MAX_BUFS;
             if self.bufs.len() < MAX_BUFS {
                 self.bufs.push((Iova(d.addr().0), d.len() as usize));
+            }
+            match cut {
+                Some(next) => at = next,
+                None => break,
             }
         }
         if let Some(next) = cut.filter(|_| ok) {
@@ -532,4 +564,16 @@ impl Engine {
             self.stats.bad_desc += 1;
         }
     }
+}
+
+/// Whether descriptor `i` of the table at `ring.0` (of `ring.1`
+/// descriptors, `i` among them) names an indirect table. One that cannot
+/// be read does not: the chain's own read of it faults.
+fn indirect<M: GuestMemory>(mem: &M, ring: (GuestAddress, u16), i: u16) -> bool {
+    let flags = offset_of!(vring_desc, flags) as u64;
+    let at = (u64::from(i) * size_of::<vring_desc>() as u64)
+        .checked_add(flags)
+        .and_then(|off| ring.0.checked_add(off));
+    at.and_then(|a| mem.read_obj::<u16>(a).ok())
+        .is_some_and(|f| u16::from_le(f) & VRING_DESC_F_INDIRECT as u16 != 0)
 }

@@ -1,0 +1,139 @@
+//! Pressure hooks that call back into the pool whose growth or shrink ran
+//! them: a hook that trims the pool or drops frags it kept on entering
+//! pressure, or that takes memory again on leaving it (the natural answers
+//! to memory pressure), must not wait for a lock the pool holds while it
+//! runs the hook.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pfrag::account::{Limits, MemAccount, PressureHooks};
+use pfrag::dma::{Domain, Identity};
+use pfrag::frag::{Frag, FragCache};
+use pfrag::pool::{self, Policy, Pool};
+use pfrag::Order;
+
+/// On entering pressure: trims the pool and drops the frags it keeps. On
+/// leaving it: refills from its cache, if it has one.
+#[derive(Default)]
+struct Shed {
+    pool: Mutex<Option<Pool<Identity>>>,
+    kept: Mutex<Vec<Frag<Identity>>>,
+    cache: Mutex<Option<FragCache<Identity>>>,
+}
+
+impl PressureHooks for Shed {
+    fn enter(&self, _bytes: u64) {
+        let pool = self.pool.lock().unwrap().clone();
+        if let Some(p) = pool {
+            p.trim().unwrap();
+        }
+        let kept = std::mem::take(&mut *self.kept.lock().unwrap());
+        drop(kept);
+    }
+
+    fn leave(&self, _bytes: u64) {
+        if let Some(c) = self.cache.lock().unwrap().as_mut() {
+            let f = c.refill(4096, true).unwrap();
+            self.kept.lock().unwrap().push(f);
+        }
+    }
+}
+
+const KIB: u64 = 1 << 10;
+
+/// A pool of 4 KiB chunks grown 4 at a time; pressure past 16 KiB, so the
+/// second grow enters it.
+fn setup() -> (Arc<MemAccount<Shed>>, Pool<Identity>) {
+    let limits = Limits {
+        min: 8 * KIB,
+        pressure: 16 * KIB,
+        max: 1 << 30,
+    };
+    let acct = MemAccount::new(limits, Shed::default()).unwrap();
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    cfg.grow_batch = 4;
+    let d = Arc::new(Domain::new(Identity::new()));
+    let pool = Pool::with_account(d, cfg, acct.clone()).unwrap();
+    (acct, pool)
+}
+
+/// Runs `f` on a thread of its own; fails if it has not returned within
+/// ten seconds (a deadlock: the thread is left behind). Under Miri, `f`
+/// runs here: Miri reports a thread that waits for a lock it holds.
+fn within_ten_seconds(f: impl FnOnce() + Send + 'static) {
+    if cfg!(miri) {
+        return f();
+    }
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(()) => {}
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the test thread panicked"),
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("deadlock: the test thread never returned"),
+    }
+}
+
+#[test]
+fn a_hook_that_trims_the_growing_pool_does_not_deadlock() {
+    let (acct, pool) = setup();
+    *acct.hooks().pool.lock().unwrap() = Some(pool.clone());
+    let a = acct.clone();
+    within_ten_seconds(move || {
+        let mut cache = FragCache::new(pool);
+        // The first grow stays below `pressure`; the fifth chunk grows
+        // again and enters it, and the hook trims the pool.
+        let held: Vec<_> = (0..5).map(|_| cache.refill(4096, true).unwrap()).collect();
+        assert!(a.under_pressure());
+        drop(held);
+    });
+    assert_eq!(acct.stats().entered, 1);
+    // Break the account -> hooks -> pool -> account cycle.
+    acct.hooks().pool.lock().unwrap().take();
+}
+
+#[test]
+fn a_hook_that_drops_frags_of_the_growing_pool_does_not_deadlock() {
+    let (acct, pool) = setup();
+    let a = acct.clone();
+    within_ten_seconds(move || {
+        let mut cache = FragCache::new(pool);
+        let first: Vec<_> = (0..4).map(|_| cache.refill(4096, true).unwrap()).collect();
+        // The hook keeps the first chunks' frags; the cache lets go of
+        // its chunk, so the hook's drop recycles the last of them.
+        a.hooks().kept.lock().unwrap().extend(first);
+        cache.release();
+        // Grows again: pressure, and the hook drops what it kept.
+        let f = cache.refill(4096, true).unwrap();
+        assert!(a.hooks().kept.lock().unwrap().is_empty());
+        drop(f);
+    });
+    assert_eq!(acct.stats().entered, 1);
+}
+
+#[test]
+fn a_hook_that_refills_when_the_shrink_leaves_pressure_does_not_deadlock() {
+    let (acct, pool) = setup();
+    *acct.hooks().cache.lock().unwrap() = Some(FragCache::new(pool.clone()));
+    let a = acct.clone();
+    within_ten_seconds(move || {
+        let mut cache = FragCache::new(pool.clone());
+        // Two grows: 32 KiB, under pressure.
+        let held: Vec<_> = (0..8).map(|_| cache.refill(4096, true).unwrap()).collect();
+        assert!(a.under_pressure());
+        cache.release();
+        // Each arena goes back whole as its last chunk comes back; the
+        // second shrink leaves pressure, and the hook grows the pool again.
+        drop(held);
+        assert!(!a.under_pressure());
+        assert_eq!(a.hooks().kept.lock().unwrap().len(), 1);
+        assert_eq!(pool.stats().grows, 3);
+    });
+    assert_eq!(acct.stats().left, 1);
+    acct.hooks().kept.lock().unwrap().clear();
+    acct.hooks().cache.lock().unwrap().take();
+}
