@@ -169,13 +169,13 @@ impl VfioPci {
     /// Turns on memory decoding and bus mastering, keeping the command
     /// register's other bits, and checks that they took.
     fn enable_bus_master(&self) -> Result<()> {
+        let (file, region) = self.config()?;
         let read = || {
             let mut cmd = [0u8; 2];
-            self.config_read(pci::COMMAND, &mut cmd)?;
+            region.read(&file, pci::COMMAND, &mut cmd)?;
             Ok::<_, Error>(u16::from_le_bytes(cmd))
         };
         let v = pci::enabling(&self.bdf, read()?)?;
-        let (file, region) = self.config()?;
         region.write(&file, pci::COMMAND, &v.to_le_bytes())?;
         pci::check_enabled(&self.bdf, v, read()?)
     }
