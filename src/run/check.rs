@@ -84,17 +84,16 @@ pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
         DeviceModel::Soft | DeviceModel::Null => check_packet::<igb::Advanced>(cfg, None)?,
         DeviceModel::Virtio => {
             if cfg.touch != Touch::Checksum {
-                return Err(RunError::Setting(VIRTIO_TOUCH.into()));
+                return Err(RunError::Setting(
+                    "the virtio-net model reads every payload byte: --touch pages is the software NIC's"
+                        .into(),
+                ));
             }
             check_packet::<virtio::Split>(cfg, None)?
         }
     }
     check_wire(cfg)
 }
-
-/// Why a virtio-net run refuses `--touch pages`.
-pub(super) const VIRTIO_TOUCH: &str =
-    "the virtio-net model reads every payload byte: --touch pages is the software NIC's";
 
 /// With a line rate, one packet's frames, with their gaps, must leave
 /// before the run gives up waiting for a completion.

@@ -18,6 +18,8 @@ use vfio_nic::model::virtio::VirtioNet;
 use vfio_nic::model::Model;
 use vfio_nic::Error;
 
+mod common;
+
 type Iommu = Arc<SoftIommu>;
 
 const WAIT: Duration = Duration::from_secs(if cfg!(miri) { 600 } else { 10 });
@@ -29,9 +31,8 @@ fn ring() -> (Iommu, Coherent<Iommu>) {
     let domain = Arc::new(Domain::new(iommu.clone()));
     let ring = Coherent::new(domain, 8 * 16, Dir::BIDIRECTIONAL).unwrap();
     let cmd = Dcmd::EOP | Dcmd::RS | Dcmd::IFCS;
-    let w = Desc::Data(Data::new(0x7700_0000, 100, cmd, 100, Popts::empty())).encode();
-    ring.write_u64(0, w[0]).unwrap();
-    ring.write_u64(8, w[1]).unwrap();
+    let d = Data::new(0x7700_0000, 100, cmd, 100, Popts::empty());
+    common::put_descs(&ring, [Desc::Data(d)]);
     (iommu, ring)
 }
 
@@ -95,9 +96,8 @@ fn the_null_device_reads_nothing_once_detached() {
 /// malformed: counted as such, completed, and no frame on the wire.
 fn empty_packet_is_malformed<D: Model>(mut nic: D, ring: &Coherent<Iommu>) {
     let cmd = Dcmd::EOP | Dcmd::RS | Dcmd::IFCS;
-    let w = Desc::Data(Data::new(0x7700_0000, 0, cmd, 0, Popts::empty())).encode();
-    ring.write_u64(0, w[0]).unwrap();
-    ring.write_u64(8, w[1]).unwrap();
+    let d = Data::new(0x7700_0000, 0, cmd, 0, Popts::empty());
+    common::put_descs(ring, [Desc::Data(d)]);
     // SAFETY: the ring is this test's, kept as long as the device.
     unsafe { nic.attach(ring.iova(), 8) }.unwrap();
     // SAFETY: descriptor 0 is handed over; it names no bytes.

@@ -78,7 +78,7 @@ fn get_info(mut ioctl: impl FnMut(&mut [u64]) -> Result<(), i32>) -> Result<Iomm
 pub fn check_ranges(ranges: &[Range<u64>]) -> Result<()> {
     let mut prev_end = 0;
     for (index, r) in ranges.iter().enumerate() {
-        if r.start >= r.end || (index > 0 && r.start < prev_end) {
+        if r.start >= r.end || r.start < prev_end {
             return Err(Error::OddIovaRanges {
                 index,
                 start: r.start,

@@ -1,7 +1,7 @@
 //! Real hardware: the only modules that map a BAR and touch registers
 //! ([`mmio`]), issue ioctls of their own ([`ioctl`]), talk to VFIO
 //! ([`vfio`], [`info`]) and iommufd ([`iommufd`]), with what both mappers
-//! share (`access`), and drive an Intel 82576 ([`igb`]) and a
+//! share (`access`), read and write PCI config space (`pci`), and drive an Intel 82576 ([`igb`]) and a
 //! virtio-net device over the modern PCI transport ([`virtio`]).
 
 use std::time::{Duration, Instant};

@@ -4,7 +4,11 @@
 //! decoding and bus mastering, and the check that they took.
 
 use std::fs::File;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
+
+use vfio_bindings::bindings::vfio::VFIO_PCI_CONFIG_REGION_INDEX;
+use vfio_ioctls::VfioDevice;
 
 use crate::error::{Error, Result};
 
@@ -19,6 +23,23 @@ pub(super) struct ConfigRegion {
 }
 
 impl ConfigRegion {
+    /// `device`'s file (a duplicate of its descriptor) and config region.
+    pub(super) fn of(device: &VfioDevice) -> Result<(File, ConfigRegion)> {
+        let fd = device.as_raw_fd();
+        // SAFETY: the descriptor is `device`'s, open while it lives, and
+        // the borrow ends before this function returns (the file is a
+        // duplicate of it).
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let file = fd
+            .try_clone_to_owned()
+            .map_err(|e| config_error("dup", 0, 0, e))?;
+        let region = ConfigRegion {
+            offset: device.get_region_offset(VFIO_PCI_CONFIG_REGION_INDEX),
+            size: device.get_region_size(VFIO_PCI_CONFIG_REGION_INDEX),
+        };
+        Ok((file.into(), region))
+    }
+
     /// Reads `buf.len()` bytes at `at` of the region: all of them, or an
     /// error naming the access.
     pub(super) fn read(self, file: &File, at: u64, buf: &mut [u8]) -> Result<()> {

@@ -25,8 +25,7 @@ use std::sync::Arc;
 use pfrag::dma::{DmaMapper, IovaSpace, MapStats, Mapping, PageSizes, Unmapped};
 use pfrag::{Iova, OsAdvice};
 use vfio_bindings::bindings::vfio::{
-    VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_BAR5_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX,
-    VFIO_REGION_INFO_FLAG_MMAP,
+    VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_BAR5_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
 };
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError, VfioIommufd};
 
@@ -169,33 +168,15 @@ impl VfioPci {
     /// Turns on memory decoding and bus mastering, keeping the command
     /// register's other bits, and checks that they took.
     fn enable_bus_master(&self) -> Result<()> {
+        let (file, region) = pci::ConfigRegion::of(&self.device)?;
         let read = || {
             let mut cmd = [0u8; 2];
-            self.config_read(pci::COMMAND, &mut cmd)?;
+            region.read(&file, pci::COMMAND, &mut cmd)?;
             Ok::<_, Error>(u16::from_le_bytes(cmd))
         };
         let v = pci::enabling(&self.bdf, read()?)?;
-        let (file, region) = self.config()?;
         region.write(&file, pci::COMMAND, &v.to_le_bytes())?;
         pci::check_enabled(&self.bdf, v, read()?)
-    }
-
-    /// The device file (a duplicate of its descriptor) and its config
-    /// region.
-    fn config(&self) -> Result<(std::fs::File, pci::ConfigRegion)> {
-        let fd = self.device.as_raw_fd();
-        // SAFETY: the descriptor is `self.device`'s, open while it lives,
-        // and the borrow ends before this function returns (the file is
-        // a duplicate of it).
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        let file = fd
-            .try_clone_to_owned()
-            .map_err(|e| pci::config_error("dup", 0, 0, e))?;
-        let region = pci::ConfigRegion {
-            offset: self.device.get_region_offset(VFIO_PCI_CONFIG_REGION_INDEX),
-            size: self.device.get_region_size(VFIO_PCI_CONFIG_REGION_INDEX),
-        };
-        Ok((file.into(), region))
     }
 
     /// The device's PCI address.
@@ -236,7 +217,7 @@ impl VfioPci {
     /// region, [`Error::ConfigSpace`] (with the errno) for a read that
     /// failed.
     pub fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let (file, region) = self.config()?;
+        let (file, region) = pci::ConfigRegion::of(&self.device)?;
         region.read(&file, offset, buf)
     }
 
