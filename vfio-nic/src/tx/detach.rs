@@ -111,12 +111,13 @@ pub(super) unsafe fn attach<M: DmaMapper, D: TxDevice>(
 /// ring, the in-flight packets' frags (unmapped and recycled) and the
 /// rest. A device whose detach fails or panics (here, or in
 /// [`into_device`](Queue::into_device)) may still read the ring and every
-/// packet in flight: they are kept for good instead
+/// packet in flight, and so may one whose own drop panics: they are kept
+/// for good instead
 /// ([`Coherent::pin`](pfrag::dma::Coherent::pin), [`Frag::pin`]), counted
 /// in the domain's [`pinned`](pfrag::dma::Domain::pinned) host bytes (a
 /// frag's chunk in its pool's pinned chunks, and in the domain's bytes
 /// once the pool is dropped), never handed out again. A panic of
-/// `detach` here is not passed on: the panic hook reports it, and a drop
+/// `detach` or of the device's drop here is not passed on: the panic hook reports it, and a drop
 /// that panics could abort.
 impl<M: DmaMapper, D: TxDevice> Drop for Queue<M, D> {
     fn drop(&mut self) {
@@ -128,8 +129,11 @@ impl<M: DmaMapper, D: TxDevice> Drop for Queue<M, D> {
             Some(_) if detaching => false,
             Some(dev) => catch_unwind(AssertUnwindSafe(|| dev.detach())).is_ok_and(|r| r.is_ok()),
         };
-        if stopped {
-            drop(self.dev.take());
+        // The device's own drop may be where it stops: one that panics
+        // may leave it running, as a detach that fails does.
+        let dev = self.dev.take();
+        let dropped = catch_unwind(AssertUnwindSafe(|| drop(dev))).is_ok();
+        if stopped && dropped {
             // SAFETY: the ring is dropped here, once, as the queue is
             // dropped, and never used after.
             unsafe { ManuallyDrop::drop(&mut self.ring) };
