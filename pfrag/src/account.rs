@@ -78,12 +78,10 @@ impl Limits {
 /// in use at that moment. Runs once per transition, on the thread whose
 /// charge or uncharge caused it; never per packet.
 ///
-/// A pool's grow or shrink may be the cause. A hook may trim pools
-/// ([`Pool::trim`](crate::pool::Pool::trim)), drop frags, and take memory
-/// as pressure ends, but must not take memory from the pool whose grow
-/// entered pressure: that grow runs the hook while it holds the pool's
-/// growth lock, which a refill that grows the pool again would wait for
-/// on the same thread.
+/// A pool's grow or shrink may be the cause. A pool runs the hooks with
+/// none of its locks held, so a hook may trim pools
+/// ([`Pool::trim`](crate::pool::Pool::trim)), drop frags, and take memory,
+/// from the very pool whose grow or shrink ran it included.
 pub trait PressureHooks: Send + Sync + 'static {
     /// Usage rose above `pressure`.
     fn enter(&self, _bytes: u64) {}
@@ -145,11 +143,17 @@ pub trait Charge: Send + Sync {
         self.charge(bytes)
     }
     /// The grow that reserved `bytes` succeeded (or pinned its memory for
-    /// good): they count as charged now, pressure included. By default
-    /// nothing.
+    /// good): they count as charged now, in the usage and the peak. A hook
+    /// that this brings about runs at the [`settle`](Self::settle) that
+    /// follows, not here. By default nothing.
     fn commit(&self, bytes: u64) {
         let _ = bytes;
     }
+    /// Brings pressure in line with the usage after a
+    /// [`commit`](Self::commit), running a hook for a transition. The pool
+    /// calls it once its grow holds no lock, so that a hook may take
+    /// memory from the very pool that grew. By default nothing.
+    fn settle(&self) {}
     /// The grow that reserved `bytes` failed: they are given back as if
     /// never charged. By default [`uncharge`](Self::uncharge).
     fn cancel(&self, bytes: u64) {
@@ -291,13 +295,19 @@ impl<H: PressureHooks> MemAccount<H> {
     /// Makes the `bytes` [`reserve`](Self::reserve)d count as charged:
     /// the peak and pressure follow them now.
     pub fn commit(&self, bytes: u64) {
+        self.commit_usage(bytes);
+        self.settle();
+    }
+
+    /// [`commit`](Self::commit)'s change of the usage and the peak, with
+    /// no hook run yet.
+    fn commit_usage(&self, bytes: u64) {
         let committed = {
             let mut u = lock_std(&self.usage);
             u.reserved = u.reserved.saturating_sub(bytes);
             u.committed()
         };
         self.peak.fetch_max(committed, Ordering::Relaxed);
-        self.settle();
     }
 
     /// Gives back the `bytes` [`reserve`](Self::reserve)d by a grow that
@@ -378,7 +388,10 @@ impl<H: PressureHooks> Charge for MemAccount<H> {
         MemAccount::reserve(self, bytes)
     }
     fn commit(&self, bytes: u64) {
-        MemAccount::commit(self, bytes)
+        self.commit_usage(bytes)
+    }
+    fn settle(&self) {
+        MemAccount::settle(self)
     }
     fn cancel(&self, bytes: u64) {
         MemAccount::cancel(self, bytes)

@@ -1,8 +1,8 @@
 //! Pressure hooks that call back into the pool whose growth or shrink ran
 //! them: a hook that trims the pool or drops frags it kept on entering
-//! pressure, or that takes memory again on leaving it (the natural answers
-//! to memory pressure), must not wait for a lock the pool holds while it
-//! runs the hook.
+//! pressure, or that takes memory again (the natural answers to memory
+//! pressure), must not wait for a lock the pool holds while it runs the
+//! hook.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -21,6 +21,9 @@ struct Shed {
     pool: Mutex<Option<Pool<Identity>>>,
     kept: Mutex<Vec<Frag<Identity>>>,
     cache: Mutex<Option<FragCache<Identity>>>,
+    /// Taken from on entering pressure, as many frags as `grab` says.
+    grab_from: Mutex<Option<FragCache<Identity>>>,
+    grab: usize,
 }
 
 impl PressureHooks for Shed {
@@ -31,6 +34,12 @@ impl PressureHooks for Shed {
         }
         let kept = std::mem::take(&mut *self.kept.lock().unwrap());
         drop(kept);
+        if let Some(c) = self.grab_from.lock().unwrap().as_mut() {
+            let got: Vec<_> = (0..self.grab)
+                .map(|_| c.refill(4096, true).unwrap())
+                .collect();
+            self.kept.lock().unwrap().extend(got);
+        }
     }
 
     fn leave(&self, _bytes: u64) {
@@ -46,12 +55,17 @@ const KIB: u64 = 1 << 10;
 /// A pool of 4 KiB chunks grown 4 at a time; pressure past 16 KiB, so the
 /// second grow enters it.
 fn setup() -> (Arc<MemAccount<Shed>>, Pool<Identity>) {
+    setup_with(Shed::default())
+}
+
+/// [`setup`] with hooks of the caller's.
+fn setup_with(hooks: Shed) -> (Arc<MemAccount<Shed>>, Pool<Identity>) {
     let limits = Limits {
         min: 8 * KIB,
         pressure: 16 * KIB,
         max: 1 << 30,
     };
-    let acct = MemAccount::new(limits, Shed::default()).unwrap();
+    let acct = MemAccount::new(limits, hooks).unwrap();
     let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
     cfg.grow_batch = 4;
     let d = Arc::new(Domain::new(Identity::new()));
@@ -136,4 +150,32 @@ fn a_hook_that_refills_when_the_shrink_leaves_pressure_does_not_deadlock() {
     assert_eq!(acct.stats().left, 1);
     acct.hooks().kept.lock().unwrap().clear();
     acct.hooks().cache.lock().unwrap().take();
+}
+
+/// A hook that takes more frags from the growing pool than that grow
+/// added, so that the pool grows again under the hook. The grow used to
+/// run the hook with its growth lock held, which the second grow waited
+/// for on the same thread.
+#[test]
+fn a_hook_that_takes_from_the_growing_pool_does_not_deadlock() {
+    let (acct, pool) = setup_with(Shed {
+        grab: 5,
+        ..Shed::default()
+    });
+    *acct.hooks().grab_from.lock().unwrap() = Some(FragCache::new(pool.clone()));
+    let a = acct.clone();
+    within_ten_seconds(move || {
+        let mut cache = FragCache::new(pool.clone());
+        // The fifth chunk grows again and enters pressure; the hook takes
+        // five chunks, more than the four that grow added: a third grow,
+        // from the hook.
+        let held: Vec<_> = (0..5).map(|_| cache.refill(4096, true).unwrap()).collect();
+        assert!(a.under_pressure());
+        assert_eq!(a.hooks().kept.lock().unwrap().len(), 5);
+        assert_eq!(pool.stats().grows, 3);
+        drop(held);
+    });
+    assert_eq!(acct.stats().entered, 1);
+    acct.hooks().kept.lock().unwrap().clear();
+    acct.hooks().grab_from.lock().unwrap().take();
 }

@@ -104,6 +104,8 @@ impl<M: DmaMapper> Shared<M> {
                     // may reach the memory, so it never comes back.
                     chunks.iter().for_each(|&c| self.pin_unlisted(c));
                     self.commit(charge);
+                    drop((released, arenas));
+                    self.settle();
                 } else {
                     // Nothing mapped: the chunks are released chunks again
                     // (a new arena's memory was never touched).
@@ -124,6 +126,10 @@ impl<M: DmaMapper> Shared<M> {
             self.push_free(c);
         }
         self.commit(charge);
+        // The hooks run with no lock held: one may take memory from this
+        // pool, and grow it again.
+        drop((released, arenas));
+        self.settle();
         Ok(())
     }
 
@@ -186,10 +192,19 @@ impl<M: DmaMapper> Shared<M> {
         }
     }
 
-    /// Commits `bytes` a grow reserved in the account, if any.
+    /// Commits `bytes` a grow reserved in the account, if any; the hooks
+    /// wait for [`settle`](Self::settle).
     fn commit(&self, bytes: u64) {
         if let Some(a) = &self.account {
             a.commit(bytes);
+        }
+    }
+
+    /// Runs the account's hooks for what a commit changed, if any: called
+    /// with no lock of the pool held.
+    fn settle(&self) {
+        if let Some(a) = &self.account {
+            a.settle();
         }
     }
 
