@@ -46,7 +46,9 @@ pub struct Pinned {
 
 /// A batch unmap that removed some runs but not all: the runs in `failed`
 /// stay mapped (their IOVA stays allocated); every other range of the batch
-/// is gone and its IOVA freed.
+/// is gone and its IOVA freed. A batch whose ranges overlap is refused
+/// before any unmap ([`Error::OverlappingRanges`]): then `failed` holds
+/// every range given, all still mapped, and nothing was freed or pinned.
 #[derive(Debug, thiserror::Error)]
 #[error("{} of the ranges stayed mapped: {error}", failed.len())]
 pub struct PartialUnmap {
@@ -303,6 +305,10 @@ impl<M: DmaMapper> Domain<M> {
     /// Unmaps many ranges, one call per contiguous run, and frees the IOVA
     /// of every run that went. Runs whose unmap failed stay mapped and
     /// pinned, as with [`unmap`](Self::unmap), and are listed in the error.
+    /// Ranges that overlap each other are refused first
+    /// ([`Error::OverlappingRanges`], naming two of them): nothing is
+    /// unmapped, freed or pinned, and the error lists every range as still
+    /// mapped.
     ///
     /// # Safety
     /// The caller owns the mapping it removes: it made it with
@@ -313,6 +319,15 @@ impl<M: DmaMapper> Domain<M> {
     pub unsafe fn unmap_many(&self, ranges: &[(Iova, u64)]) -> Result<Unmapped, PartialUnmap> {
         if ranges.is_empty() {
             return Ok(Unmapped::Flushed);
+        }
+        // Before any unmap: a byte two ranges share would be unmapped,
+        // and freed or pinned, twice.
+        if let Some(error) = super::overlap(ranges) {
+            return Err(PartialUnmap {
+                how: Unmapped::Flushed,
+                failed: ranges.iter().copied().filter(|r| r.1 > 0).collect(),
+                error,
+            });
         }
         let BatchUnmap { how, failed, error } = self.call(|m| m.unmap_batch(ranges));
         let report = BatchUnmap {
