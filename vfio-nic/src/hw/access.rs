@@ -5,8 +5,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use pfrag::dma::{Dir, MapStats};
+use pfrag::dma::{Dir, MapStats, Unmapped};
 use pfrag::Iova;
+use pfrag::OsAdvice;
 
 use crate::hw::ioctl::Access;
 
@@ -62,6 +63,29 @@ pub(crate) fn check_range(what: &'static str, iova: Iova, len: u64) -> pfrag::Re
         });
     }
     Ok(())
+}
+
+/// What `VFIO_IOMMU_UNMAP_DMA`'s answer for `iova..iova + asked` means:
+/// the bytes the kernel unmapped, or its errno. Also whether the kernel
+/// removed (some of) the range, for [`Counters::unmap_call`].
+pub(crate) fn unmap_outcome(
+    iova: Iova,
+    asked: u64,
+    r: Result<u64, i32>,
+) -> (bool, pfrag::Result<Unmapped>) {
+    let refused = |n: i32| pfrag::Error::Unmap {
+        iova,
+        len: asked,
+        source: OsAdvice::io(
+            n,
+            "VFIO_IOMMU_UNMAP_DMA refused: the range must match whole earlier mappings",
+        ),
+    };
+    match r {
+        Ok(n) if n == asked => (true, Ok(Unmapped::Flushed)),
+        Ok(_) => (false, Err(refused(libc::EINVAL))),
+        Err(n) => (false, Err(refused(n))),
+    }
 }
 
 /// A VFIO mapper's counts: map and unmap ioctls, 4 KiB pages mapped, and

@@ -31,7 +31,7 @@ use vfio_ioctls::{VfioContainer, VfioDevice, VfioError, VfioIommufd};
 
 use crate::error::{Error, Result};
 pub use crate::hw::access::MapAccess;
-use crate::hw::access::{check_range, Counters};
+use crate::hw::access::{check_range, unmap_outcome, Counters};
 use crate::hw::ioctl;
 use crate::hw::mmio::{Bar, Reg, Regs};
 use crate::hw::pci;
@@ -435,14 +435,6 @@ fn map_hint(errno: i32) -> String {
     }
 }
 
-fn errno(e: &VfioError) -> i32 {
-    match e {
-        VfioError::IommuDmaMap(s) | VfioError::IommuDmaUnmap(s) => s.errno(),
-        VfioError::InvalidDmaUnmapSize => libc::EINVAL,
-        _ => libc::EIO,
-    }
-}
-
 impl DmaMapper for VfioMapper {
     unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
         check_range("mapping length", m.iova, m.len)?;
@@ -486,28 +478,10 @@ impl DmaMapper for VfioMapper {
 
     fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
         check_range("unmap length", iova, len)?;
-        let n = usize::try_from(len).map_err(|_| pfrag::Error::OutOfRange {
-            what: "unmap length",
-            value: len,
-            min: 1,
-            max: usize::MAX as u64,
-        })?;
-        let r = self.container.vfio_dma_unmap(iova.raw(), n);
-        self.c.unmap_call(r.is_ok());
-        match r {
-            Ok(()) => Ok(Unmapped::Flushed),
-            Err(e) => {
-                let n = errno(&e);
-                Err(pfrag::Error::Unmap {
-                    iova,
-                    len,
-                    source: OsAdvice::io(
-                        n,
-                        "VFIO_IOMMU_UNMAP_DMA refused: the range must match whole earlier mappings",
-                    ),
-                })
-            }
-        }
+        let r = ioctl::dma_unmap(&self.container, iova.raw(), len);
+        let (unmapped, out) = unmap_outcome(iova, len, r);
+        self.c.unmap_call(unmapped);
+        out
     }
 
     fn page_sizes(&self) -> PageSizes {
