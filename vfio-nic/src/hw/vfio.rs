@@ -30,8 +30,8 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError, VfioIommufd};
 
 use crate::error::{Error, Result};
-pub use crate::hw::access::MapAccess;
-use crate::hw::access::{check_range, unmap_outcome, Counters};
+use crate::hw::access::{check_range, Counters};
+pub use crate::hw::access::{MapAccess, ShortUnmap};
 use crate::hw::ioctl;
 use crate::hw::mmio::{Bar, Reg, Regs};
 use crate::hw::pci;
@@ -340,12 +340,15 @@ pub fn set_dma_entry_limit(n: u32) -> std::io::Result<()> {
 
 /// A [`DmaMapper`] over a VFIO type1 container: every `map` is one
 /// `VFIO_IOMMU_MAP_DMA` ioctl, every `unmap` one `VFIO_IOMMU_UNMAP_DMA`,
-/// and a batch is one ioctl per contiguous run.
+/// and a batch is one ioctl per contiguous run. An unmap that succeeds
+/// but removes another size than asked is an error ([`ShortUnmap`] its
+/// source, with both sizes): the range is kept out of circulation, as
+/// after any failed unmap.
 ///
 /// Counters: `map_calls`/`unmap_calls` are ioctls; `ptes_written` is 4 KiB
-/// pages mapped; `invalidations` counts unmap ioctls that removed their
-/// range, since the type1 driver ends each with one IOTLB sync of it in
-/// strict mode (what the IOMMU itself did is read from QEMU's trace in
+/// pages mapped; `invalidations` counts unmap ioctls that removed (some
+/// of) their range, since the type1 driver ends each with one IOTLB sync
+/// of it in strict mode (what the IOMMU itself did is read from QEMU's trace in
 /// `vm/run.sh sweep`). The IOTLB is in the IOMMU, out of sight: hits and
 /// misses stay 0.
 ///
@@ -479,9 +482,7 @@ impl DmaMapper for VfioMapper {
     fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
         check_range("unmap length", iova, len)?;
         let r = ioctl::dma_unmap(&self.container, iova.raw(), len);
-        let (unmapped, out) = unmap_outcome(iova, len, r);
-        self.c.unmap_call(unmapped);
-        out
+        self.c.unmap("VFIO_IOMMU_UNMAP_DMA", iova, len, r)
     }
 
     fn page_sizes(&self) -> PageSizes {
