@@ -322,7 +322,7 @@ impl<M: DmaMapper> Domain<M> {
         }
         // Before any unmap: a byte two ranges share would be unmapped,
         // and freed or pinned, twice.
-        if let Some(error) = super::overlap(ranges) {
+        if let Some(error) = overlap(ranges) {
             return Err(PartialUnmap {
                 how: Unmapped::Flushed,
                 failed: ranges.iter().copied().filter(|r| r.1 > 0).collect(),
@@ -381,6 +381,25 @@ impl<M: DmaMapper> Domain<M> {
         let how = unsafe { self.unmap(iova, len) }?;
         self.settle(how)
     }
+}
+
+/// The first two of `ranges` that share a byte, as
+/// [`Error::OverlappingRanges`] (the one that begins first, then the one
+/// that begins inside it); `None` if they are disjoint. Ranges of no
+/// bytes share none.
+fn overlap(ranges: &[(Iova, u64)]) -> Option<Error> {
+    let mut v: Vec<(Iova, u64)> = ranges.iter().copied().filter(|r| r.1 > 0).collect();
+    v.sort_unstable_by_key(|r| r.0);
+    // Sorted by start: if any two share a byte, two neighbours do.
+    let end = |r: (Iova, u64)| u128::from(r.0.raw()) + u128::from(r.1);
+    v.windows(2)
+        .find(|w| end(w[0]) > u128::from(w[1].0.raw()))
+        .map(|w| Error::OverlappingRanges {
+            first: w[0].0,
+            first_len: w[0].1,
+            second: w[1].0,
+            second_len: w[1].1,
+        })
 }
 
 /// What a refused IOVA free leaves: the domain frees only ranges it
@@ -444,5 +463,39 @@ mod tests {
         // SAFETY: the map is refused, so nothing can reach the address.
         assert!(unsafe { d.map(VirtAddr(0x1234), 4096, 4096, Dir::TO_DEVICE) }.is_err());
         assert_eq!(d.iova_in_use(), 0);
+    }
+
+    #[test]
+    fn overlap_names_two_ranges_that_share_a_byte() {
+        let pair = |r: &[(Iova, u64)]| match overlap(r) {
+            Some(Error::OverlappingRanges {
+                first,
+                first_len,
+                second,
+                second_len,
+            }) => Some(((first, first_len), (second, second_len))),
+            _ => None,
+        };
+        // Touching ranges and ranges of no bytes share nothing.
+        let touching = [(Iova(0x2000), 0x1000), (Iova(0x1000), 0x1000)];
+        assert_eq!(pair(&touching), None);
+        assert_eq!(pair(&[(Iova(0x1000), 0x2000), (Iova(0x2000), 0)]), None);
+        // A range inside a wide one, given after a disjoint one.
+        let nested = [
+            (Iova(0x10_0000), 0x1000),
+            (Iova(0x6000), 0x1000),
+            (Iova(0x1000), 0x8000),
+        ];
+        assert_eq!(
+            pair(&nested),
+            Some(((Iova(0x1000), 0x8000), (Iova(0x6000), 0x1000)))
+        );
+        // The end of a range at the top of the space is not wrapped.
+        let top = Iova(u64::MAX - 0xfff);
+        assert_eq!(pair(&[(top, 0x1000), (Iova(0x1000), 0x1000)]), None);
+        assert_eq!(
+            pair(&[(top, 0x1000), (Iova(u64::MAX - 0x1fff), u64::MAX)]),
+            Some(((Iova(u64::MAX - 0x1fff), u64::MAX), (top, 0x1000)))
+        );
     }
 }
