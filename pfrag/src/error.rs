@@ -135,6 +135,21 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Two ranges of one unmap batch that share bytes, refused before any
+    /// unmap: nothing was unmapped, freed or pinned.
+    #[error(
+        "unmap ranges overlap: iova {first} + {first_len:#x} and iova {second} + {second_len:#x}"
+    )]
+    OverlappingRanges {
+        /// Start of the range that begins first.
+        first: Iova,
+        /// Its length.
+        first_len: u64,
+        /// Start of the range that begins inside it.
+        second: Iova,
+        /// Its length.
+        second_len: u64,
+    },
     /// No free IOVA range of the requested size and alignment.
     #[error("IOVA space exhausted: no free range of {size:#x} bytes aligned to {align:#x}")]
     IovaExhausted {

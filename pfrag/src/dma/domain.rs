@@ -46,7 +46,9 @@ pub struct Pinned {
 
 /// A batch unmap that removed some runs but not all: the runs in `failed`
 /// stay mapped (their IOVA stays allocated); every other range of the batch
-/// is gone and its IOVA freed.
+/// is gone and its IOVA freed. A batch whose ranges overlap is refused
+/// before any unmap ([`Error::OverlappingRanges`]): then `failed` holds
+/// every range given, all still mapped, and nothing was freed or pinned.
 #[derive(Debug, thiserror::Error)]
 #[error("{} of the ranges stayed mapped: {error}", failed.len())]
 pub struct PartialUnmap {
@@ -303,6 +305,10 @@ impl<M: DmaMapper> Domain<M> {
     /// Unmaps many ranges, one call per contiguous run, and frees the IOVA
     /// of every run that went. Runs whose unmap failed stay mapped and
     /// pinned, as with [`unmap`](Self::unmap), and are listed in the error.
+    /// Ranges that overlap each other are refused first
+    /// ([`Error::OverlappingRanges`], naming two of them): nothing is
+    /// unmapped, freed or pinned, and the error lists every range as still
+    /// mapped.
     ///
     /// # Safety
     /// The caller owns the mapping it removes: it made it with
@@ -313,6 +319,15 @@ impl<M: DmaMapper> Domain<M> {
     pub unsafe fn unmap_many(&self, ranges: &[(Iova, u64)]) -> Result<Unmapped, PartialUnmap> {
         if ranges.is_empty() {
             return Ok(Unmapped::Flushed);
+        }
+        // Before any unmap: a byte two ranges share would be unmapped,
+        // and freed or pinned, twice.
+        if let Some(error) = overlap(ranges) {
+            return Err(PartialUnmap {
+                how: Unmapped::Flushed,
+                failed: ranges.iter().copied().filter(|r| r.1 > 0).collect(),
+                error,
+            });
         }
         let BatchUnmap { how, failed, error } = self.call(|m| m.unmap_batch(ranges));
         let report = BatchUnmap {
@@ -366,6 +381,25 @@ impl<M: DmaMapper> Domain<M> {
         let how = unsafe { self.unmap(iova, len) }?;
         self.settle(how)
     }
+}
+
+/// The first two of `ranges` that share a byte, as
+/// [`Error::OverlappingRanges`] (the one that begins first, then the one
+/// that begins inside it); `None` if they are disjoint. Ranges of no
+/// bytes share none.
+fn overlap(ranges: &[(Iova, u64)]) -> Option<Error> {
+    let mut v: Vec<(Iova, u64)> = ranges.iter().copied().filter(|r| r.1 > 0).collect();
+    v.sort_unstable_by_key(|r| r.0);
+    // Sorted by start: if any two share a byte, two neighbours do.
+    let end = |r: (Iova, u64)| u128::from(r.0.raw()) + u128::from(r.1);
+    v.windows(2)
+        .find(|w| end(w[0]) > u128::from(w[1].0.raw()))
+        .map(|w| Error::OverlappingRanges {
+            first: w[0].0,
+            first_len: w[0].1,
+            second: w[1].0,
+            second_len: w[1].1,
+        })
 }
 
 /// What a refused IOVA free leaves: the domain frees only ranges it
@@ -429,5 +463,39 @@ mod tests {
         // SAFETY: the map is refused, so nothing can reach the address.
         assert!(unsafe { d.map(VirtAddr(0x1234), 4096, 4096, Dir::TO_DEVICE) }.is_err());
         assert_eq!(d.iova_in_use(), 0);
+    }
+
+    #[test]
+    fn overlap_names_two_ranges_that_share_a_byte() {
+        let pair = |r: &[(Iova, u64)]| match overlap(r) {
+            Some(Error::OverlappingRanges {
+                first,
+                first_len,
+                second,
+                second_len,
+            }) => Some(((first, first_len), (second, second_len))),
+            _ => None,
+        };
+        // Touching ranges and ranges of no bytes share nothing.
+        let touching = [(Iova(0x2000), 0x1000), (Iova(0x1000), 0x1000)];
+        assert_eq!(pair(&touching), None);
+        assert_eq!(pair(&[(Iova(0x1000), 0x2000), (Iova(0x2000), 0)]), None);
+        // A range inside a wide one, given after a disjoint one.
+        let nested = [
+            (Iova(0x10_0000), 0x1000),
+            (Iova(0x6000), 0x1000),
+            (Iova(0x1000), 0x8000),
+        ];
+        assert_eq!(
+            pair(&nested),
+            Some(((Iova(0x1000), 0x8000), (Iova(0x6000), 0x1000)))
+        );
+        // The end of a range at the top of the space is not wrapped.
+        let top = Iova(u64::MAX - 0xfff);
+        assert_eq!(pair(&[(top, 0x1000), (Iova(0x1000), 0x1000)]), None);
+        assert_eq!(
+            pair(&[(top, 0x1000), (Iova(u64::MAX - 0x1fff), u64::MAX)]),
+            Some(((Iova(u64::MAX - 0x1fff), u64::MAX), (top, 0x1000)))
+        );
     }
 }

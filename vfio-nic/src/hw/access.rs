@@ -5,8 +5,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use pfrag::dma::{Dir, MapStats};
+use pfrag::dma::{Dir, MapStats, Unmapped};
 use pfrag::Iova;
+use pfrag::OsAdvice;
 
 use crate::hw::ioctl::Access;
 
@@ -64,6 +65,63 @@ pub(crate) fn check_range(what: &'static str, iova: Iova, len: u64) -> pfrag::Re
     Ok(())
 }
 
+/// An unmap ioctl that returned success but unmapped another number of
+/// bytes than asked (the kernel writes the size it unmapped back into the
+/// argument): some part of the range went, which one is unknown. The
+/// source of the [`pfrag::Error::Unmap`] such an unmap returns, whose
+/// `iova` and `len` are the request: the range is kept as after any failed
+/// unmap (its IOVA pinned, its memory never freed). It carries no errno:
+/// the ioctl did not fail.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{ioctl} succeeded but unmapped {unmapped:#x} of the {asked:#x} bytes asked: which part \
+     went is unknown, so the whole range is kept"
+)]
+pub struct ShortUnmap {
+    /// The ioctl (`VFIO_IOMMU_UNMAP_DMA` or `IOMMU_IOAS_UNMAP`).
+    pub ioctl: &'static str,
+    /// Bytes asked.
+    pub asked: u64,
+    /// Bytes the kernel says it unmapped.
+    pub unmapped: u64,
+}
+
+/// What the answer of an unmap ioctl (`VFIO_IOMMU_UNMAP_DMA` or
+/// `IOMMU_IOAS_UNMAP`, named by `ioctl`) for `iova..iova + asked` means:
+/// `r` is the bytes the kernel unmapped, or its errno. The whole range
+/// unmapped is [`Unmapped::Flushed`] (the kernel synced the IOTLB before
+/// it returned); any other size is a [`ShortUnmap`], an errno a refusal.
+/// Also says whether the kernel removed any of the range, for
+/// [`Counters::unmap_call`].
+pub(crate) fn unmap_outcome(
+    ioctl: &'static str,
+    iova: Iova,
+    asked: u64,
+    r: Result<u64, i32>,
+) -> (bool, pfrag::Result<Unmapped>) {
+    let failed = |source| pfrag::Error::Unmap {
+        iova,
+        len: asked,
+        source,
+    };
+    match r {
+        Ok(n) if n == asked => (true, Ok(Unmapped::Flushed)),
+        Ok(unmapped) => {
+            let short = ShortUnmap {
+                ioctl,
+                asked,
+                unmapped,
+            };
+            let source = std::io::Error::other(short);
+            (unmapped > 0, Err(failed(source)))
+        }
+        Err(n) => {
+            let hint = format!("{ioctl} refused: the range must cover whole earlier mappings");
+            (false, Err(failed(OsAdvice::io(n, hint))))
+        }
+    }
+}
+
 /// A VFIO mapper's counts: map and unmap ioctls, 4 KiB pages mapped, and
 /// the unmaps the kernel carried out.
 #[derive(Debug, Default)]
@@ -92,10 +150,25 @@ impl Counters {
         }
     }
 
+    /// Counts one unmap ioctl of `iova..iova + asked`, whose answer was
+    /// `r`, and says what that answer means ([`unmap_outcome`]).
+    pub(crate) fn unmap(
+        &self,
+        ioctl: &'static str,
+        iova: Iova,
+        asked: u64,
+        r: Result<u64, i32>,
+    ) -> pfrag::Result<Unmapped> {
+        let (removed, out) = unmap_outcome(ioctl, iova, asked, r);
+        self.unmap_call(removed);
+        out
+    }
+
     /// The counts as pfrag's: `ptes_written` is 4 KiB pages mapped, and
-    /// each unmap ioctl that removed a range counts one invalidation, since
-    /// the kernel's IOMMU driver syncs the IOTLB for the range before the
-    /// unmap returns (one it refused removed nothing and synced nothing).
+    /// each unmap ioctl that removed (some of) a range counts one
+    /// invalidation, since the kernel's IOMMU driver syncs the IOTLB for
+    /// what it removed before the unmap returns (one it refused removed
+    /// nothing and synced nothing).
     /// The IOTLB is out of sight: hits and misses stay 0.
     pub(crate) fn stats(&self) -> MapStats {
         MapStats {
@@ -159,6 +232,50 @@ mod tests {
         );
         assert!(check_range("len", Iova(1 << 63), 1 << 63).is_err());
         assert!(check_range("len", Iova(1 << 63), (1 << 62) + 0x1000).is_ok());
+    }
+
+    const TYPE1: &str = "VFIO_IOMMU_UNMAP_DMA";
+    const IOAS: &str = "IOMMU_IOAS_UNMAP";
+
+    /// A `VFIO_IOMMU_UNMAP_DMA` (or `IOMMU_IOAS_UNMAP`) that succeeded but
+    /// unmapped another size than asked removed some unknown part of the
+    /// range: an error that keeps the range (the domain pins it) and
+    /// carries both sizes, and an ioctl whose removal the kernel synced
+    /// (one invalidation) if it removed anything. Type1 reported it as
+    /// refused, with an `EINVAL` the kernel never returned, and counted no
+    /// invalidation.
+    #[test]
+    fn a_short_type1_unmap_keeps_the_range_and_says_how_much_went() {
+        let at = Iova(0x10_0000);
+        for (ioctl, got) in [(TYPE1, 0x1000), (TYPE1, 0), (TYPE1, 0x4000), (IOAS, 0x1000)] {
+            let (removed, r) = unmap_outcome(ioctl, at, 0x2000, Ok(got));
+            assert_eq!(removed, got > 0, "{got:#x}");
+            let Err(pfrag::Error::Unmap { iova, len, source }) = r else {
+                panic!("{got:#x}: {r:?}");
+            };
+            assert_eq!((iova, len), (at, 0x2000));
+            let short = source
+                .get_ref()
+                .and_then(|e| e.downcast_ref::<ShortUnmap>());
+            let short = short.unwrap_or_else(|| panic!("{got:#x}: {source}"));
+            assert_eq!(
+                (short.ioctl, short.asked, short.unmapped),
+                (ioctl, 0x2000, got)
+            );
+            assert_eq!(
+                pfrag::error::errno_of(&source),
+                None,
+                "no errno: it succeeded"
+            );
+            assert!(!source.to_string().contains("refused"), "{source}");
+        }
+        assert!(matches!(
+            unmap_outcome(TYPE1, at, 0x2000, Ok(0x2000)),
+            (true, Ok(Unmapped::Flushed))
+        ));
+        let (removed, r) = unmap_outcome(TYPE1, at, 0x2000, Err(libc::EINVAL));
+        assert!(!removed);
+        assert_eq!(r.unwrap_err().errno(), Some(libc::EINVAL));
     }
 
     /// An unmap the kernel refused is an ioctl, not an invalidation.

@@ -2,10 +2,11 @@
 //! `vfio-ioctls` has no call for what is needed: `VFIO_IOMMU_GET_INFO` with
 //! its capability chain, `VFIO_IOMMU_MAP_DMA` and `IOMMU_IOAS_MAP` with a
 //! chosen access (the crate's own maps always ask for read and write), and
-//! `IOMMU_IOAS_IOVA_RANGES`. Every `ioctl(2)` this crate issues itself is
-//! here, or called from here through `iommufd-ioctls`; the rest (opening
-//! the container, group and device, `VFIO_IOMMU_UNMAP_DMA`) are
-//! `vfio-ioctls`' calls, made from [`vfio`](super::vfio).
+//! `IOMMU_IOAS_IOVA_RANGES`, and `VFIO_IOMMU_UNMAP_DMA` with the size the
+//! kernel unmapped (the crate's own unmap only says whether it matched).
+//! Every `ioctl(2)` this crate issues itself is here, or called from here
+//! through `iommufd-ioctls`; the rest (opening the container, group and
+//! device) are `vfio-ioctls`' calls, made from [`vfio`](super::vfio).
 
 use std::ops::Range;
 use std::os::fd::{AsRawFd, RawFd};
@@ -20,14 +21,17 @@ use iommufd_bindings::{
 use iommufd_ioctls::{IommuFd, IommufdError};
 
 use vfio_bindings::bindings::vfio::{
-    vfio_iommu_type1_dma_map, vfio_iommu_type1_info, VFIO_BASE, VFIO_DMA_MAP_FLAG_READ,
-    VFIO_DMA_MAP_FLAG_WRITE, VFIO_TYPE,
+    vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, vfio_iommu_type1_info, VFIO_BASE,
+    VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE, VFIO_TYPE,
 };
 
 /// `VFIO_IOMMU_GET_INFO`: `_IO(VFIO_TYPE, VFIO_BASE + 12)`.
 const VFIO_IOMMU_GET_INFO: u64 = ((VFIO_TYPE as u64) << 8) | (VFIO_BASE as u64 + 12);
 /// `VFIO_IOMMU_MAP_DMA`: `_IO(VFIO_TYPE, VFIO_BASE + 13)`.
 const VFIO_IOMMU_MAP_DMA: u64 = ((VFIO_TYPE as u64) << 8) | (VFIO_BASE as u64 + 13);
+
+/// `VFIO_IOMMU_UNMAP_DMA`: `_IO(VFIO_TYPE, VFIO_BASE + 14)`.
+const VFIO_IOMMU_UNMAP_DMA: u64 = ((VFIO_TYPE as u64) << 8) | (VFIO_BASE as u64 + 14);
 
 /// `IOMMU_IOAS_IOVA_RANGES`: `_IO(IOMMUFD_TYPE, IOMMUFD_CMD_IOAS_IOVA_RANGES)`.
 const IOMMU_IOAS_IOVA_RANGES: u64 =
@@ -238,6 +242,35 @@ pub(crate) unsafe fn dma_map(
     }
 }
 
+/// `VFIO_IOMMU_UNMAP_DMA` of `iova..iova+size` on `container`: the bytes
+/// the kernel unmapped (it writes them back into the argument's `size`),
+/// or the errno.
+pub(crate) fn dma_unmap(
+    container: &vfio_ioctls::VfioContainer,
+    iova: u64,
+    size: u64,
+) -> Result<u64, i32> {
+    let mut arg = vfio_iommu_type1_dma_unmap {
+        argsz: std::mem::size_of::<vfio_iommu_type1_dma_unmap>() as u32,
+        flags: 0,
+        iova,
+        size,
+        ..Default::default()
+    };
+    // SAFETY: the descriptor is a VFIO container's (the type says so), on
+    // which the ioctl number is VFIO_IOMMU_UNMAP_DMA, whose argument is a
+    // vfio_iommu_type1_dma_unmap of `argsz` bytes; with no flags the
+    // kernel reads nothing past it, and writes back only its `size`.
+    // `arg` is one, alive for the call. Removing a mapping lets the device
+    // reach no memory it could not reach before.
+    let ret = unsafe { libc::ioctl(container.as_raw_fd(), VFIO_IOMMU_UNMAP_DMA as _, &mut arg) };
+    if ret == 0 {
+        Ok(arg.size)
+    } else {
+        Err(last_errno())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +280,7 @@ mod tests {
         // From <linux/vfio.h>: VFIO_TYPE ';' (0x3b), VFIO_BASE 100.
         assert_eq!(VFIO_IOMMU_GET_INFO, 0x3b70);
         assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
+        assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
     }
 
     #[test]

@@ -47,8 +47,10 @@ use crate::hw::vfio::VfioPci;
 /// RX buffers WRITEABLE only, rings both.
 ///
 /// Counters as [`VfioMapper`](super::vfio::VfioMapper)'s: ioctls, 4 KiB
-/// pages mapped, and one invalidation per unmap (the IOMMU driver syncs
-/// the IOTLB for the range before the unmap returns).
+/// pages mapped, and one invalidation per unmap that removed (some of)
+/// its range (the IOMMU driver syncs the IOTLB for it before the unmap
+/// returns). An unmap that removes another size than asked is an error,
+/// as on type1 ([`ShortUnmap`](super::vfio::ShortUnmap) its source).
 pub struct IommufdMapper {
     /// Keeps the IOAS (and the iommufd) alive while anything is mapped.
     ioas: Arc<VfioIommufd>,
@@ -194,26 +196,8 @@ impl DmaMapper for IommufdMapper {
 
     fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
         check_range("unmap length", iova, len)?;
-        let refused = |n: i32, why: &str| pfrag::Error::Unmap {
-            iova,
-            len,
-            source: OsAdvice::io(n, why.to_string()),
-        };
         let r = ioctl::ioas_unmap(self.fd(), self.ioas_id(), iova.raw(), len);
-        self.c.unmap_call(r.is_ok());
-        match r {
-            Ok(done) if done == len => Ok(Unmapped::Flushed),
-            // The kernel unmapped less than asked: the range was not mapped
-            // whole. What it did unmap is gone; the rest was never ours.
-            Ok(_) => Err(refused(
-                libc::ENOENT,
-                "IOMMU_IOAS_UNMAP unmapped less than the range: it was not mapped whole",
-            )),
-            Err(n) => Err(refused(
-                n,
-                "IOMMU_IOAS_UNMAP refused: the range must cover whole earlier mappings",
-            )),
-        }
+        self.c.unmap("IOMMU_IOAS_UNMAP", iova, len, r)
     }
 
     fn page_sizes(&self) -> PageSizes {

@@ -30,8 +30,8 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError, VfioIommufd};
 
 use crate::error::{Error, Result};
-pub use crate::hw::access::MapAccess;
 use crate::hw::access::{check_range, Counters};
+pub use crate::hw::access::{MapAccess, ShortUnmap};
 use crate::hw::ioctl;
 use crate::hw::mmio::{Bar, Reg, Regs};
 use crate::hw::pci;
@@ -340,12 +340,15 @@ pub fn set_dma_entry_limit(n: u32) -> std::io::Result<()> {
 
 /// A [`DmaMapper`] over a VFIO type1 container: every `map` is one
 /// `VFIO_IOMMU_MAP_DMA` ioctl, every `unmap` one `VFIO_IOMMU_UNMAP_DMA`,
-/// and a batch is one ioctl per contiguous run.
+/// and a batch is one ioctl per contiguous run. An unmap that succeeds
+/// but removes another size than asked is an error ([`ShortUnmap`] its
+/// source, with both sizes): the range is kept out of circulation, as
+/// after any failed unmap.
 ///
 /// Counters: `map_calls`/`unmap_calls` are ioctls; `ptes_written` is 4 KiB
-/// pages mapped; `invalidations` counts unmap ioctls that removed their
-/// range, since the type1 driver ends each with one IOTLB sync of it in
-/// strict mode (what the IOMMU itself did is read from QEMU's trace in
+/// pages mapped; `invalidations` counts unmap ioctls that removed (some
+/// of) their range, since the type1 driver ends each with one IOTLB sync
+/// of it in strict mode (what the IOMMU itself did is read from QEMU's trace in
 /// `vm/run.sh sweep`). The IOTLB is in the IOMMU, out of sight: hits and
 /// misses stay 0.
 ///
@@ -435,14 +438,6 @@ fn map_hint(errno: i32) -> String {
     }
 }
 
-fn errno(e: &VfioError) -> i32 {
-    match e {
-        VfioError::IommuDmaMap(s) | VfioError::IommuDmaUnmap(s) => s.errno(),
-        VfioError::InvalidDmaUnmapSize => libc::EINVAL,
-        _ => libc::EIO,
-    }
-}
-
 impl DmaMapper for VfioMapper {
     unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
         check_range("mapping length", m.iova, m.len)?;
@@ -486,28 +481,8 @@ impl DmaMapper for VfioMapper {
 
     fn unmap(&self, iova: Iova, len: u64) -> pfrag::Result<Unmapped> {
         check_range("unmap length", iova, len)?;
-        let n = usize::try_from(len).map_err(|_| pfrag::Error::OutOfRange {
-            what: "unmap length",
-            value: len,
-            min: 1,
-            max: usize::MAX as u64,
-        })?;
-        let r = self.container.vfio_dma_unmap(iova.raw(), n);
-        self.c.unmap_call(r.is_ok());
-        match r {
-            Ok(()) => Ok(Unmapped::Flushed),
-            Err(e) => {
-                let n = errno(&e);
-                Err(pfrag::Error::Unmap {
-                    iova,
-                    len,
-                    source: OsAdvice::io(
-                        n,
-                        "VFIO_IOMMU_UNMAP_DMA refused: the range must match whole earlier mappings",
-                    ),
-                })
-            }
-        }
+        let r = ioctl::dma_unmap(&self.container, iova.raw(), len);
+        self.c.unmap("VFIO_IOMMU_UNMAP_DMA", iova, len, r)
     }
 
     fn page_sizes(&self) -> PageSizes {
