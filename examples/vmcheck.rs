@@ -80,8 +80,8 @@ fn read(path: &Path) -> Result<String, String> {
 fn pcap_lines(cap: &Capture) -> Vec<String> {
     let r = &cap.report;
     let mut v = vec![format!(
-        "pcap: {} frames of {} flows in {} streams, {} payload bytes matched, {} bad, {} foreign, {} truncated; {} of blocked flows, {} leaked; {} of killed drivers, {} bad, {} stale",
-        r.frames, r.flows, r.streams, r.payload_bytes, r.bad_frames, cap.foreign, cap.truncated,
+        "pcap: {} frames of {} flows in {} streams, {} payload bytes matched, {} bad, {} unplaced, {} foreign, {} truncated; {} of blocked flows, {} leaked; {} of killed drivers, {} bad, {} stale",
+        r.frames, r.flows, r.streams, r.payload_bytes, r.bad_frames, r.unplaced_frames, cap.foreign, cap.truncated,
         cap.blocked_frames, cap.leaks, cap.crash_frames, cap.crash_bad, cap.stale
     )];
     v.extend(r.first_errors.iter().map(|e| format!("pcap: {e}")));
@@ -91,8 +91,8 @@ fn pcap_lines(cap: &Capture) -> Vec<String> {
 fn virtio_lines(cap: &VirtioCapture) -> Vec<String> {
     let r = &cap.report;
     let mut v = vec![format!(
-        "virtio pcap: {} super-frames, {} segments of {} flows in {} streams, {} payload bytes matched, {} bad, {} foreign, {} truncated; {} of killed drivers, {} bad, {} stale",
-        cap.super_frames, cap.segments, r.flows, r.streams, r.payload_bytes, cap.bad(), cap.foreign, cap.truncated,
+        "virtio pcap: {} super-frames, {} segments of {} flows in {} streams, {} payload bytes matched, {} bad, {} unplaced, {} foreign, {} truncated; {} of killed drivers, {} bad, {} stale",
+        cap.super_frames, cap.segments, r.flows, r.streams, r.payload_bytes, cap.bad(), r.unplaced_frames, cap.foreign, cap.truncated,
         cap.crash_frames, cap.crash_bad, cap.stale
     )];
     let errors = cap.first_errors.iter().chain(&r.first_errors);

@@ -452,19 +452,26 @@ fn send(
     }
 }
 
-/// Runs the captured frames through the wire checker.
+/// Runs the captured frames through the wire checker. A phase's flows
+/// never restart, so a frame at offset 0 in mid-stream is a copy: refused
+/// by the report once the flow's next frame placed it, and none may be
+/// left unplaced at the end (see [`verify_queue`]).
 fn check_wire(txq: &mut Queue, t: &mut QueueTally) -> Result<(), String> {
     for fr in txq.take_frames() {
         t.wire
             .frame(&fr)
             .map_err(|e| format!("bad frame on the wire: {e}"))?;
     }
-    t.wire_bytes = t.wire.report().payload_bytes;
+    let r = t.wire.report();
+    if let Some(e) = r.first_errors.first() {
+        return Err(format!("bad frame on the wire: {e}"));
+    }
+    t.wire_bytes = r.payload_bytes;
     Ok(())
 }
 
-/// After draining: no fault, nothing in flight, and each flow's stream ends
-/// at exactly the bytes sent on it.
+/// After draining: no fault, nothing in flight, no frame left unplaced,
+/// and each flow's stream ends at exactly the bytes sent on it.
 fn verify_queue(txq: &Queue, t: &QueueTally, q: usize) -> Result<(), String> {
     let st = txq.device().stats();
     if st.faults + st.bad_payload + st.bad_desc > 0 {
@@ -474,6 +481,12 @@ fn verify_queue(txq: &Queue, t: &QueueTally, q: usize) -> Result<(), String> {
         return Err(format!(
             "queue {q}: {} packets outstanding",
             txq.in_flight()
+        ));
+    }
+    let unplaced = t.wire.report().unplaced_frames;
+    if unplaced != 0 {
+        return Err(format!(
+            "queue {q}: {unplaced} frames at stream offset 0 in mid-stream"
         ));
     }
     let sent: u64 = t.sent.iter().sum();

@@ -8,8 +8,9 @@
 //!   over arbitrary mappings never panics and never touches memory outside
 //!   what is mapped for the access: every region keeps its bytes, and only
 //!   the ring's status dwords may change (to `DD`).
-//! - [`wire_frame`]: the wire checker never panics, and a frame it accepts
-//!   parses as IPv4/TCP.
+//! - [`wire_frame`]: the wire checker never panics, a frame it accepts
+//!   parses as IPv4/TCP, and the same frame twice counts its payload bytes
+//!   at most once, each frame good, bad or unplaced.
 //! - [`iommu_info`]: the `VFIO_IOMMU_GET_INFO` parser never panics, and
 //!   reports no more ranges than the buffer holds.
 //! - [`virtio_ring`]: the virtio-net model on arbitrary virtqueue contents
@@ -203,12 +204,24 @@ fn check_untouched<M: DmaMapper>(
 /// The wire checker on arbitrary bytes; see the module docs.
 pub fn wire_frame(data: &[u8]) -> Result<(), String> {
     let mut w = vfio_nic::check::wire::WireCheck::default();
+    let mut payload = 0;
     if w.frame(data).is_ok() {
-        etherparse::SlicedPacket::from_ethernet(data)
+        let p = etherparse::SlicedPacket::from_ethernet(data)
             .map_err(|e| format!("accepted a frame that does not parse: {e}"))?;
+        if let Some(etherparse::TransportSlice::Tcp(t)) = p.transport {
+            payload = t.payload().len() as u64;
+        }
     }
-    // A second frame after the first exercises the per-flow state.
+    // A second frame after the first exercises the per-flow state: the
+    // same frame again is a copy, whose bytes do not count again.
     let _ = w.frame(data);
+    let r = w.report();
+    if r.frames != r.good_frames + r.bad_frames + r.unplaced_frames {
+        return Err(format!("frames miscounted: {r:?}"));
+    }
+    if r.payload_bytes > payload {
+        return Err(format!("a {payload}-byte payload counted as {r:?}"));
+    }
     Ok(())
 }
 
@@ -318,6 +331,7 @@ mod tests {
         let mut w = vfio_nic::check::wire::WireCheck::default();
         for f in &frames {
             w.frame(f).unwrap();
+            assert_eq!(wire_frame(f), Ok(()));
         }
         let info = vfio_nic::hw::vfio::parse_iommu_info(&seeds("iommu_info")[0]);
         assert_eq!(info.ranges, vec![0..0xfee0_0000, 0xfef0_0000..(1 << 39)]);

@@ -1,6 +1,8 @@
 //! Checking what reached the wire: every frame a TX queue's flows produce
 //! can be verified on its own (checksums, payload pattern) and against the
-//! frames before it (TCP sequence continuity per flow).
+//! frames before it (TCP sequence continuity per flow). How a flow's
+//! restarts are told from copies of its first frame, and what the frame
+//! format cannot tell, is described on [`WireCheck`].
 //!
 //! Used on frames captured from the software NIC and on a pcap of the real
 //! NIC's output.
@@ -47,10 +49,11 @@ pub enum FrameError {
     /// The segment does not continue its flow. The checker takes the flow
     /// up again from a whole frame ahead of where it was (frames lost or
     /// reordered), so one lost frame costs one bad frame, and a pair
-    /// swapped two; a damaged frame or a late one moves nothing. The first
-    /// frame of a stream after the first is the exception: lost, it leaves
-    /// the new stream's frames behind the old one's end, each of them bad,
-    /// until a frame at offset 0 starts another.
+    /// swapped two; a damaged frame or a late one moves nothing. A copy of
+    /// a stream's first frame (`got` 0) is refused once the flow's next
+    /// frame shows it (see [`WireCheck`]). A new stream whose first frame
+    /// was lost cannot be placed: its frames behind the old stream's end
+    /// are each refused (see [`WireCheck`]).
     #[error(
         "flow {flow}: segment at stream offset {got}, expected {want} (or 0 for a new stream)"
     )]
@@ -80,6 +83,64 @@ pub enum FrameError {
 struct FlowState {
     next: u32,
     streams: u64,
+    /// A frame at offset 0 that came while the stream was under way, to be
+    /// placed by the flow's next frame.
+    start: Option<Start>,
+}
+
+/// A frame at stream offset 0 that came while its flow's stream was under
+/// way: the first frame of a new stream, or a copy of the current one's
+/// (a duplicate, or the first frame arriving late). Nothing in the frame
+/// tells which; the flow's next frame may.
+#[derive(Clone, Copy, Debug)]
+struct Start {
+    /// Its payload bytes.
+    len: u32,
+    /// Whether it was whole (a damaged one was counted bad already).
+    whole: bool,
+    /// Its number among the frames seen, for its error.
+    frame: u64,
+}
+
+impl Start {
+    /// Places `self` by its flow's next frame, at stream offset `off`:
+    /// the first frame of a new stream if that continues it and not the
+    /// old stream (it counts, and the flow follows the new stream); a copy
+    /// of the old stream's first frame if it continues the old stream and
+    /// not it (bad, and the flow stays); otherwise unplaced. The flow
+    /// follows the new stream unless the next frame continues the old one
+    /// or is at offset 0 itself.
+    fn settle(self, st: &mut FlowState, flow: u32, off: u32, report: &mut WireReport) {
+        let old = st.next;
+        let stays = off == old || off == 0;
+        if !stays {
+            st.streams += 1;
+            report.streams += 1;
+            st.next = self.len;
+        }
+        if !self.whole {
+            return;
+        }
+        if off == self.len && !stays {
+            report.good_frames += 1;
+            report.payload_bytes += u64::from(self.len);
+        } else if off == old && off != self.len {
+            let e = FrameError::Gap {
+                flow,
+                got: 0,
+                want: old,
+            };
+            report.refused(self.frame, &e);
+        } else {
+            self.unplaced(report);
+        }
+    }
+
+    /// Counts a whole start that nothing placed.
+    fn unplaced(self, report: &mut WireReport) {
+        report.unplaced_frames += 1;
+        report.unplaced_bytes += u64::from(self.len);
+    }
 }
 
 /// Whether two Internet checksums are equal: 0x0000 and 0xffff are the two
@@ -127,6 +188,41 @@ fn whole(
 }
 
 /// Running check of a sequence of frames.
+///
+/// # Streams
+///
+/// A frame names its flow (the TCP source port) and its stream offset (the
+/// sequence number less the flow's initial one), nothing else: not which
+/// run of the flow sent it. Every run of a flow starts at offset 0 with the
+/// same bytes, so runs (streams) are told apart by offset 0 alone:
+///
+/// - A flow's first frame at offset 0 starts its first stream.
+/// - A frame at offset 0 while a stream is under way is the first frame of
+///   a new stream, or a copy of the current one's (a duplicate, or the
+///   first frame arriving after the ones that follow it); the frame cannot
+///   tell. The flow's next frame places it: if that continues it and not
+///   the old stream, it started a new stream and is good; if that
+///   continues the old stream and not it, it was a copy and is bad
+///   ([`FrameError::Gap`] with `got` 0, counted then, not when it came);
+///   otherwise (the next frame continues both, after a stream of one
+///   frame; or neither, one lost or late in between; or is at offset 0
+///   too; or none came yet) it is
+///   [unplaced](WireReport::unplaced_frames): its bytes are not counted.
+///   The flow follows the new stream unless its next frame continues the
+///   old one or is at offset 0. [`frame`](Self::frame) returns `Ok` for
+///   such a frame when it is whole; the report has its verdict.
+///
+/// What the frame format cannot tell, and how it is counted (a frame that
+/// named its run would lift both):
+///
+/// - A copy of a stream's first two or more frames, in order, is what a
+///   new stream sends: it counts as a new stream, its bytes again.
+/// - A new stream whose first frame was lost cannot be placed: its frames
+///   at offsets the old stream passed are refused as behind their flow
+///   ([`FrameError::Gap`], bad, bytes not counted), and the stream is not
+///   counted. From the old stream's end on its frames read as that
+///   stream's continuation (one beyond the end takes the flow up, one more
+///   bad frame) and count: their bytes are the flow's at their offsets.
 #[derive(Debug, Default)]
 pub struct WireCheck {
     flows: HashMap<u32, FlowState>,
@@ -146,35 +242,56 @@ pub struct WireReport {
     pub payload_bytes: u64,
     /// Distinct flows seen.
     pub flows: usize,
-    /// Streams (a flow restarting at offset 0 starts a new one).
+    /// Streams (a flow restarting at offset 0 starts a new one; see
+    /// [`WireCheck`] for how a restart is told from a copy of the first
+    /// frame).
     pub streams: u64,
-    /// The first few failures, in order.
+    /// Whole frames at stream offset 0 that came while their flow's stream
+    /// was under way and that no later frame placed: each is the first
+    /// frame of a new stream or a copy of the old one's, and nothing tells
+    /// which (see [`WireCheck`]). Neither good nor bad: `frames` is
+    /// `good_frames + bad_frames + unplaced_frames`.
+    pub unplaced_frames: u64,
+    /// Their payload bytes, not in `payload_bytes`.
+    pub unplaced_bytes: u64,
+    /// The first few failures, in the order they were found (a copy of a
+    /// stream's first frame when its flow's next frame came).
     pub first_errors: Vec<String>,
 }
 
+impl WireReport {
+    /// Counts frame number `frame` bad for `e`.
+    fn refused(&mut self, frame: u64, e: &FrameError) {
+        self.bad_frames += 1;
+        if self.first_errors.len() < 10 {
+            self.first_errors.push(format!("frame {frame}: {e}"));
+        }
+    }
+}
+
 impl WireCheck {
-    /// Checks one Ethernet frame (without FCS).
+    /// Checks one Ethernet frame (without FCS). A whole frame at offset 0
+    /// in the middle of its flow's stream is `Ok` here and judged when the
+    /// flow's next frame comes (see [Streams](Self#streams)): a caller
+    /// that must see every bad frame checks [`report`](Self::report) too.
     pub fn frame(&mut self, fr: &[u8]) -> Result<(), FrameError> {
         self.report.frames += 1;
         let r = self.check(fr);
         match &r {
-            Ok(n) => {
+            Ok(Some(n)) => {
                 self.report.good_frames += 1;
                 self.report.payload_bytes += *n as u64;
             }
-            Err(e) => {
-                self.report.bad_frames += 1;
-                if self.report.first_errors.len() < 10 {
-                    self.report
-                        .first_errors
-                        .push(format!("frame {}: {e}", self.report.frames));
-                }
-            }
+            // A start, placed by its flow's next frame.
+            Ok(None) => {}
+            Err(e) => self.report.refused(self.report.frames, e),
         }
         r.map(|_| ())
     }
 
-    fn check(&mut self, fr: &[u8]) -> Result<usize, FrameError> {
+    /// The payload bytes of a good frame, or `None` for a start left to
+    /// its flow's next frame.
+    fn check(&mut self, fr: &[u8]) -> Result<Option<usize>, FrameError> {
         let p = SlicedPacket::from_ethernet(fr).map_err(|e| FrameError::Parse(e.to_string()))?;
         let Some(NetSlice::Ipv4(ip)) = p.net else {
             return Err(FrameError::Parse("not IPv4".into()));
@@ -190,8 +307,20 @@ impl WireCheck {
         // Sequence first, so that a damaged frame in the right place still
         // moves its flow on and the frames after it are judged on their own.
         let st = self.flows.entry(fl).or_default();
+        if let Some(start) = st.start.take() {
+            start.settle(st, fl, off, &mut self.report);
+        }
         let want = if st.streams == 0 { 0 } else { st.next };
-        if off == 0 && (st.streams == 0 || off != st.next) {
+        if off == 0 && st.streams > 0 && off != st.next {
+            let w = whole(&iph, &th, fl, off, payload);
+            st.start = Some(Start {
+                len: payload.len() as u32,
+                whole: w.is_ok(),
+                frame: self.report.frames,
+            });
+            return w.map(|()| None);
+        }
+        if off == 0 && st.streams == 0 {
             st.streams += 1;
             self.report.streams += 1;
         } else if off != want {
@@ -214,21 +343,25 @@ impl WireCheck {
         }
         st.next = off.wrapping_add(payload.len() as u32);
         whole(&iph, &th, fl, off, payload)?;
-        Ok(payload.len())
+        Ok(Some(payload.len()))
     }
 
     /// Stream offset after the last good segment of `flow` (its bytes sent,
-    /// in its current stream).
+    /// in its current stream; a start not placed yet is not in it).
     pub fn next_offset(&self, flow: u32) -> Option<u32> {
         self.flows.get(&flow).map(|s| s.next)
     }
 
     /// The totals so far.
+    /// A start that no frame placed yet counts as unplaced.
     pub fn report(&self) -> WireReport {
-        WireReport {
+        let mut r = WireReport {
             flows: self.flows.len(),
             ..self.report.clone()
-        }
+        };
+        let starts = self.flows.values().filter_map(|st| st.start);
+        starts.filter(|s| s.whole).for_each(|s| s.unplaced(&mut r));
+        r
     }
 }
 
