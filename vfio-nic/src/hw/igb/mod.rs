@@ -52,6 +52,9 @@ bitflags::bitflags! {
     pub struct Ctrl: u32 {
         /// Full duplex.
         const FD = 1 << 0;
+        /// GIO master disable: the device issues no new bus-master
+        /// requests (STATUS.GIO_MASTER_ENABLE clears once none is pending).
+        const GIO_MASTER_DISABLE = 1 << 2;
         /// Set Link Up.
         const SLU = 1 << 6;
         /// Device reset (self-clearing).
@@ -67,6 +70,9 @@ bitflags::bitflags! {
         const FD = 1 << 0;
         /// Link up.
         const LU = 1 << 1;
+        /// GIO master enable: bus-master requests may be pending (set
+        /// unless CTRL.GIO_MASTER_DISABLE is set and none is).
+        const GIO_MASTER_ENABLE = 1 << 19;
     }
 
     /// TCTL bits.
@@ -170,7 +176,8 @@ const TCTL_COLD: u32 = 0x3F << 12;
 /// Timeouts of the bring-up steps.
 #[derive(Clone, Copy, Debug)]
 pub struct IgbConfig {
-    /// How long a reset may take to self-clear. Default
+    /// How long a reset may take to self-clear, and the device's pending
+    /// bus-master requests to drain before it. Default
     /// [`IgbConfig::DEFAULT_RESET_TIMEOUT`] (1 s).
     pub reset_timeout: Duration,
     /// How long to wait for link after reset. Default
@@ -182,7 +189,8 @@ pub struct IgbConfig {
 }
 
 impl IgbConfig {
-    /// The default time a reset may take to self-clear.
+    /// The default time a reset may take to self-clear (and master
+    /// requests to drain before it).
     pub const DEFAULT_RESET_TIMEOUT: Duration = Duration::from_secs(1);
     /// The default wait for link after reset.
     pub const DEFAULT_LINK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -264,9 +272,13 @@ impl<R: Regs> Igb<R> {
         unsafe { self.dev.write(r, v) }
     }
 
-    /// Masks interrupts, stops RX and TX, resets the MAC, clears the
-    /// statistics and waits (bounded) for link.
+    /// Stops the device's bus mastering, masks interrupts, stops RX and
+    /// TX, resets the MAC, clears the statistics and waits (bounded) for
+    /// link. A device whose bus-master requests do not drain is not reset:
+    /// [`Error::MasterRequestsPending`], the device left as it was (see
+    /// [`disable_master`](Self::disable_master)).
     pub fn reset(&mut self) -> Result<()> {
+        self.disable_master()?;
         self.reg(regs::IMC, u32::MAX)?;
         self.reg(regs::EIMC, u32::MAX)?;
         self.reg(regs::RCTL, 0)?;
@@ -280,7 +292,9 @@ impl<R: Regs> Igb<R> {
         self.reg(regs::IMC, u32::MAX)?;
         self.reg(regs::EIMC, u32::MAX)?;
         self.read(regs::ICR)?;
-        let ctrl = self.read(regs::CTRL)?;
+        // The reset clears the master disable; written clear all the same,
+        // so that the device masters again whatever the reset left.
+        let ctrl = self.read(regs::CTRL)? & !Ctrl::GIO_MASTER_DISABLE.bits();
         self.reg(regs::CTRL, ctrl | Ctrl::SLU.bits())?;
         // Copper link comes up through auto-negotiation, restarted in the PHY.
         let bmcr = self.phy_read(PHY_CTRL)?;
@@ -295,6 +309,41 @@ impl<R: Regs> Igb<R> {
         self.read_stats()?;
         self.stats = IgbStats::default();
         Ok(())
+    }
+
+    /// Sets CTRL.GIO_MASTER_DISABLE and waits, bounded by the reset
+    /// timeout, until STATUS.GIO_MASTER_ENABLE reads clear: no bus-master
+    /// request (DMA) of the device is pending, none is issued from then
+    /// on, and none is in flight across the reset that follows.
+    ///
+    /// Requests that do not drain are [`Error::MasterRequestsPending`],
+    /// with STATUS as last read, and the master disable is taken back:
+    /// the device is left as it was, not reset. Resetting it anyway
+    /// (which other 82576 drivers do, logging the timeout) would reset a
+    /// device in the middle of DMA, as the datasheet warns against, and
+    /// say nothing to the caller. Refused, every ring the device was
+    /// given stays the caller's to stop ([`detach`](TxDevice::detach),
+    /// [`stop_rx`](Self::stop_rx)), and none is freed until the device
+    /// confirms its queue stopped.
+    fn disable_master(&self) -> Result<()> {
+        let ctrl = self.read(regs::CTRL)?;
+        self.reg(regs::CTRL, ctrl | Ctrl::GIO_MASTER_DISABLE.bits())?;
+        let mut status = 0;
+        let r = wait_for("master disable", self.cfg.reset_timeout, || {
+            status = self.read(regs::STATUS)?;
+            Ok(status & Status::GIO_MASTER_ENABLE.bits() == 0)
+        });
+        let error = match r {
+            Ok(_) => return Ok(()),
+            Err(Error::DeviceTimeout { waited_ms, .. }) => {
+                Error::MasterRequestsPending { status, waited_ms }
+            }
+            Err(e) => e,
+        };
+        // Best effort: the error that stopped the reset is the one
+        // reported.
+        let _ = self.reg(regs::CTRL, ctrl);
+        Err(error)
     }
 
     fn mdic(&self, v: u32) -> Result<u32> {
