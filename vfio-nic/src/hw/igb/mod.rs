@@ -173,6 +173,26 @@ const TCTL_CT: u32 = 0xF << 4;
 /// TCTL collision distance field (bits 21:12); 0x3F for full duplex.
 const TCTL_COLD: u32 = 0x3F << 12;
 
+/// The most descriptors a TX or RX ring may have. TDLEN and RDLEN count
+/// bytes in multiples of 128 (8 descriptors) in bits 19:7, so the field
+/// itself would hold longer rings; 4,096 is the most the 82576's own
+/// drivers (Linux's igb: `IGB_MAX_TXD`, `IGB_MAX_RXD`) and the
+/// [`tx::Queue`](crate::tx::Queue)'s configuration ask of it.
+pub const MAX_RING: u16 = 4096;
+
+/// [`Error::BadConfig`] naming `what` unless a ring of `len` descriptors
+/// is one the 82576 takes: a multiple of 8 (the length registers count
+/// whole 128-byte blocks), 8..=[`MAX_RING`].
+fn check_ring_len(what: &'static str, len: u16) -> Result<()> {
+    if !(8..=MAX_RING).contains(&len) || !len.is_multiple_of(8) {
+        return Err(Error::BadConfig {
+            what,
+            value: u64::from(len),
+        });
+    }
+    Ok(())
+}
+
 /// Timeouts of the bring-up steps.
 #[derive(Clone, Copy, Debug)]
 pub struct IgbConfig {
@@ -445,13 +465,11 @@ impl<R: Regs> TxDevice for Igb<R> {
     }
 
     unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
+        check_ring_len(
+            "igb TX ring length (descriptors, multiple of 8, 8..=4096)",
+            len,
+        )?;
         let bytes = u32::from(len) * crate::desc::SIZE as u32;
-        if len < 8 || !len.is_multiple_of(8) {
-            return Err(Error::BadConfig {
-                what: "igb TX ring length (descriptors, multiple of 8)",
-                value: u64::from(len),
-            });
-        }
         if !ring.raw().is_multiple_of(128) {
             return Err(Error::BadConfig {
                 what: "igb TX ring address (128-byte aligned)",

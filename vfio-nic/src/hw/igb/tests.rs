@@ -547,4 +547,5 @@ fn a_ring_whose_receiver_does_not_stop_is_not_rearmed() {
     assert_eq!((frame.len(), tail), (60, 0));
 }
 
+mod attach;
 mod reset;
