@@ -294,9 +294,11 @@ impl<R: Regs> Igb<R> {
 
     /// Stops the device's bus mastering, masks interrupts, stops RX and
     /// TX, resets the MAC, clears the statistics and waits (bounded) for
-    /// link. A device whose bus-master requests do not drain is not reset:
-    /// [`Error::MasterRequestsPending`], the device left as it was (see
-    /// [`disable_master`](Self::disable_master)).
+    /// link. A device whose bus-master requests do not drain in the reset
+    /// timeout is not reset: [`Error::MasterRequestsPending`], the device
+    /// left as it was, every ring it was given still its own until its
+    /// queue is stopped ([`detach`](TxDevice::detach),
+    /// [`stop_rx`](Self::stop_rx)).
     pub fn reset(&mut self) -> Result<()> {
         self.disable_master()?;
         self.reg(regs::IMC, u32::MAX)?;
