@@ -345,6 +345,17 @@ pub enum Error {
         /// The value read back.
         read: u32,
     },
+    /// The 82576 still had bus-master (DMA) requests pending when it was
+    /// to be reset: STATUS.GIO_MASTER_ENABLE did not clear after
+    /// CTRL.GIO_MASTER_DISABLE was set. The device was not reset and is
+    /// left as it was (mastering enabled again, its queues running).
+    #[error("device still has bus-master requests pending after {waited_ms} ms of master disable (STATUS = {status:#010x}): not reset")]
+    MasterRequestsPending {
+        /// The STATUS register as last read.
+        status: u32,
+        /// How long it was waited for.
+        waited_ms: u64,
+    },
     /// The device did not finish a step in time.
     #[error("device {what} did not complete in {waited_ms} ms")]
     DeviceTimeout {

@@ -52,6 +52,9 @@ bitflags::bitflags! {
     pub struct Ctrl: u32 {
         /// Full duplex.
         const FD = 1 << 0;
+        /// GIO master disable: the device issues no new bus-master
+        /// requests (STATUS.GIO_MASTER_ENABLE clears once none is pending).
+        const GIO_MASTER_DISABLE = 1 << 2;
         /// Set Link Up.
         const SLU = 1 << 6;
         /// Device reset (self-clearing).
@@ -67,6 +70,9 @@ bitflags::bitflags! {
         const FD = 1 << 0;
         /// Link up.
         const LU = 1 << 1;
+        /// GIO master enable: bus-master requests may be pending (set
+        /// unless CTRL.GIO_MASTER_DISABLE is set and none is).
+        const GIO_MASTER_ENABLE = 1 << 19;
     }
 
     /// TCTL bits.
@@ -167,10 +173,31 @@ const TCTL_CT: u32 = 0xF << 4;
 /// TCTL collision distance field (bits 21:12); 0x3F for full duplex.
 const TCTL_COLD: u32 = 0x3F << 12;
 
+/// The most descriptors a TX or RX ring may have. TDLEN and RDLEN count
+/// bytes in multiples of 128 (8 descriptors) in bits 19:7, so the field
+/// itself would hold longer rings; 4,096 is the most the 82576's own
+/// drivers (Linux's igb: `IGB_MAX_TXD`, `IGB_MAX_RXD`) and the
+/// [`tx::Queue`](crate::tx::Queue)'s configuration ask of it.
+pub const MAX_RING: u16 = 4096;
+
+/// [`Error::BadConfig`] naming `what` unless a ring of `len` descriptors
+/// is one the 82576 takes: a multiple of 8 (the length registers count
+/// whole 128-byte blocks), 8..=[`MAX_RING`].
+fn check_ring_len(what: &'static str, len: u16) -> Result<()> {
+    if !(8..=MAX_RING).contains(&len) || !len.is_multiple_of(8) {
+        return Err(Error::BadConfig {
+            what,
+            value: u64::from(len),
+        });
+    }
+    Ok(())
+}
+
 /// Timeouts of the bring-up steps.
 #[derive(Clone, Copy, Debug)]
 pub struct IgbConfig {
-    /// How long a reset may take to self-clear. Default
+    /// How long a reset may take to self-clear, and the device's pending
+    /// bus-master requests to drain before it. Default
     /// [`IgbConfig::DEFAULT_RESET_TIMEOUT`] (1 s).
     pub reset_timeout: Duration,
     /// How long to wait for link after reset. Default
@@ -182,7 +209,8 @@ pub struct IgbConfig {
 }
 
 impl IgbConfig {
-    /// The default time a reset may take to self-clear.
+    /// The default time a reset may take to self-clear (and master
+    /// requests to drain before it).
     pub const DEFAULT_RESET_TIMEOUT: Duration = Duration::from_secs(1);
     /// The default wait for link after reset.
     pub const DEFAULT_LINK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -264,9 +292,15 @@ impl<R: Regs> Igb<R> {
         unsafe { self.dev.write(r, v) }
     }
 
-    /// Masks interrupts, stops RX and TX, resets the MAC, clears the
-    /// statistics and waits (bounded) for link.
+    /// Stops the device's bus mastering, masks interrupts, stops RX and
+    /// TX, resets the MAC, clears the statistics and waits (bounded) for
+    /// link. A device whose bus-master requests do not drain in the reset
+    /// timeout is not reset: [`Error::MasterRequestsPending`], the device
+    /// left as it was, every ring it was given still its own until its
+    /// queue is stopped ([`detach`](TxDevice::detach),
+    /// [`stop_rx`](Self::stop_rx)).
     pub fn reset(&mut self) -> Result<()> {
+        self.disable_master()?;
         self.reg(regs::IMC, u32::MAX)?;
         self.reg(regs::EIMC, u32::MAX)?;
         self.reg(regs::RCTL, 0)?;
@@ -280,7 +314,9 @@ impl<R: Regs> Igb<R> {
         self.reg(regs::IMC, u32::MAX)?;
         self.reg(regs::EIMC, u32::MAX)?;
         self.read(regs::ICR)?;
-        let ctrl = self.read(regs::CTRL)?;
+        // The reset clears the master disable; written clear all the same,
+        // so that the device masters again whatever the reset left.
+        let ctrl = self.read(regs::CTRL)? & !Ctrl::GIO_MASTER_DISABLE.bits();
         self.reg(regs::CTRL, ctrl | Ctrl::SLU.bits())?;
         // Copper link comes up through auto-negotiation, restarted in the PHY.
         let bmcr = self.phy_read(PHY_CTRL)?;
@@ -295,6 +331,41 @@ impl<R: Regs> Igb<R> {
         self.read_stats()?;
         self.stats = IgbStats::default();
         Ok(())
+    }
+
+    /// Sets CTRL.GIO_MASTER_DISABLE and waits, bounded by the reset
+    /// timeout, until STATUS.GIO_MASTER_ENABLE reads clear: no bus-master
+    /// request (DMA) of the device is pending, none is issued from then
+    /// on, and none is in flight across the reset that follows.
+    ///
+    /// Requests that do not drain are [`Error::MasterRequestsPending`],
+    /// with STATUS as last read, and the master disable is taken back:
+    /// the device is left as it was, not reset. Resetting it anyway
+    /// (which other 82576 drivers do, logging the timeout) would reset a
+    /// device in the middle of DMA, as the datasheet warns against, and
+    /// say nothing to the caller. Refused, every ring the device was
+    /// given stays the caller's to stop ([`detach`](TxDevice::detach),
+    /// [`stop_rx`](Self::stop_rx)), and none is freed until the device
+    /// confirms its queue stopped.
+    fn disable_master(&self) -> Result<()> {
+        let ctrl = self.read(regs::CTRL)?;
+        self.reg(regs::CTRL, ctrl | Ctrl::GIO_MASTER_DISABLE.bits())?;
+        let mut status = 0;
+        let r = wait_for("master disable", self.cfg.reset_timeout, || {
+            status = self.read(regs::STATUS)?;
+            Ok(status & Status::GIO_MASTER_ENABLE.bits() == 0)
+        });
+        let error = match r {
+            Ok(_) => return Ok(()),
+            Err(Error::DeviceTimeout { waited_ms, .. }) => {
+                Error::MasterRequestsPending { status, waited_ms }
+            }
+            Err(e) => e,
+        };
+        // Best effort: the error that stopped the reset is the one
+        // reported.
+        let _ = self.reg(regs::CTRL, ctrl);
+        Err(error)
     }
 
     fn mdic(&self, v: u32) -> Result<u32> {
@@ -375,99 +446,9 @@ impl<R: Regs> Igb<R> {
         Ok(())
     }
 
-    /// Turns the transmitter off and waits (bounded) until the TX queue's
-    /// enable bit reads 0, as [`stop_rx`](Self::stop_rx) does for RX.
-    fn stop_tx(&self) -> Result<()> {
-        self.reg(regs::TCTL, 0)?;
-        self.reg(regs::txdctl(0), 0)?;
-        self.wait_stopped("TX queue disable", regs::txdctl(0), Txdctl::ENABLE.bits())
-    }
-
     /// The VFIO device.
     pub fn regs(&self) -> &R {
         &self.dev
-    }
-}
-
-impl<R: Regs> TxDevice for Igb<R> {
-    type Format = crate::format::igb::Advanced;
-    fn format(&self) -> Self::Format {
-        crate::format::igb::Advanced
-    }
-
-    unsafe fn attach(&mut self, ring: Iova, len: u16) -> Result<()> {
-        let bytes = u32::from(len) * crate::desc::SIZE as u32;
-        if len < 8 || !len.is_multiple_of(8) {
-            return Err(Error::BadConfig {
-                what: "igb TX ring length (descriptors, multiple of 8)",
-                value: u64::from(len),
-            });
-        }
-        if !ring.raw().is_multiple_of(128) {
-            return Err(Error::BadConfig {
-                what: "igb TX ring address (128-byte aligned)",
-                value: ring.raw(),
-            });
-        }
-        if self.ring_len.is_some() {
-            // The queue reads the ring attached before: stopped first, so
-            // that its owner may free it once this returns. If it does
-            // not stop, it stays attached and sending (`detach`).
-            self.detach()?;
-        }
-        self.reg(regs::txdctl(0), 0)?;
-        self.reg(regs::tdbal(0), ring.raw() as u32)?;
-        self.reg(regs::tdbah(0), (ring.raw() >> 32) as u32)?;
-        self.reg(regs::tdlen(0), bytes)?;
-        self.reg(regs::tdh(0), 0)?;
-        self.reg(regs::tdt(0), 0)?;
-        self.reg(regs::txdctl(0), Txdctl::ENABLE.bits())?;
-        wait_for("TX queue enable", self.cfg.enable_timeout, || {
-            Ok(self.read(regs::txdctl(0))? & Txdctl::ENABLE.bits() != 0)
-        })?;
-        self.reg(
-            regs::TCTL,
-            Tctl::EN.bits() | Tctl::PSP.bits() | TCTL_CT | TCTL_COLD,
-        )?;
-        self.ring_len = Some(len);
-        Ok(())
-    }
-
-    unsafe fn kick(&mut self, tail: u16) -> Result<()> {
-        let len = self.ring_len.ok_or(Error::NotAttached)?;
-        if tail >= len {
-            return Err(Error::BadConfig {
-                what: "TX tail",
-                value: u64::from(tail),
-            });
-        }
-        // Descriptors and bounce slots were written with relaxed atomic
-        // (or, for a slot not in flight, plain) stores to write-back
-        // memory; they must be visible before the doorbell.
-        fence(Ordering::SeqCst);
-        self.reg(regs::tdt(0), u32::from(tail))
-    }
-
-    /// Turns the transmitter off and waits (bounded by the enable
-    /// timeout) until the queue's enable bit reads 0: the device no longer
-    /// reads the ring. [`Error::DeviceTimeout`] if it does not (or a
-    /// register access error), and then the transmitter is switched back
-    /// on as it was: the queue stays attached and sending.
-    fn detach(&mut self) -> Result<()> {
-        let (tctl, txdctl) = (self.read(regs::TCTL)?, self.read(regs::txdctl(0))?);
-        if let Err(e) = self.stop_tx() {
-            // Best effort: the error that stopped the detach is the one
-            // reported.
-            let _ = self.reg(regs::txdctl(0), txdctl);
-            let _ = self.reg(regs::TCTL, tctl);
-            return Err(e);
-        }
-        self.ring_len = None;
-        Ok(())
-    }
-
-    fn head(&mut self) -> Option<u16> {
-        self.read(regs::tdh(0)).ok().map(|h| h as u16)
     }
 }
 
@@ -484,6 +465,7 @@ impl<R: Regs> Drop for Igb<R> {
 }
 
 mod rx;
+mod tx;
 
 pub use rx::RxRing;
 

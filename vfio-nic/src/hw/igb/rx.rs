@@ -9,15 +9,9 @@ use pfrag::Iova;
 
 use super::*;
 
-/// Accepts an RX ring length the 82576 takes: a multiple of 8, 8..=4096.
+/// Accepts an RX ring length the 82576 takes ([`check_ring_len`]).
 fn check_rx_len(len: u16) -> Result<()> {
-    if !(8..=4096).contains(&len) || !len.is_multiple_of(8) {
-        return Err(Error::BadConfig {
-            what: "RX ring length (multiple of 8, 8..=4096)",
-            value: u64::from(len),
-        });
-    }
-    Ok(())
+    check_ring_len("RX ring length (multiple of 8, 8..=4096)", len)
 }
 
 /// Receive queue 0 with advanced one-buffer descriptors and one 2 KiB

@@ -6,46 +6,111 @@ use super::*;
 use std::sync::Arc;
 
 use pfrag::dma::Domain;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 /// An in-memory 82576: registers in a map, with the few behaviours
 /// bring-up waits for (reset self-clears, link follows SLU, MDIC
-/// completes, a queue enable reads back) and a queue disable that takes
-/// `disable_reads` reads of the queue's control register to read back
-/// (`u32::MAX`: never), as a queue finishing its work.
+/// completes); a queue enable that takes `enable_reads` reads of the
+/// queue's control register to read back and a disable that takes
+/// `disable_reads`, as a queue starting up or finishing its work; and
+/// bus-master requests that drain `master_reads` reads of STATUS after
+/// CTRL.GIO_MASTER_DISABLE is set. `u32::MAX` reads: never. A reset
+/// while requests may be pending is counted in `resets_while_mastering`.
 #[derive(Debug, Default)]
-struct Fake {
+pub(super) struct Fake {
     regs: RefCell<HashMap<u32, u32>>,
-    writes: RefCell<Vec<(u32, u32)>>,
+    pub(super) writes: RefCell<Vec<(u32, u32)>>,
     no_link: bool,
     mdic_error: bool,
-    disable_reads: u32,
+    pub(super) disable_reads: u32,
+    pub(super) enable_reads: Cell<u32>,
+    pub(super) master_reads: Cell<u32>,
+    /// STATUS reads since GIO_MASTER_DISABLE was set.
+    master_seen: Cell<u32>,
+    pub(super) resets_while_mastering: Cell<u32>,
     /// Queue control registers being disabled: reads left until they are.
     stopping: RefCell<HashMap<u32, u32>>,
+    /// Queue control registers being enabled: reads left until they are.
+    enabling: RefCell<HashMap<u32, u32>>,
 }
 
 /// The enable bit of TXDCTL and RXDCTL.
-const QUEUE_ENABLE: u32 = 1 << 25;
+pub(super) const QUEUE_ENABLE: u32 = 1 << 25;
 
 impl Fake {
-    fn get(&self, r: Reg) -> u32 {
+    pub(super) fn get(&self, r: Reg) -> u32 {
         self.regs.borrow().get(&r.offset()).copied().unwrap_or(0)
+    }
+
+    /// Counts a read of `r` against its change pending in `pending`:
+    /// whether the change is still pending after it.
+    fn pending(pending: &RefCell<HashMap<u32, u32>>, r: Reg) -> bool {
+        let mut pending = pending.borrow_mut();
+        let Some(left) = pending.get_mut(&r.offset()) else {
+            return false;
+        };
+        if *left != u32::MAX {
+            *left -= 1;
+        }
+        if *left == 0 {
+            pending.remove(&r.offset());
+            return false;
+        }
+        true
+    }
+
+    /// Whether bus-master requests may be pending: mastering is not
+    /// disabled, or STATUS has not yet been read with them drained.
+    fn mastering(&self) -> bool {
+        self.get(CTRL) & Ctrl::GIO_MASTER_DISABLE.bits() == 0
+            || self.master_seen.get() <= self.master_reads.get()
+    }
+
+    fn status(&self) -> u32 {
+        if self.get(CTRL) & Ctrl::GIO_MASTER_DISABLE.bits() != 0 {
+            self.master_seen
+                .set(self.master_seen.get().saturating_add(1));
+        }
+        match self.mastering() {
+            true => self.get(STATUS) | Status::GIO_MASTER_ENABLE.bits(),
+            false => self.get(STATUS),
+        }
+    }
+
+    /// What a CTRL write of `v` leaves in CTRL.
+    fn ctrl(&self, v: u32) -> u32 {
+        if v & Ctrl::SLU.bits() != 0 && !self.no_link {
+            let st = self.get(STATUS) | Status::LU.bits();
+            self.regs.borrow_mut().insert(STATUS.offset(), st);
+        }
+        let reset = v & Ctrl::RST.bits() != 0;
+        if reset && self.mastering() {
+            let n = self.resets_while_mastering.get();
+            self.resets_while_mastering.set(n + 1);
+        }
+        if reset || v & Ctrl::GIO_MASTER_DISABLE.bits() == 0 {
+            self.master_seen.set(0);
+        }
+        // The reset self-clears, and clears the master disable.
+        match reset {
+            true => v & !(Ctrl::RST | Ctrl::GIO_MASTER_DISABLE).bits(),
+            false => v,
+        }
     }
 }
 
 impl Regs for Fake {
     fn read(&self, r: Reg) -> Result<u32> {
-        let mut stopping = self.stopping.borrow_mut();
-        if let Some(left) = stopping.get_mut(&r.offset()) {
-            if *left != u32::MAX {
-                *left -= 1;
-            }
-            if *left == 0 {
-                stopping.remove(&r.offset());
-                let v = self.get(r) & !QUEUE_ENABLE;
-                self.regs.borrow_mut().insert(r.offset(), v);
-            }
+        if r == STATUS {
+            return Ok(self.status());
+        }
+        if self.stopping.borrow().contains_key(&r.offset()) && !Fake::pending(&self.stopping, r) {
+            let v = self.get(r) & !QUEUE_ENABLE;
+            self.regs.borrow_mut().insert(r.offset(), v);
+        }
+        if Fake::pending(&self.enabling, r) {
+            return Ok(self.get(r) & !QUEUE_ENABLE);
         }
         Ok(self.get(r))
     }
@@ -53,21 +118,23 @@ impl Regs for Fake {
         self.writes.borrow_mut().push((r.offset(), v));
         let queue = r == txdctl(0) || r == rxdctl(0);
         let enabled = self.get(r) & QUEUE_ENABLE != 0;
-        if queue && v & QUEUE_ENABLE == 0 && enabled && self.disable_reads > 0 {
-            self.stopping
+        if queue && v & QUEUE_ENABLE == 0 {
+            self.enabling.borrow_mut().remove(&r.offset());
+            if enabled && self.disable_reads > 0 {
+                self.stopping
+                    .borrow_mut()
+                    .insert(r.offset(), self.disable_reads);
+                self.regs.borrow_mut().insert(r.offset(), v | QUEUE_ENABLE);
+                return Ok(());
+            }
+        }
+        if queue && v & QUEUE_ENABLE != 0 && !enabled && self.enable_reads.get() > 0 {
+            self.enabling
                 .borrow_mut()
-                .insert(r.offset(), self.disable_reads);
-            self.regs.borrow_mut().insert(r.offset(), v | QUEUE_ENABLE);
-            return Ok(());
+                .insert(r.offset(), self.enable_reads.get());
         }
         let stored = match r {
-            CTRL => {
-                if v & Ctrl::SLU.bits() != 0 && !self.no_link {
-                    let st = self.get(STATUS) | Status::LU.bits();
-                    self.regs.borrow_mut().insert(STATUS.offset(), st);
-                }
-                v & !Ctrl::RST.bits()
-            }
+            CTRL => self.ctrl(v),
             MDIC if self.mdic_error => v | Mdic::READY.bits() | Mdic::ERROR.bits(),
             MDIC => v | Mdic::READY.bits(),
             _ => v,
@@ -79,7 +146,7 @@ impl Regs for Fake {
 
 /// A bring-up that gives up after a few milliseconds: for a fake that
 /// never answers (or answers at once).
-fn quick() -> IgbConfig {
+pub(super) fn quick() -> IgbConfig {
     IgbConfig {
         reset_timeout: Duration::from_millis(20),
         link_timeout: Duration::from_millis(20),
@@ -90,7 +157,7 @@ fn quick() -> IgbConfig {
 /// Timeouts far beyond a few register reads however slow the machine (or
 /// Miri): for a fake that answers after a number of reads, so that the
 /// test counts reads, never time.
-fn patient() -> IgbConfig {
+pub(super) fn patient() -> IgbConfig {
     IgbConfig {
         reset_timeout: Duration::from_secs(600),
         link_timeout: Duration::from_secs(600),
@@ -106,7 +173,10 @@ fn bring_up_resets_links_and_programs_the_tx_queue() {
     let rst = pos(CTRL.offset(), &|v| v & Ctrl::RST.bits() != 0).unwrap();
     let slu = pos(CTRL.offset(), &|v| v & Ctrl::SLU.bits() != 0).unwrap();
     assert!(rst < slu, "reset before link");
-    assert_eq!(pos(TCTL.offset(), &|v| v == 0), Some(3), "TX off first");
+    let gio = pos(CTRL.offset(), &|v| v & Ctrl::GIO_MASTER_DISABLE.bits() != 0);
+    assert_eq!(gio, Some(0), "bus mastering off first");
+    let tx_off = pos(TCTL.offset(), &|v| v == 0).unwrap();
+    assert!(tx_off < rst, "TX off before the reset");
     // SAFETY: the registers are a fake: no device reads a ring.
     unsafe { nic.attach(Iova(0x1_2345_6780), 64) }.unwrap();
     let r = nic.regs();
@@ -476,3 +546,6 @@ fn a_ring_whose_receiver_does_not_stop_is_not_rearmed() {
     let (frame, tail) = rx.next_frame().unwrap().expect("the frame is kept");
     assert_eq!((frame.len(), tail), (60, 0));
 }
+
+mod attach;
+mod reset;
