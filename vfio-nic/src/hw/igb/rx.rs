@@ -9,6 +9,18 @@ use pfrag::Iova;
 
 use super::*;
 
+/// RX queue 0's ring registers, as [`Igb::start_rx_at`] writes them:
+/// base low and high, length, buffer size and descriptor type, head and
+/// tail.
+const RX_RING_REGS: [Reg; 6] = [
+    regs::rdbal(0),
+    regs::rdbah(0),
+    regs::rdlen(0),
+    regs::srrctl(0),
+    regs::rdh(0),
+    regs::rdt(0),
+];
+
 /// Accepts an RX ring length the 82576 takes ([`check_ring_len`]).
 fn check_rx_len(len: u16) -> Result<()> {
     check_ring_len("RX ring length (multiple of 8, 8..=4096)", len)
@@ -159,7 +171,12 @@ impl<R: Regs> Igb<R> {
     /// must stay mapped, writable by the device, until
     /// [`stop_rx`](Self::stop_rx) returns `Ok`. A receiver already running
     /// is stopped before the queue is re-pointed; one that does not stop
-    /// is [`Error::DeviceTimeout`], the receiver left on its old ring.
+    /// is [`Error::DeviceTimeout`], the receiver left on its old ring. A
+    /// start that fails after the queue was pointed at `ring` stops the
+    /// receiver again, waiting until the queue reads disabled, and puts
+    /// the ring registers back as they were; a queue that does not stop
+    /// then is [`Error::StopFailed`], and it may still write `ring`,
+    /// which the caller keeps for good.
     ///
     /// # Safety
     /// `ring` is `len` RX descriptors, and the buffers they name, that the
@@ -177,16 +194,32 @@ impl<R: Regs> Igb<R> {
                 value: ring.raw(),
             });
         }
-        let base = ring.raw();
         self.quiesce_rx()?;
-        self.reg(regs::rdbal(0), base as u32)?;
-        self.reg(regs::rdbah(0), (base >> 32) as u32)?;
-        self.reg(regs::rdlen(0), u32::from(len) * crate::desc::SIZE as u32)?;
-        self.reg(
-            regs::srrctl(0),
-            SRRCTL_BSIZEPKT_2K | SRRCTL_DESCTYPE_ADV_ONEBUF,
-        )?;
-        self.reg(regs::rdh(0), 0)?;
+        let mut saved = [0; RX_RING_REGS.len()];
+        for (v, r) in saved.iter_mut().zip(RX_RING_REGS) {
+            *v = self.read(r)?;
+        }
+        // SAFETY: the caller's promise for `ring` is passed on unchanged.
+        if let Err(error) = unsafe { self.program_rx(ring, len, loopback) } {
+            return Err(self.undo_rx(saved, error));
+        }
+        Ok(())
+    }
+
+    /// Points RX queue 0 at the `len` descriptors at `ring`, enables it,
+    /// waits (bounded) until the enable reads back, hands the device every
+    /// descriptor but one and turns the receiver on.
+    ///
+    /// # Safety
+    /// As [`start_rx_at`](Self::start_rx_at), for `ring`.
+    unsafe fn program_rx(&self, ring: Iova, len: u16, loopback: bool) -> Result<()> {
+        let base = ring.raw();
+        let bytes = u32::from(len) * crate::desc::SIZE as u32;
+        let buf = SRRCTL_BSIZEPKT_2K | SRRCTL_DESCTYPE_ADV_ONEBUF;
+        let values = [base as u32, (base >> 32) as u32, bytes, buf, 0, 0];
+        for (r, v) in RX_RING_REGS.into_iter().zip(values) {
+            self.reg(r, v)?;
+        }
         self.reg(regs::rxdctl(0), Rxdctl::ENABLE.bits())?;
         wait_for("RX queue enable", self.cfg.enable_timeout, || {
             Ok(self.read(regs::rxdctl(0))? & Rxdctl::ENABLE.bits() != 0)
@@ -198,6 +231,26 @@ impl<R: Regs> Igb<R> {
             rctl |= Rctl::LBM_MAC;
         }
         self.reg(regs::RCTL, rctl.bits())
+    }
+
+    /// After a [`program_rx`](Self::program_rx) that failed with `error`:
+    /// stops the receiver, waiting until the queue reads disabled, and
+    /// puts the ring registers back to `saved`; `error` comes back. A
+    /// queue that does not stop may write the ring the registers name,
+    /// which stay: [`Error::StopFailed`].
+    fn undo_rx(&self, saved: [u32; RX_RING_REGS.len()], error: Error) -> Error {
+        if let Err(stop) = self.stop_rx() {
+            return Error::StopFailed {
+                error: Box::new(error),
+                stop: Box::new(stop),
+            };
+        }
+        for (r, v) in RX_RING_REGS.into_iter().zip(saved) {
+            // Best effort: the queue is stopped, so these registers lead
+            // the device to no memory; `error` is the one reported.
+            let _ = self.reg(r, v);
+        }
+        error
     }
 
     /// Gives descriptors up to (not including) `tail` back to the device.

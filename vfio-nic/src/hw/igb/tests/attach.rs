@@ -1,7 +1,8 @@
 //! A TX ring the 82576 cannot take is refused before any register is
 //! written, and an attach that fails part-way leaves the queue stopped,
 //! confirmed, with the ring registers it wrote put back; one whose stop
-//! fails too says so, and the ring stays the device's.
+//! fails too says so, and the ring stays the device's. An RX start that
+//! fails part-way does the same.
 
 use super::*;
 
@@ -143,4 +144,68 @@ fn a_queue_keeps_the_ring_of_a_failed_attach_that_does_not_stop() {
     let (e, pinned) = queue_over_a_failed_attach(false);
     assert!(matches!(e, Error::StopFailed { .. }), "{e:?}");
     assert_eq!(pinned, 4096, "the ring, in whole pages");
+}
+
+/// The RX ring registers: base, length, buffer size, head and tail.
+fn rx_ring_regs(f: &Fake) -> [u32; 6] {
+    [rdbal(0), rdbah(0), rdlen(0), srrctl(0), rdh(0), rdt(0)].map(|r| f.get(r))
+}
+
+/// A start whose RX enable does not read back leaves the queue disabled
+/// (the device read back the disable), the receiver off, and the ring
+/// registers as they were: here those of a ring started and stopped
+/// before. It used to leave RXDCTL.ENABLE written, the queue pointed at a
+/// ring its caller may free.
+#[test]
+fn an_rx_enable_that_does_not_read_back_leaves_the_queue_off() {
+    let mut nic = Igb::new(Fake::default(), quick()).unwrap();
+    // SAFETY: the registers are a fake: no device writes a ring.
+    unsafe { nic.start_rx_at(Iova(0x1000), 32, true) }.unwrap();
+    nic.stop_rx().unwrap();
+    let regs = rx_ring_regs(nic.regs());
+    nic.regs().enable_reads.set(u32::MAX);
+    // SAFETY: as above.
+    let r = unsafe { nic.start_rx_at(Iova(0x2000), 64, false) };
+    assert!(
+        matches!(
+            r,
+            Err(Error::DeviceTimeout {
+                what: "RX queue enable",
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    let f = nic.regs();
+    assert_eq!(f.get(rxdctl(0)) & QUEUE_ENABLE, 0, "the queue disabled");
+    assert_eq!(f.get(RCTL) & Rctl::EN.bits(), 0, "the receiver off");
+    assert_eq!(rx_ring_regs(f), regs, "the ring registers put back");
+}
+
+/// A start whose RX enable does not read back, and whose queue then does
+/// not stop, reports both: the device may write the ring, which its
+/// registers still name, and which the caller keeps. It used to report
+/// the enable alone.
+#[test]
+fn a_failed_rx_enable_whose_stop_fails_too_reports_both() {
+    let fake = Fake {
+        disable_reads: u32::MAX,
+        ..Fake::default()
+    };
+    fake.enable_reads.set(u32::MAX);
+    let mut nic = Igb::new(fake, quick()).unwrap();
+    // SAFETY: the registers are a fake: no device writes a ring.
+    let r = unsafe { nic.start_rx_at(Iova(0x2000), 64, false) };
+    match r {
+        Err(Error::StopFailed { error, stop }) => {
+            let what = |e: &Error| match e {
+                Error::DeviceTimeout { what, .. } => *what,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(what(&error), "RX queue enable");
+            assert_eq!(what(&stop), "RX queue disable");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(nic.regs().get(rdbal(0)), 0x2000, "the ring still named");
 }
