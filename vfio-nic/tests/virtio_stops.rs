@@ -1,19 +1,29 @@
-//! The virtio-net model's doorbell when the ring itself fails it.
+//! The virtio-net model's doorbell when the ring itself fails it, and the
+//! TX queue in front of a device that stopped.
 //!
 //! The rule: a doorbell that fails has taken nothing, so every fault the
 //! device can see before it takes a chain (an available index past the
 //! ring, a used ring it cannot write) is refused first. A fault that shows
 //! only after chains were taken (a used entry that cannot be written) is
 //! what a virtio device answers with `NEEDS_RESET`: it is counted, the
-//! device takes no more doorbells until it is reset.
+//! device takes no more doorbells until it is reset, and the queue keeps
+//! every packet it may have read in flight; its wait reports the stop,
+//! not a timeout.
 
 mod common;
 
-use common::virtq::{RawQueue, UsedEntryFault, SIZE};
-use pfrag::dma::Dir;
+use std::sync::Arc;
+
+use common::virtq::{Iommu, RawQueue, UsedEntryFault, SIZE};
+use pfrag::dma::{Dir, Domain, SoftIommu, SoftIommuConfig};
+use pfrag::pool::{self, Policy, Pool};
+use pfrag::Order;
 use vfio_nic::device::TxDevice;
+use vfio_nic::model::softnic;
+use vfio_nic::model::virtio::VirtioNet;
 use vfio_nic::model::Model;
-use vfio_nic::Error;
+use vfio_nic::offload::Offload;
+use vfio_nic::{tx, Error};
 use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
 
 /// Two good chains, heads 0 and 1, each one descriptor.
@@ -129,4 +139,46 @@ fn a_used_entry_that_cannot_be_written_stops_the_device_until_a_reset() {
     q.publish(&[0]);
     q.kick().unwrap();
     assert_eq!(q.nic.stats().frames, 3);
+}
+
+/// A TX queue on a device that stops mid-doorbell: the doorbell reports
+/// the stop; the packet the device returned is reaped, the ones it took
+/// without returning stay in flight (the device may have read them: they
+/// are not reused); the wait reports the stop instead of running into its
+/// timeout; and dropping the queue (whose detach resets the device) frees
+/// everything, nothing pinned.
+#[test]
+fn a_queue_keeps_what_a_stopped_device_took_and_its_wait_says_why() {
+    let iommu: Iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let pcfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    let pool = Pool::new(domain.clone(), pcfg).unwrap();
+    let cfg = softnic::Config {
+        verify: false,
+        capture: true,
+        ..Default::default()
+    };
+    let ring = tx::Config::DEFAULT_RING;
+    let nic = VirtioNet::new(UsedEntryFault::new(iommu, ring, 1), cfg).unwrap();
+    // SAFETY: the model translates through the IOMMU the domain maps
+    // through.
+    let mut q =
+        unsafe { tx::Queue::new(domain.clone(), pool, nic, tx::Config::default()) }.unwrap();
+    let headers = common::tcp_headers();
+    for token in 0..3 {
+        q.send(&headers, &[7u8; 100], Offload::None, token).unwrap();
+    }
+    let e = q.kick().unwrap_err();
+    assert!(stopped(&e), "{e}");
+    let st = q.device().stats();
+    assert_eq!((st.frames, st.faults, st.stops), (2, 1, 1), "{st:?}");
+    let mut done = Vec::new();
+    let e = q.wait_tokens(common::WAIT, &mut done).unwrap_err();
+    assert!(stopped(&e), "{e}");
+    assert_eq!(done, vec![0], "only the returned packet completes");
+    assert_eq!(q.in_flight(), 2, "the rest stay the device's");
+    assert!(stopped(&q.kick().unwrap_err()));
+    drop(q);
+    let p = domain.pinned();
+    assert_eq!((p.iova_bytes, p.host_bytes), (0, 0));
 }
