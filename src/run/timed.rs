@@ -55,6 +55,9 @@ impl<D: TxDevice> TxDevice for Timed<D> {
     fn head(&mut self) -> Option<u16> {
         self.inner.head()
     }
+    fn check_running(&mut self) -> vfio_nic::Result<()> {
+        self.inner.check_running()
+    }
 }
 
 impl<D: Model> Model for Timed<D> {

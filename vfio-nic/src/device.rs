@@ -59,7 +59,12 @@ pub trait TxDevice {
     /// device took none of them: the queue may still rewrite the
     /// descriptors it posted since the last doorbell that succeeded (it
     /// asks the last of them for a report, [`Format::ask_report`](crate::format::Format::ask_report)),
-    /// and rings again with them later.
+    /// and rings again with them later. The one exception is
+    /// [`Error::DeviceStopped`](crate::Error::DeviceStopped): the device
+    /// stopped part way, may have taken some of them, and takes nothing
+    /// more until it is reset; a queue keeps every packet in flight, as it
+    /// does after any failed doorbell, and frees them only once the device
+    /// is detached.
     ///
     /// # Safety
     /// The doorbell hands memory to the device. Every descriptor from the
@@ -95,5 +100,14 @@ pub trait TxDevice {
     /// The device's head pointer, for diagnostics (a timeout reports it).
     fn head(&mut self) -> Option<u16> {
         None
+    }
+    /// Whether the device still runs: [`Error::DeviceStopped`](crate::Error::DeviceStopped) if it
+    /// stopped on its own (a virtio device's `NEEDS_RESET`), or the error
+    /// of asking. A [`tx::Queue`](crate::tx::Queue) asks only when a wait
+    /// finds nothing to reap for a while and when it gives up, never per
+    /// packet (a real device answers with a register read). The default,
+    /// for a device that cannot stop on its own: `Ok`.
+    fn check_running(&mut self) -> Result<()> {
+        Ok(())
     }
 }

@@ -296,6 +296,48 @@ pub enum Error {
         /// The device's next available entry.
         next_avail: u16,
     },
+    /// A part of the virtqueue the device cannot reach as it must, through
+    /// its IOMMU: the available ring not readable, or the used ring not
+    /// writable. Checked before a doorbell takes any chain: it took none.
+    #[error("virtqueue: the {part} ({len} bytes at IOVA {iova:#x}) is not {access} by the device")]
+    RingUnreachable {
+        /// The part (`"available ring"`, `"used ring"`).
+        part: &'static str,
+        /// The access it lacks (`"readable"`, `"writable"`).
+        access: &'static str,
+        /// Where the part starts.
+        iova: u64,
+        /// Its bytes.
+        len: u64,
+    },
+    /// An available index further ahead of the device than the ring has
+    /// entries: a driver never offers an entry twice. Checked before a
+    /// doorbell takes any chain: it took none.
+    #[error("virtqueue: the available index {avail} is more than {size} entries past the device's next entry {next_avail}")]
+    AvailIndex {
+        /// The available ring's index.
+        avail: u16,
+        /// The device's next available entry.
+        next_avail: u16,
+        /// Entries in the ring.
+        size: u16,
+    },
+    /// The virtio device stopped and needs a reset (virtio 1.x, 2.1.2: it
+    /// set `NEEDS_RESET` in `device_status`; a driver sets `FAILED`). It
+    /// takes no doorbell, and returns no more used entries, until it is
+    /// reset ([`TxDevice::detach`](crate::device::TxDevice::detach), which a
+    /// [`tx::Queue`](crate::tx::Queue) calls when it is dropped): packets in
+    /// flight stay so, since the device may have read them.
+    #[error("the device stopped and needs a reset (device status {status:#04x}){}", stop_cause(.cause))]
+    DeviceStopped {
+        /// Its `device_status` (`NEEDS_RESET` 0x40, `FAILED` 0x80).
+        status: u8,
+        /// What stopped it, where the stop is seen (a device model's
+        /// doorbell); `None` for a stop reported later, or read from the
+        /// device.
+        #[source]
+        cause: Option<Box<Error>>,
+    },
     /// A line rate for a model that serves a doorbell in one go.
     #[error("this device model serves whole doorbells (a virtio-net available ring) and cannot be paced to a line rate")]
     Unpaceable,
@@ -325,7 +367,8 @@ pub enum Error {
         /// The device's maximum.
         max: u16,
     },
-    /// A virtio device refused a step of its bring-up, or stopped.
+    /// A virtio device refused a step of its bring-up (one that stops
+    /// later is [`Error::DeviceStopped`]).
     #[error("virtio device refused {what}: device status {status:#04x}")]
     DeviceRefused {
         /// The step.
@@ -398,6 +441,11 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// [`Error::DeviceStopped`]'s cause, as its message ends.
+fn stop_cause(cause: &Option<Box<Error>>) -> String {
+    cause.as_ref().map(|c| format!(": {c}")).unwrap_or_default()
 }
 
 /// Shorthand for this crate's results.

@@ -3,100 +3,12 @@
 //! device never offered, a head outside the table) are counted as
 //! malformed, never sent, and never stop the chains around them.
 
-use std::sync::Arc;
+mod common;
 
-use pfrag::dma::{Coherent, Dir, Domain, SoftIommu, SoftIommuConfig};
-use vfio_nic::device::TxDevice;
-use vfio_nic::format::virtio::{Layout, Split, HDR_LEN};
-use vfio_nic::format::Format;
-use vfio_nic::model::softnic;
-use vfio_nic::model::virtio::VirtioNet;
+use common::virtq::{RawQueue, SIZE};
+use vfio_nic::format::virtio::HDR_LEN;
 use vfio_nic::model::Model;
 use virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT;
-
-type Iommu = Arc<SoftIommu>;
-
-/// Descriptors in the table.
-const SIZE: u16 = 8;
-
-/// A virtio-net model attached to a hand-written virtqueue, and a buffer
-/// of packets beside it.
-struct RawQueue {
-    layout: Layout,
-    ring: Coherent<Iommu>,
-    buf: Coherent<Iommu>,
-    nic: VirtioNet<Iommu>,
-    posted: u16,
-}
-
-impl RawQueue {
-    fn new() -> RawQueue {
-        let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
-        let domain = Arc::new(Domain::new(iommu.clone()));
-        let ring = Coherent::new(domain.clone(), Split::ring_bytes(SIZE), Dir::BIDIRECTIONAL);
-        let buf = Coherent::new(domain, 4096, Dir::TO_DEVICE).unwrap();
-        let cfg = softnic::Config {
-            capture: true,
-            verify: false,
-            ..softnic::Config::default()
-        };
-        let mut nic = VirtioNet::new(iommu, cfg).unwrap();
-        let ring = ring.unwrap();
-        // SAFETY: `ring` is this test's, kept for the device until it drops.
-        unsafe { nic.attach(ring.iova(), SIZE) }.unwrap();
-        RawQueue {
-            layout: Layout::new(SIZE),
-            ring,
-            buf,
-            nic,
-            posted: 0,
-        }
-    }
-
-    /// Writes descriptor `i` of the table: `len` bytes at buffer offset
-    /// `off`, with `flags` and `next`.
-    fn desc(&self, i: u16, off: usize, len: u32, flags: u16, next: u16) {
-        let at = usize::from(i) * 16;
-        let addr = self.buf.iova().raw() + off as u64;
-        self.ring.write_u64(at, addr).unwrap();
-        let word = u64::from(len) | u64::from(flags) << 32 | u64::from(next) << 48;
-        self.ring.write_u64(at + 8, word).unwrap();
-    }
-
-    /// A raw frame of `len` bytes behind a header asking for nothing, at
-    /// buffer offset `off`.
-    fn packet(&self, off: usize, len: usize) -> usize {
-        let mut p = vec![0u8; HDR_LEN + len];
-        for (i, b) in p[HDR_LEN..].iter_mut().enumerate() {
-            *b = i as u8;
-        }
-        self.buf.write(off, &p).unwrap();
-        p.len()
-    }
-
-    /// Publishes chains with these heads in the available ring.
-    fn publish(&mut self, heads: &[u16]) {
-        for &h in heads {
-            let at = self.layout.avail_entry(self.posted % SIZE);
-            self.ring.write(at, &h.to_le_bytes()).unwrap();
-            self.posted = self.posted.wrapping_add(1);
-        }
-        let idx = self.posted.to_le_bytes();
-        self.ring.write(self.layout.avail_idx(), &idx).unwrap();
-    }
-
-    fn kick(&mut self) -> vfio_nic::Result<()> {
-        // SAFETY: the device's only mappings are `ring` and `buf`, reached
-        // by the CPU only through `Coherent`'s accessors, not meanwhile.
-        unsafe { self.nic.kick(self.posted) }
-    }
-
-    fn used_idx(&self) -> u16 {
-        let mut b = [0u8; 2];
-        self.ring.read(self.layout.used_idx(), &mut b).unwrap();
-        u16::from_le_bytes(b)
-    }
-}
 
 /// Without `INDIRECT_DESC` negotiated, a descriptor naming an indirect
 /// table is a chain the device must not follow: malformed, nothing sent,

@@ -27,6 +27,7 @@ use std::mem::{offset_of, size_of};
 use std::sync::atomic::{fence, Ordering};
 
 use pfrag::dma::DmaMapper;
+use virtio_bindings::virtio_config::{VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_NEEDS_RESET};
 use virtio_bindings::virtio_net::{
     virtio_net_hdr_v1, virtio_net_hdr_v1__bindgen_ty_1__bindgen_ty_1 as CsumFields,
     VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6,
@@ -62,6 +63,23 @@ pub mod features {
     pub const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
     /// Every feature the TX path uses when offered.
     pub const USED: u64 = VERSION_1 | ACCESS_PLATFORM | CSUM | HOST_TSO4 | HOST_TSO6 | EVENT_IDX;
+}
+
+/// The `device_status` bits of a device that stopped: `NEEDS_RESET`, which
+/// the device sets when it can go on no more, and `FAILED`, which a driver
+/// sets when it gave up on the device.
+pub const STOPPED: u8 = (VIRTIO_CONFIG_S_NEEDS_RESET | VIRTIO_CONFIG_S_FAILED) as u8;
+
+/// [`Error::DeviceStopped`] if `status` (a `device_status`) has a
+/// [`STOPPED`] bit.
+pub fn check_status(status: u8) -> Result<()> {
+    if status & STOPPED != 0 {
+        return Err(Error::DeviceStopped {
+            status,
+            cause: None,
+        });
+    }
+    Ok(())
 }
 
 /// Bytes of `virtio_net_hdr` (with `num_buffers`, as `VERSION_1` has it).

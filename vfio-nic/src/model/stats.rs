@@ -58,6 +58,11 @@ pub struct NicStats {
     pub page_crossing_bufs: u64,
     /// Status words written back: descriptors that asked (RS).
     pub write_backs: u64,
+    /// Doorbells on which the device stopped, needing a reset: a fault it
+    /// saw only after it had taken chains (the virtio-net model: a used
+    /// entry it could not write, the ring changed under it), where a
+    /// virtio device sets `NEEDS_RESET`.
+    pub stops: u64,
 }
 
 impl NicStats {
@@ -138,6 +143,7 @@ impl NicStats {
             bad_desc: f(self.bad_desc, o.bad_desc),
             page_crossing_bufs: f(self.page_crossing_bufs, o.page_crossing_bufs),
             write_backs: f(self.write_backs, o.write_backs),
+            stops: f(self.stops, o.stops),
         }
     }
 }

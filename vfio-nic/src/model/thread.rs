@@ -277,6 +277,10 @@ impl<D: Model + Send + 'static> TxDevice for Threaded<D> {
     fn head(&mut self) -> Option<u16> {
         lock(&self.shared.dev).head()
     }
+
+    fn check_running(&mut self) -> Result<()> {
+        lock(&self.shared.dev).check_running()
+    }
 }
 
 impl<D: Model + Send + 'static> Model for Threaded<D> {

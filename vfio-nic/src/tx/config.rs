@@ -154,15 +154,24 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// Pauses spun before the first sleep.
+    const SPINS: u32 = 64;
+
     /// Spins for the first 64 pauses since the last reset, then sleeps
     /// 20 µs per pause.
     pub fn pause(&mut self) {
         self.idle = self.idle.saturating_add(1);
-        if self.idle < 64 {
+        if self.idle < Self::SPINS {
             std::hint::spin_loop();
         } else {
             std::thread::sleep(Duration::from_micros(20));
         }
+    }
+
+    /// Whether the last pause was the first to sleep since the last reset:
+    /// once per stretch without progress, when spinning gave up.
+    pub(super) fn first_sleep(&self) -> bool {
+        self.idle == Self::SPINS
     }
 
     /// Progress was made: spin again before sleeping.

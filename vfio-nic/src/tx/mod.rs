@@ -437,7 +437,12 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// a virtio device may say it is still at work).
     ///
     /// A failed doorbell leaves the queue as it was: the packets stay
-    /// posted and in flight, and the next `kick` hands them over.
+    /// posted and in flight, and the next `kick` hands them over. A device
+    /// that stopped part way ([`Error::DeviceStopped`]: a virtio device's
+    /// `NEEDS_RESET`) may have taken some of them; the queue treats them
+    /// alike, in flight until reported done or until the device is
+    /// detached (when the queue is dropped), so nothing the device may
+    /// have read is reused.
     pub fn kick(&mut self) -> Result<()> {
         let reports = self.report_last()?;
         let flushed = match self.fmt.flush(&RingMem::new(&self.ring, self.cfg.ring)) {

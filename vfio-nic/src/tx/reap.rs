@@ -124,7 +124,14 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
 
     /// Reaps until nothing is in flight. Fails with [`Error::Timeout`] if
     /// `timeout` passes without any packet completing (the device stopped:
-    /// a blocked DMA, a disabled queue), instead of spinning forever.
+    /// a blocked DMA, a disabled queue), instead of spinning forever. A
+    /// device that says it stopped ([`TxDevice::check_running`]: a virtio
+    /// device's `NEEDS_RESET`) fails it with its own error
+    /// ([`Error::DeviceStopped`]) instead: the wait asks once spinning
+    /// found nothing to reap (when it starts to sleep) and when it gives
+    /// up, never while packets complete. [`reap`](Self::reap) never asks
+    /// (it runs per packet); a device that stopped shows there as no
+    /// progress.
     /// Returns how many completed. Like [`reap`](Self::reap) it drops the
     /// completed packets' tokens: a driver that needs them (at shutdown,
     /// before [`into_device`](Self::into_device)) calls
@@ -154,6 +161,7 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 continue;
             }
             if since.elapsed() >= timeout {
+                self.dev_mut().check_running()?;
                 return Err(Error::Timeout {
                     pending: self.pending.len(),
                     waited_ms: since.elapsed().as_millis() as u64,
@@ -162,6 +170,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
                 });
             }
             backoff.pause();
+            if backoff.first_sleep() {
+                self.dev_mut().check_running()?;
+            }
         }
         Ok(done)
     }

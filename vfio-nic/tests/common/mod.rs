@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses what it needs
 
 pub mod carved;
+pub mod virtq;
 
 use std::time::Duration;
 
@@ -136,6 +137,9 @@ impl<D: TxDevice> TxDevice for Flaky<D> {
     }
     fn head(&mut self) -> Option<u16> {
         self.nic.head()
+    }
+    fn check_running(&mut self) -> vfio_nic::Result<()> {
+        self.nic.check_running()
     }
 }
 

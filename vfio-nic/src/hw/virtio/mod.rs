@@ -41,12 +41,12 @@ use std::time::Duration;
 use pfrag::Iova;
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
-    VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
+    VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK,
 };
 
 use crate::device::TxDevice;
 use crate::error::{Error, Result};
-use crate::format::virtio::{Layout, Split};
+use crate::format::virtio::{self, Layout, Split};
 use crate::hw::mmio::Width;
 use crate::hw::wait_for;
 
@@ -386,7 +386,7 @@ impl<T: Transport> VirtioNetPci<T> {
         self.write_checked("virtio queue_enable", common::QUEUE_ENABLE, 1)?;
         self.set_status(VIRTIO_CONFIG_S_DRIVER_OK)?;
         let s = self.status()?;
-        if u32::from(s) & (VIRTIO_CONFIG_S_NEEDS_RESET | VIRTIO_CONFIG_S_FAILED) != 0 {
+        if s & virtio::STOPPED != 0 {
             return Err(Error::DeviceRefused {
                 what: "the TX queue (DRIVER_OK)",
                 status: s,
@@ -424,6 +424,14 @@ impl<T: Transport> TxDevice for VirtioNetPci<T> {
         // SAFETY: the caller hands over what the available ring names
         // (`kick`'s promise); the notification tells the device so.
         unsafe { self.t.notify(self.notify[usize::from(TX_QUEUE)], TX_QUEUE) }
+    }
+
+    /// Reads the device status: [`Error::DeviceStopped`] with it if the
+    /// device set `NEEDS_RESET` (or a driver `FAILED`). One register read;
+    /// the queue asks only when a wait finds nothing, never per packet or
+    /// doorbell.
+    fn check_running(&mut self) -> Result<()> {
+        virtio::check_status(self.status()?)
     }
 
     /// A reset ([`reset`](VirtioNetPci::reset)). One that fails keeps the

@@ -4,6 +4,7 @@ use std::cell::RefCell;
 
 use super::*;
 use crate::format::virtio::features;
+use virtio_bindings::virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
 
 /// A virtio device's common configuration, as far as the driver uses it.
 #[derive(Debug)]
@@ -424,4 +425,67 @@ fn a_ring_is_checked_against_the_maximum_after_its_reset() {
     assert_eq!(dev.queue(usize::from(TX_QUEUE), 0x20, 8), 0, "no address");
     // SAFETY: as above.
     unsafe { nic.attach(Iova(0x10_0000), 32) }.unwrap();
+}
+
+/// Sets `bits` in the fake's device status, as a device does on its own
+/// (`NEEDS_RESET`).
+fn raise(dev: &Fake, bits: u32) {
+    let s = dev.get(common::DEVICE_STATUS, 1);
+    dev.put(common::DEVICE_STATUS, 1, s | u64::from(bits));
+}
+
+/// A running device answers `check_running` with `Ok`; one that set
+/// `NEEDS_RESET`, or that a driver marked `FAILED`, with
+/// `DeviceStopped` and the status byte it read.
+#[test]
+fn a_device_that_needs_a_reset_says_so_with_its_status() {
+    for bit in [VIRTIO_CONFIG_S_NEEDS_RESET, VIRTIO_CONFIG_S_FAILED] {
+        let dev = Fake::new(ALL);
+        let mut nic = VirtioNetPci::over(&dev, VirtioConfig::default()).unwrap();
+        // SAFETY: the fake device reads no memory.
+        unsafe { nic.attach(Iova(0x10_0000), 64) }.unwrap();
+        nic.check_running().unwrap();
+        raise(&dev, bit);
+        let want = (NEGOTIATED | VIRTIO_CONFIG_S_DRIVER_OK | bit) as u8;
+        match nic.check_running() {
+            Err(Error::DeviceStopped {
+                status,
+                cause: None,
+            }) => assert_eq!(status, want),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// A TX queue on a device that sets `NEEDS_RESET` with a packet in
+/// flight: its wait fails with the device's status, whether it finds
+/// nothing while spinning or gives up at once (a zero timeout); the
+/// packet stays in flight. The wait used to end in a bare timeout.
+#[test]
+fn a_wait_on_a_device_that_needs_a_reset_reports_its_status() {
+    use pfrag::dma::{Domain, SoftIommu};
+    use pfrag::pool::{self, Policy, Pool};
+
+    let dev = Fake::new(ALL);
+    let nic = VirtioNetPci::over(&dev, quick()).unwrap();
+    let iommu = std::sync::Arc::new(SoftIommu::new(Default::default()).unwrap());
+    let domain = std::sync::Arc::new(Domain::new(iommu));
+    let pcfg = pool::Config::new(pfrag::Order::new(0).unwrap(), Policy::Persistent);
+    let pool = Pool::new(domain.clone(), pcfg).unwrap();
+    // SAFETY: the fake device reads no memory.
+    let mut q = unsafe { crate::tx::Queue::new(domain, pool, nic, Default::default()) }.unwrap();
+    let offload = crate::offload::Offload::None;
+    q.send(&[0u8; 14], &[1u8; 100], offload, 1).unwrap();
+    q.kick().unwrap();
+    raise(&dev, VIRTIO_CONFIG_S_NEEDS_RESET);
+    let want = (NEGOTIATED | VIRTIO_CONFIG_S_DRIVER_OK | VIRTIO_CONFIG_S_NEEDS_RESET) as u8;
+    for timeout in [Duration::from_secs(1), Duration::ZERO] {
+        match q.wait(timeout) {
+            Err(Error::DeviceStopped { status, .. }) => assert_eq!(status, want),
+            other => panic!("{timeout:?}: {other:?}"),
+        }
+    }
+    assert_eq!(q.in_flight(), 1);
+    drop(q);
+    assert_eq!(dev.get(common::DEVICE_STATUS, 1), 0, "reset when dropped");
 }

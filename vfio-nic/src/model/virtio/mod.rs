@@ -11,6 +11,17 @@
 //! byte against the flow pattern, captures frames for the wire checker,
 //! and returns each chain in the used ring.
 //!
+//! A doorbell that fails has taken nothing: what the device can check
+//! before it takes a chain (the rings reachable, the available index at
+//! most a ring ahead) it checks first. A fault it can see only after it
+//! took chains (a used entry it cannot write) stops it, as a virtio device
+//! stops with `NEEDS_RESET` in its `device_status`: the doorbell, every
+//! later one and [`TxDevice::check_running`] say
+//! [`Error::DeviceStopped`], the stop is counted
+//! ([`NicStats::stops`](super::softnic::NicStats::stops)), and only a
+//! reset ([`TxDevice::detach`], then an attach) makes it serve again. The
+//! chains it took without returning them stay the driver's in flight.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use pfrag::dma::{Domain, SoftIommu, SoftIommuConfig};
@@ -44,20 +55,24 @@
 //! ```
 
 mod mem;
+mod ring;
 
-use std::mem::{offset_of, size_of};
+use std::mem::offset_of;
 
 use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, Ipv6Header, TcpHeader};
 use pfrag::dma::Translate;
 use pfrag::Iova;
+use virtio_bindings::virtio_config::{
+    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
+    VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
+};
 use virtio_bindings::virtio_net::{
     virtio_net_hdr_v1, virtio_net_hdr_v1__bindgen_ty_1__bindgen_ty_1 as CsumFields,
     VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4,
     VIRTIO_NET_HDR_GSO_TCPV6,
 };
-use virtio_bindings::virtio_ring::{vring_desc, VRING_DESC_F_INDIRECT};
-use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{GuestAddress, GuestMemory, Permissions};
 
 use super::segment::{
     pieces, range_pages, segment_pages, segments, Packet, Seed, Segmenter, MAX_HDR,
@@ -73,6 +88,15 @@ use mem::IoView;
 /// The longest chain a packet makes: the header, the frame's headers, and
 /// at most 64 KiB after them (a GSO packet, like an IP packet).
 const MAX_CHAIN: usize = HDR_LEN + MAX_HDR + u16::MAX as usize;
+
+/// The `device_status` of the model once it stopped: set up and running
+/// (`ACKNOWLEDGE`, `DRIVER`, `FEATURES_OK`, `DRIVER_OK`), and
+/// `NEEDS_RESET`.
+const STOPPED_STATUS: u8 = (VIRTIO_CONFIG_S_ACKNOWLEDGE
+    | VIRTIO_CONFIG_S_DRIVER
+    | VIRTIO_CONFIG_S_FEATURES_OK
+    | VIRTIO_CONFIG_S_DRIVER_OK
+    | VIRTIO_CONFIG_S_NEEDS_RESET) as u8;
 
 /// The virtio-net model; see the module docs.
 pub struct VirtioNet<T: Translate> {
@@ -93,6 +117,8 @@ struct Engine {
     /// What reads copy guest memory through, a page at a time: allocated
     /// once (a page-sized array zeroed per read cost more than the copy).
     copy: Box<[u8]>,
+    /// Whether the device stopped (`NEEDS_RESET`) since its last reset.
+    stopped: bool,
 }
 
 impl<T: Translate> std::fmt::Debug for VirtioNet<T> {
@@ -126,6 +152,7 @@ impl<T: Translate> VirtioNet<T> {
                 frames: Vec::new(),
                 stats: NicStats::default(),
                 copy: vec![0; COPY].into_boxed_slice(),
+                stopped: false,
             },
         })
     }
@@ -142,6 +169,15 @@ impl<T: Translate> VirtioNet<T> {
 }
 
 impl Engine {
+    /// The error of a doorbell (or a check) on the stopped device, with
+    /// what stopped it, where known.
+    fn stop(&self, cause: Option<Error>) -> Error {
+        Error::DeviceStopped {
+            status: STOPPED_STATUS,
+            cause: cause.map(Box::new),
+        }
+    }
+
     /// Sends the chain whose buffers `self.bufs` holds.
     fn process<M: GuestMemory>(&mut self, mem: &M) {
         self.stats.packets += 1;
@@ -434,11 +470,23 @@ impl<T: Translate> TxDevice for VirtioNet<T> {
         q.set_event_idx(self.fmt.event_idx());
         q.set_ready(true);
         self.queue = Some(q);
+        self.tx.stopped = false;
         Ok(())
     }
 
+    /// Forgets the ring, and a stop: the model's reset.
     fn detach(&mut self) -> Result<()> {
         self.queue = None;
+        self.tx.stopped = false;
+        Ok(())
+    }
+
+    /// [`Error::DeviceStopped`] once a doorbell stopped the device, until
+    /// its reset.
+    fn check_running(&mut self) -> Result<()> {
+        if self.tx.stopped {
+            return Err(self.tx.stop(None));
+        }
         Ok(())
     }
 
@@ -451,7 +499,20 @@ impl<T: Translate> TxDevice for VirtioNet<T> {
     /// Takes every chain the available ring offers, sends it, and returns
     /// it in the used ring; with `EVENT_IDX`, it asks to hear of the next
     /// one and looks again before it stops.
+    ///
+    /// An error from the checks made before the first chain
+    /// ([`Error::RingUnreachable`], [`Error::AvailIndex`], a virtqueue
+    /// error reading the index) took nothing and changed nothing. A fault
+    /// after them stops the device ([`Error::DeviceStopped`], the fault as
+    /// its cause; counted in `stops`): the chains taken before it were
+    /// sent, those returned in the used ring are done, the others are
+    /// never returned. A stopped device refuses every doorbell
+    /// ([`Error::DeviceStopped`] without a cause) until it is reset
+    /// ([`detach`](TxDevice::detach)).
     unsafe fn kick(&mut self, _tail: u16) -> Result<()> {
+        if self.tx.stopped {
+            return Err(self.tx.stop(None));
+        }
         let mut q = self.queue.take().ok_or(Error::NotAttached)?;
         // SAFETY: our caller handed over the chains the available ring
         // names and their buffers, and the ring itself (`kick`'s promise);
@@ -464,116 +525,4 @@ impl<T: Translate> TxDevice for VirtioNet<T> {
         self.queue = Some(q);
         r
     }
-}
-
-impl Engine {
-    /// Takes chains until the available ring is empty (and, with
-    /// notifications back on, stays so). An available index the ring
-    /// cannot hold, or an entry that cannot be read, is an error rather
-    /// than a loop that never ends.
-    ///
-    /// One empty pass is no sign of a broken ring: a doorbell may come
-    /// after the pass before it took its chains (a device thread serves
-    /// doorbells late), so a pass finds nothing new, and the driver may
-    /// publish between that pass's read of the available index and
-    /// `enable_notification`'s re-read. The pass after that one starts
-    /// after an index read that showed more: if it takes nothing either,
-    /// the entries it was shown cannot be read, and that is the error.
-    fn drain<M: GuestMemory>(&mut self, q: &mut Queue, mem: &M) -> Result<()> {
-        let (table, size) = (GuestAddress(q.desc_table()), q.size());
-        let mut empty = 0u32;
-        loop {
-            q.disable_notification(mem).map_err(Error::Virtqueue)?;
-            let mut taken = 0u32;
-            while let Some(chain) = q.iter(mem).map_err(Error::Virtqueue)?.next() {
-                let head = chain.head_index();
-                self.take(mem, chain, (table, size));
-                taken += 1;
-                if head >= size {
-                    // No chain has that id: counted as malformed (`take`
-                    // found no descriptor), with no used entry to return.
-                    continue;
-                }
-                q.add_used(mem, head, 0).map_err(Error::Virtqueue)?;
-            }
-            if !q.enable_notification(mem).map_err(Error::Virtqueue)? {
-                return Ok(());
-            }
-            empty = if taken == 0 { empty + 1 } else { 0 };
-            if empty == 2 {
-                return Err(Error::AvailUnreadable {
-                    next_avail: q.next_avail(),
-                });
-            }
-        }
-    }
-
-    /// Sends one chain of a descriptor table at `ring.0` of `ring.1`
-    /// descriptors (counted as malformed if a buffer is device-written, a
-    /// descriptor names an indirect table, which the device does not
-    /// offer, or the chain is longer than a packet may be).
-    ///
-    /// A chain cut short, whose last descriptor read names a next one, is
-    /// dropped, never sent as a shorter packet: as a fault if that next
-    /// descriptor lies in the table (it could not be read), as malformed
-    /// otherwise (it lies outside, or the chain loops).
-    fn take<M: GuestMemory>(
-        &mut self,
-        mem: &M,
-        mut chain: DescriptorChain<&M>,
-        ring: (GuestAddress, u16),
-    ) {
-        self.bufs.clear();
-        let size = ring.1;
-        let mut ok = true;
-        let (mut n, mut cut) = (0usize, None);
-        let mut at = chain.head_index();
-        loop {
-            // `virtio-queue` would follow an indirect descriptor into its
-            // table: it is looked at before the chain reads it.
-            if at < size && indirect(mem, ring, at) {
-                self.stats.descs += 1;
-                (ok, cut) = (false, None);
-                break;
-            }
-            let Some(d) = chain.next() else { break };
-            self.stats.descs += 1;
-            n += 1;
-            cut = d.has_next().then(|| d.next());
-            ok &= !d.is_write_only() && self.bufs.len() < MAX_BUFS;
-            if self.bufs.len() < MAX_BUFS {
-                self.bufs.push((Iova(d.addr().0), d.len() as usize));
-            }
-            match cut {
-                Some(next) => at = next,
-                None => break,
-            }
-        }
-        if let Some(next) = cut.filter(|_| ok) {
-            self.stats.packets += 1;
-            if next < size && n < usize::from(size) {
-                // One descriptor could not be read; the chain stops there.
-                self.stats.count_read_fault();
-            } else {
-                self.stats.bad_desc += 1;
-            }
-        } else if ok {
-            self.process(mem);
-        } else {
-            self.stats.packets += 1;
-            self.stats.bad_desc += 1;
-        }
-    }
-}
-
-/// Whether descriptor `i` of the table at `ring.0` (of `ring.1`
-/// descriptors, `i` among them) names an indirect table. One that cannot
-/// be read does not: the chain's own read of it faults.
-fn indirect<M: GuestMemory>(mem: &M, ring: (GuestAddress, u16), i: u16) -> bool {
-    let flags = offset_of!(vring_desc, flags) as u64;
-    let at = (u64::from(i) * size_of::<vring_desc>() as u64)
-        .checked_add(flags)
-        .and_then(|off| ring.0.checked_add(off));
-    at.and_then(|a| mem.read_obj::<u16>(a).ok())
-        .is_some_and(|f| u16::from_le(f) & VRING_DESC_F_INDIRECT as u16 != 0)
 }
