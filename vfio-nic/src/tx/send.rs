@@ -97,9 +97,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         }
         copy_into(&mut frags, parts);
         let r = self.post_frags(headers, ctx, pkt, &mut frags, token);
-        // A refused packet's frags go back.
+        // A refused packet's frags go back to the cache they came from,
+        // never handed out after all.
         if r.is_err() {
-            self.complete_frags(frags.drain(..));
+            let failed = self.payload_cache(len).take_back(frags.drain(..));
+            self.stats.unmap_errors += failed as u64;
         }
         self.spare.push(frags);
         r
