@@ -155,7 +155,8 @@ impl Config {
     /// `order` (the queue's pool's): counted before its frags exist, never
     /// below what they take. One frag per chunk the payload spans (one more
     /// unless the payload is fit whole ([`fits_whole`](Self::fits_whole)),
-    /// for the tail of the chunk being carved), each cut where it passes the format's largest buffer
+    /// for the tail of the chunk being carved), each cut where it passes
+    /// the format's largest buffer
     /// ([`Format::MAX_BUF`]) or the [`boundary`](Self::boundary). A
     /// boundary of 0, which no queue takes, counts as 1, and the count
     /// saturates.
@@ -375,8 +376,8 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// [`frags`](Self::frags) carves (so for [`send`](Self::send)): one per
     /// chunk the payload spans (one more unless it is fit whole,
     /// [`Config::fits_whole`](super::Config::fits_whole), for the tail of
-    /// the chunk being carved), each cut where it passes the format's largest
-    /// buffer or a [`Config::boundary`](super::Config::boundary). `send`
+    /// the chunk being carved), each cut where it passes the format's
+    /// largest buffer or a [`Config::boundary`](super::Config::boundary). `send`
     /// counts the exact number once the frags are known.
     pub fn descs_needed(&self, len: usize) -> usize {
         self.descs_at_most(len, usize::from(Fmt::<D>::HAS_CONTEXT))
