@@ -293,3 +293,46 @@ fn a_hold_keeps_the_chunk_out_of_circulation_until_dropped() {
         accounted(&p, 0);
     }
 }
+
+/// Frags taken back unused (`take_back`, a send refused once carved)
+/// count as never handed out, their bytes as waste; frags of the chunk
+/// being carved give their references back to the bias, so that chunk is
+/// reused in place once the rest completed; and the count of their failed
+/// unmaps comes back, as the pool counts them. Frags of another cache
+/// leave the counters at zero at worst.
+#[test]
+fn frags_taken_back_count_as_never_handed_out() {
+    let (p, mut c) = cache(soft(), 0, Policy::Persistent);
+    let kept = c.refill(100, true).unwrap();
+    let mut v = Vec::new();
+    c.frags(1000, true, &mut v).unwrap();
+    c.refill_bulk(64, 4, &mut v).unwrap();
+    assert_eq!(c.take_back(v.drain(..)), 0);
+    let st = c.stats();
+    assert_eq!((st.frags, st.bytes), (1, 100), "{st:?}");
+    assert_eq!(st.waste_bytes, 128 + 1024 + 3 * 64 + 64 - 100, "{st:?}");
+    c.complete(kept).unwrap();
+    // All back through the bias: the chunk is reused, none recycled.
+    let f = c.refill(4096, true).unwrap();
+    assert_eq!((c.stats().reused_in_place, p.stats().recycles), (1, 0));
+    let (_, mut other) = cache(soft(), 0, Policy::Persistent);
+    assert_eq!(other.take_back([f]), 0);
+    assert_eq!((other.stats().frags, other.stats().bytes), (0, 0));
+    drop(c);
+    accounted(&p, 0);
+    // Per frag, each failed unmap is counted.
+    let faulty = Faulty::new(
+        soft(),
+        FaultyConfig {
+            unmap_rate: 1.0,
+            ..FaultyConfig::default()
+        },
+    )
+    .unwrap();
+    let (p, mut c) = cache(faulty, 0, Policy::PerFrag);
+    let mut v = Vec::new();
+    c.frags(3 * 4096, true, &mut v).unwrap();
+    assert_eq!(c.take_back(v.drain(..)), 3);
+    assert_eq!(p.stats().unmap_errors, 3);
+    assert_eq!((c.stats().frags, c.stats().bytes), (0, 0));
+}

@@ -1,7 +1,8 @@
 //! A queue's counters stay true: packets freed by a reap that then fails
 //! are counted and returned (posted = completed + in flight); every frag
 //! whose unmap failed is counted, including those a failed carve gives
-//! back; a refused send counts no header frag; and `since` with its
+//! back; a refused send counts no header frag, and none of its payload
+//! frags as handed out; and `since` with its
 //! arguments swapped saturates at zero instead of panicking.
 
 mod common;
@@ -332,6 +333,57 @@ fn frags_given_back_by_a_carve_that_fails_are_counted() {
     assert_eq!((st.packets, st.descs, st.mem_backoffs), (0, 0, 0), "{st:?}");
     assert_eq!(q.cache().pool().stats().unmap_errors, 2, "the pool's count");
     assert_eq!(st.unmap_errors, 2, "one per frag given back");
+}
+
+/// A send refused once its payload was carved gives each frag back to
+/// the cache it came from, which counts it as never handed out (its
+/// bytes, which the cache's cursor passed, count as waste), as a carve
+/// that fails part-way does: the caches' counters then hold the payload
+/// of the packets sent and no more. Payloads up to the split (the
+/// order-0 cache) and past it (the queue's cache, two frags), refused by
+/// a publish that fails; and a payload refused as too large for the ring
+/// once its frags showed it.
+#[test]
+fn a_refused_send_counts_none_of_its_frags_as_handed_out() {
+    let (domain, pool, nic) = common::capture_parts(2);
+    let cfg = tx::Config {
+        mtu: u16::MAX,
+        ..tx::Config::default()
+    };
+    // SAFETY: the model translates through the IOMMU the domain maps
+    // through.
+    let mut q = unsafe { tx::Queue::new(domain, pool, Dev(nic), cfg) }.unwrap();
+    assert!(q.small_cache().is_some());
+    let hdr = [0u8; 14];
+    for (t, len) in [300usize, 4096, 4097, 20_000].into_iter().enumerate() {
+        let before = q.cache_stats();
+        PUBLISH_FAILS.set(true);
+        let r = q.send(&hdr, &vec![1u8; len], Offload::None, t as u64);
+        PUBLISH_FAILS.set(false);
+        assert!(matches!(r, Err(Error::NotAttached)), "{len}: {r:?}");
+        let after = q.cache_stats();
+        assert_eq!(
+            (after.frags, after.bytes),
+            (before.frags, before.bytes),
+            "{len}"
+        );
+        assert!(
+            after.waste_bytes >= before.waste_bytes + len as u64,
+            "{len}: {after:?}"
+        );
+        q.send(&hdr, &vec![1u8; len], Offload::None, t as u64)
+            .unwrap();
+        assert_eq!(q.cache_stats().bytes, q.stats().bytes, "{len}");
+    }
+    // Seven frags carved, then refused as too large for the ring.
+    let (mut q, _) = common::carved::ring_of_8(pfrag::dma::FaultyConfig::default());
+    common::carved::refused_once_carved(&mut q, || {});
+    let (cache, st) = (q.cache_stats(), q.stats());
+    assert_eq!(
+        (cache.frags, cache.bytes),
+        (st.packets, st.bytes),
+        "{cache:?}"
+    );
 }
 
 /// A device whose attach fails and that cannot be stopped either.

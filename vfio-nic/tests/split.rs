@@ -134,3 +134,49 @@ fn a_pool_with_a_byte_limit_and_no_account_is_not_split() {
         "its limit holds for every payload"
     );
 }
+
+/// A payload up to the split comes whole from one order-0 chunk (or,
+/// where there is no second pool, whole from the queue's), whatever
+/// `fit_whole` says: the count of buffers before carving says so too, so
+/// with two buffers a packet (headers and data) and payloads not fit
+/// whole, such a packet is sent, never refused as `TooManyBuffers`, and
+/// the check without a queue agrees. One byte past the split, the
+/// payload may take the carved chunk's tail and a fresh chunk: refused.
+#[test]
+fn a_payload_up_to_the_split_counts_as_one_frag_against_the_buffers() {
+    use vfio_nic::format::igb::Advanced;
+    use vfio_nic::offload::Offload;
+    let cfg = tx::Config {
+        fit_whole: false,
+        max_bufs: 2,
+        mtu: 9000,
+        ..tx::Config::default()
+    };
+    let hdr = [0u8; 14];
+    for order in [0, 4] {
+        let (mut q, _) = queue(order, cfg).unwrap();
+        for len in [1000, 4096] {
+            assert_eq!(
+                cfg.check_bufs::<Advanced>(Order::new(order).unwrap(), len)
+                    .unwrap(),
+                2
+            );
+            let r = q.send(&hdr, &vec![1u8; len], Offload::None, 1);
+            assert!(r.is_ok(), "order {order}, {len} bytes: {r:?}");
+        }
+        assert_eq!(q.stats().descs, 4, "order {order}: header and data, twice");
+        let r = q.send(&hdr, &vec![1u8; 4097], Offload::None, 2);
+        assert!(
+            matches!(r, Err(Error::TooManyBuffers { needed, max: 2 }) if needed > 2),
+            "order {order}: {r:?}"
+        );
+    }
+    // Without a split, payloads are carved as `fit_whole` says.
+    let plain = tx::Config { split: None, ..cfg };
+    let (mut q, _) = queue(4, plain).unwrap();
+    let r = q.send(&hdr, &[1u8; 1000], Offload::None, 3);
+    assert!(
+        matches!(r, Err(Error::TooManyBuffers { needed: 3, max: 2 })),
+        "{r:?}"
+    );
+}

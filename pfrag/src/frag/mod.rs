@@ -393,6 +393,25 @@ impl<M: DmaMapper> FragCache<M> {
         complete_runs(frags, |c, n| self.put_local(c, n)).0
     }
 
+    /// Takes back frags this cache handed out and that were never used (a
+    /// send refused once its payload was carved): completed as
+    /// [`complete_burst_counting`](Self::complete_burst_counting) does,
+    /// and counted as never handed out, their bytes (which the cursor has
+    /// passed) as waste. Returns how many of their unmaps failed (0 if
+    /// none did). Frags of another cache are completed alike, and the
+    /// counters never go below zero.
+    pub fn take_back(&mut self, frags: impl IntoIterator<Item = Frag<M>>) -> usize {
+        let (mut n, mut bytes) = (0u64, 0u64);
+        let frags = frags.into_iter().inspect(|f| {
+            n += 1;
+            bytes += u64::from(f.len);
+        });
+        let failed = complete_runs(frags, |c, k| self.put_local(c, k)).0;
+        self.stats.frags = self.stats.frags.saturating_sub(n);
+        self.stats.bytes = self.stats.bytes.saturating_sub(bytes);
+        failed
+    }
+
     /// Drops `n` references on `c` from the owning thread: back into the
     /// bias if `c` is the chunk being carved, else atomically.
     #[inline(always)]
@@ -451,12 +470,7 @@ impl<M: DmaMapper> FragCache<M> {
                     out.push(f);
                 }
                 Err(e) => {
-                    // Not handed out after all: uncounted, and their bytes
-                    // (which the cursor has passed) counted as waste.
-                    let back = &out[mark..];
-                    self.stats.frags -= back.len() as u64;
-                    self.stats.bytes -= back.iter().map(|f| f.len() as u64).sum::<u64>();
-                    let failed = self.complete_burst_counting(out.drain(mark..));
+                    let failed = self.take_back(out.drain(mark..));
                     return Err((e, failed));
                 }
             }

@@ -313,9 +313,9 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         self.used -= descs;
     }
 
-    /// Completes payload frags the queue is done with (reaped, or given
-    /// back by a refused send) in one burst, on the queue's own thread
-    /// (frags of the chunk the cache is carving need no atomic operation),
+    /// Completes payload frags the queue is done with (reaped) in one
+    /// burst, on the queue's own thread (frags of the chunk the cache is
+    /// carving need no atomic operation),
     /// counting each frag whose unmap failed in
     /// [`Stats::unmap_errors`](super::Stats::unmap_errors) (the pool keeps
     /// that memory out of use).

@@ -140,13 +140,23 @@ impl Config {
         Ok(descs)
     }
 
+    /// Whether the queue fits a payload of `len` bytes whole into one
+    /// chunk (each piece of up to a chunk into one chunk): with
+    /// [`fit_whole`](Self::fit_whole), and for any payload up to the
+    /// [`split`](Self::split), which comes whole from one order-0 chunk
+    /// (or, with no second pool, from one of the queue's).
+    pub fn fits_whole(&self, len: usize) -> bool {
+        self.fit_whole || self.split.is_some_and(|t| len <= t)
+    }
+
     /// The most buffers (the header's and the data descriptors, no
     /// context) a packet of `len` payload bytes takes on a queue with these
     /// settings that writes format `F`, its payload carved from chunks of
     /// `order` (the queue's pool's): counted before its frags exist, never
     /// below what they take. One frag per chunk the payload spans (one more
-    /// without [`fit_whole`](Self::fit_whole), for the tail of the chunk
-    /// being carved), each cut where it passes the format's largest buffer
+    /// unless the payload is fit whole ([`fits_whole`](Self::fits_whole)),
+    /// for the tail of the chunk being carved), each cut where it passes
+    /// the format's largest buffer
     /// ([`Format::MAX_BUF`]) or the [`boundary`](Self::boundary). A
     /// boundary of 0, which no queue takes, counts as 1, and the count
     /// saturates.
@@ -194,7 +204,7 @@ impl Config {
         if len == 0 {
             return 0;
         }
-        let frags = len.div_ceil(chunk) + usize::from(!self.fit_whole);
+        let frags = len.div_ceil(chunk) + usize::from(!self.fits_whole(len));
         let mut n = frags;
         let stretch = match self.boundary {
             None => chunk,
@@ -364,10 +374,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// quick check that refuses a full ring, or more buffers than the
     /// device takes, before allocating. An upper bound for the frags
     /// [`frags`](Self::frags) carves (so for [`send`](Self::send)): one per
-    /// chunk the payload spans (one more without
-    /// [`Config::fit_whole`](super::Config::fit_whole), for the tail of the
-    /// chunk being carved), each cut where it passes the format's largest
-    /// buffer or a [`Config::boundary`](super::Config::boundary). `send`
+    /// chunk the payload spans (one more unless it is fit whole,
+    /// [`Config::fits_whole`](super::Config::fits_whole), for the tail of
+    /// the chunk being carved), each cut where it passes the format's
+    /// largest buffer or a [`Config::boundary`](super::Config::boundary). `send`
     /// counts the exact number once the frags are known.
     pub fn descs_needed(&self, len: usize) -> usize {
         self.descs_at_most(len, usize::from(Fmt::<D>::HAS_CONTEXT))

@@ -97,9 +97,11 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
         }
         copy_into(&mut frags, parts);
         let r = self.post_frags(headers, ctx, pkt, &mut frags, token);
-        // A refused packet's frags go back.
+        // A refused packet's frags go back to the cache they came from,
+        // never handed out after all.
         if r.is_err() {
-            self.complete_frags(frags.drain(..));
+            let failed = self.payload_cache(len).take_back(frags.drain(..));
+            self.stats.unmap_errors += failed as u64;
         }
         self.spare.push(frags);
         r
@@ -287,14 +289,10 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// failed is counted ([`Stats::unmap_errors`](super::Stats::unmap_errors)).
     pub fn frags(&mut self, len: usize, out: &mut Vec<Frag<M>>) -> Result<()> {
         super::check_payload::<Fmt<D>>(self.cache.pool().config(), len)?;
-        let small = self.cfg.split.is_some_and(|t| len <= t);
-        let cache = match self.small.as_mut() {
-            Some(c) if small => c,
-            _ => &mut self.cache,
-        };
         // A small payload sits whole in one order-0 chunk.
-        cache
-            .frags_counting(len, self.cfg.fit_whole || small, out)
+        let fit_whole = self.cfg.fits_whole(len);
+        self.payload_cache(len)
+            .frags_counting(len, fit_whole, out)
             .map_err(|(e, failed)| {
                 // The frags carved before the failure went back to the
                 // pool; those whose unmap failed stay mapped for good.

@@ -46,6 +46,15 @@ pub(super) fn small_cache<M: DmaMapper>(
 }
 
 impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
+    /// The cache a payload of `len` bytes is carved from: the small
+    /// payloads' one up to the split, else the queue's.
+    pub(super) fn payload_cache(&mut self, len: usize) -> &mut FragCache<M> {
+        match self.small.as_mut() {
+            Some(c) if self.cfg.split.is_some_and(|t| len <= t) => c,
+            _ => &mut self.cache,
+        }
+    }
+
     /// Both payload caches' counters, summed (the queue's cache and the
     /// small payloads' one).
     pub fn cache_stats(&self) -> CacheStats {
