@@ -438,8 +438,13 @@ mod tests {
     #[test]
     fn ratios_pair_only_the_rounds_both_sides_ran_in() {
         let mut tab = txonly_round(10.0, 20.0, 40.0, 10.0);
-        tab.merge(txonly_round_with(40.0, 80.0, 160.0, Err("no samples".into())))
-            .unwrap();
+        tab.merge(txonly_round_with(
+            40.0,
+            80.0,
+            160.0,
+            Err("no samples".into()),
+        ))
+        .unwrap();
         tab.merge(txonly_round(10.0, 20.0, 40.0, 10.0)).unwrap();
         assert!(
             tab.spread()
@@ -479,11 +484,18 @@ mod tests {
         tab.push(Group::Single, "dpdk", MEMPOOL_SINGLE, gone(), false);
         let bulk = format!("{MEMPOOL_BULK} (32), per object");
         tab.push(Group::Bulk, "dpdk", bulk, gone(), false);
-        tab.push(Group::Single, "dpdk", "rte_pktmbuf_alloc + free", t(6.0), false);
+        tab.push(
+            Group::Single,
+            "dpdk",
+            "rte_pktmbuf_alloc + free",
+            t(6.0),
+            false,
+        );
         let mbuf = format!("{MBUF_BULK} (32), per mbuf");
         tab.push(Group::Bulk, "dpdk", mbuf, t(4.0), false);
         assert!(
-            tab.summary().starts_with("peers: single pfrag/dpdk=n/a bulk pfrag/mbuf=0.25 "),
+            tab.summary()
+                .starts_with("peers: single pfrag/dpdk=n/a bulk pfrag/mbuf=0.25 "),
             "{}",
             tab.summary()
         );
