@@ -77,9 +77,11 @@ pub fn median_ci95(n: usize) -> Option<(usize, usize)> {
 /// One row for the repetitions `reps` of one configuration: the median
 /// repetition's row (by ns per packet) with `ns_per_pkt`, `gbit_s` and
 /// `driver_ns_per_pkt` replaced by their medians and their ranges filled
-/// in, `faults` summed over the repetitions and `bytes_verified` the
-/// least any repetition verified (so that no repetition's loss is hidden
-/// behind the median's). `None` for no repetitions.
+/// in, `faults` summed over the repetitions, `bytes_verified` the least
+/// any repetition verified and `bytes_sent` the most any sent (so that no
+/// repetition's loss is hidden behind the median's, nor behind another
+/// repetition's: [`Row::problems`] of the summary sees it). `None` for no
+/// repetitions.
 pub fn summarise(reps: &[Row]) -> Option<Row> {
     let ns = Spread::of(&reps.iter().map(|r| r.ns_per_pkt).collect::<Vec<_>>())?;
     let gbit = Spread::of(&reps.iter().map(|r| r.gbit_s).collect::<Vec<_>>())?;
@@ -95,7 +97,7 @@ pub fn summarise(reps: &[Row]) -> Option<Row> {
     out.gbit_s_max = gbit.max;
     out.faults = reps.iter().map(|r| r.faults).sum();
     out.bytes_verified = reps.iter().map(|r| r.bytes_verified).min()?;
-    out.bytes_sent = reps.iter().map(|r| r.bytes_sent).min()?;
+    out.bytes_sent = reps.iter().map(|r| r.bytes_sent).max()?;
     let driver: Option<Vec<f64>> = reps.iter().map(|r| r.driver_ns_per_pkt).collect();
     if let Some(d) = driver.as_deref().and_then(Spread::of) {
         out.driver_ns_per_pkt = Some(d.median);
@@ -109,9 +111,14 @@ pub fn summarise(reps: &[Row]) -> Option<Row> {
     Some(out)
 }
 
-/// `f(a[i]) / f(b[i])` for each repetition `i` both ran, summarised;
-/// `None` if none did (or a denominator was 0).
+/// `f(a[i]) / f(b[i])` for each repetition `i` (the same round of both),
+/// summarised; `None` if the two do not have the same repetitions, or any
+/// repetition lacks the figure or has 0 for a denominator (leaving it out
+/// would choose the rounds).
 pub fn ratio(a: &[Row], b: &[Row], f: impl Fn(&Row) -> Option<f64>) -> Option<Spread> {
+    if a.len() != b.len() {
+        return None;
+    }
     let v: Option<Vec<f64>> = a
         .iter()
         .zip(b)
@@ -249,6 +256,34 @@ mod tests {
     }
 
     use super::*;
+
+    /// A summary's `bytes_sent` and `bytes_verified` show any
+    /// repetition's shortfall: one repetition that verified 50 bytes fewer
+    /// than it sent is not hidden behind another that sent fewer.
+    #[test]
+    fn a_summary_keeps_a_repetition_short_of_its_bytes() {
+        let rep = |ns: f64, sent: u64, verified: u64| Row {
+            ns_per_pkt: ns,
+            gbit_s: 1.0,
+            bytes_sent: sent,
+            bytes_verified: verified,
+            ..Row::default()
+        };
+        let sound = summarise(&[rep(1.0, 950, 950), rep(2.0, 950, 950)]).unwrap();
+        assert!(sound.problems().is_empty(), "{:?}", sound.problems());
+        let s = summarise(&[rep(1.0, 1000, 950), rep(2.0, 950, 950), rep(3.0, 950, 950)]).unwrap();
+        assert!(!s.problems().is_empty(), "a short repetition passed: {s:?}");
+    }
+
+    /// Ratios pair repetitions of the same rounds: two lists of different
+    /// lengths are not rounds of one run, and give no ratio.
+    #[test]
+    fn ratios_of_unequal_repetitions_are_refused() {
+        let a = [row(1.0, 2.0, 1.0), row(1.0, 9.0, 1.0), row(1.0, 4.0, 1.0)];
+        assert!(ratio(&a, &a[..2], |r| Some(r.gbit_s)).is_none());
+        assert!(ratio(&a[..2], &a, |r| Some(r.gbit_s)).is_none());
+        assert!(ratio(&a, &a, |r| Some(r.gbit_s)).is_some());
+    }
 
     fn row(ns: f64, gbit: f64, driver: f64) -> Row {
         Row {

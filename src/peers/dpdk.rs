@@ -158,7 +158,9 @@ pub fn run_child(h: &Harness, cpu: usize) -> Result<Vec<(String, Timing)>, Strin
     Ok(rows)
 }
 
-/// The child's `peer KEY NS,NS,...` lines (one figure per repetition).
+/// The child's `peer KEY NS,NS,...` lines (one figure per repetition,
+/// each a positive, finite number of ns; a line with any other is left
+/// out, so that the child's output counts as failed).
 pub fn parse_child(text: &str) -> Vec<(String, Timing)> {
     text.lines()
         .filter_map(|l| {
@@ -167,7 +169,11 @@ pub fn parse_child(text: &str) -> Vec<(String, Timing)> {
                 return None;
             }
             let key = w.next()?.to_string();
-            let ns: Option<Vec<f64>> = w.next()?.split(',').map(|v| v.parse().ok()).collect();
+            let ns: Option<Vec<f64>> = w
+                .next()?
+                .split(',')
+                .map(|v| v.parse().ok().filter(|x: &f64| x.is_finite() && *x > 0.0))
+                .collect();
             let ns = ns.filter(|v| !v.is_empty())?;
             Some((key, Timing::from_samples(ns)))
         })
@@ -363,6 +369,18 @@ mod tests {
         assert_eq!(rows[0].0, "mempool_single");
         assert_eq!(rows[0].1.reps, 3);
         assert_eq!((rows[0].1.median, rows[0].1.min), (4.5, 4.4));
+    }
+
+    /// A figure that is not a positive, finite number of ns refuses the
+    /// row (and so the child's output), instead of reaching a ratio as
+    /// NaN, infinity or a division by zero.
+    #[test]
+    fn a_child_row_with_a_figure_that_is_no_time_is_refused() {
+        for bad in ["NaN,4.5", "inf", "4.5,-1", "0,4.5", "4.5,"] {
+            let text = format!("peer mempool_single {bad}\n");
+            assert!(parse_child(&text).is_empty(), "{bad}");
+        }
+        assert_eq!(parse_child("peer mempool_single 4.5,1e-3\n").len(), 1);
     }
 
     #[test]

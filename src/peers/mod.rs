@@ -47,10 +47,36 @@ pub struct Row {
     pub who: &'static str,
     /// What was measured.
     pub what: String,
-    /// Nanoseconds per object or packet, or the reason it did not run.
+    /// Nanoseconds per object or packet over every round it ran in, or
+    /// the reason it did not run.
     pub result: Result<Timing, String>,
     /// Whether this is the pfrag row the group's ratios refer to.
     pub reference: bool,
+    /// Its timing in each round, in round order, `None` in a round it
+    /// failed in: a ratio takes two rows' samples of the rounds both ran
+    /// in only ([`paired`]).
+    pub rounds: Vec<Option<Timing>>,
+}
+
+/// The samples of `a` and `b` in the rounds both ran in, each side's
+/// merged; `None` if either failed for good (a pfrag row that failed in
+/// any round) or they never ran in the same round. A ratio of rows
+/// measured in different rounds would mix the machine's drift between
+/// rounds into it.
+pub fn paired(a: &Row, b: &Row) -> Option<(Timing, Timing)> {
+    if a.result.is_err() || b.result.is_err() {
+        return None;
+    }
+    a.rounds
+        .iter()
+        .zip(&b.rounds)
+        .filter_map(|(x, y)| Some((x.as_ref()?, y.as_ref()?)))
+        .fold(None, |acc: Option<(Timing, Timing)>, (x, y)| {
+            Some(match acc {
+                Some((p, q)) => (p.merged(x), q.merged(y)),
+                None => (x.clone(), y.clone()),
+            })
+        })
 }
 
 /// The table of one run.
@@ -98,6 +124,7 @@ impl Table {
             group,
             who,
             what: what.into(),
+            rounds: vec![result.as_ref().ok().cloned()],
             result,
             reference,
         });
@@ -121,6 +148,7 @@ impl Table {
         }
         for (a, b) in self.rows.iter_mut().zip(other.rows) {
             let peer = a.who != "pfrag";
+            a.rounds.extend(b.rounds);
             a.result = match (&a.result, b.result) {
                 (Ok(x), Ok(y)) => Ok(x.merged(&y)),
                 (Ok(x), Err(_)) if peer => Ok(x.clone()),
@@ -144,24 +172,15 @@ impl Table {
         }
     }
 
-    fn reference(&self, g: Group) -> Option<&Timing> {
-        self.rows
-            .iter()
-            .find(|r| r.group == g && r.reference)
-            .and_then(|r| r.result.as_ref().ok())
-    }
-
-    /// The first DPDK row of a group that ran.
-    fn dpdk(&self, g: Group) -> Option<&Timing> {
-        self.rows
-            .iter()
-            .find(|r| r.group == g && r.who == "dpdk")
-            .and_then(|r| r.result.as_ref().ok())
+    /// The pfrag row a group's ratios refer to.
+    fn reference(&self, g: Group) -> Option<&Row> {
+        self.rows.iter().find(|r| r.group == g && r.reference)
     }
 
     /// The table as text: ns per object or packet (median, min–max over
     /// the repetitions), Mpps, and each row's time as a multiple of the
-    /// group's pfrag row (above 1: pfrag is faster).
+    /// group's pfrag row (above 1: pfrag is faster), both rows' samples
+    /// of the rounds both ran in ([`paired`]).
     pub fn render(&self) -> String {
         let mut s = format!(
             "{:<7} {:<13} {:<58} {:>8} {:>17} {:>7} {:>9}\n",
@@ -171,8 +190,8 @@ impl Table {
             let head = format!("{:<7} {:<13} {:<58}", r.group.name(), r.who, r.what);
             match &r.result {
                 Ok(t) => {
-                    let x = match self.reference(r.group) {
-                        Some(p) => format!("{:.2}", t.median / p.median),
+                    let x = match self.reference(r.group).and_then(|p| paired(r, p)) {
+                        Some((t, p)) => format!("{:.2}", t.median / p.median),
                         None => "-".into(),
                     };
                     s += &format!(
@@ -189,26 +208,15 @@ impl Table {
         s
     }
 
-    /// pfrag / DPDK for a group, with its spread: `median`, `low-high`
-    /// and the ratio of the fastest repetitions, or `n/a` when either side
-    /// did not run. `inverse` gives the ratio of rates (packets per second)
-    /// instead of times.
-    fn ratio(&self, g: Group, inverse: bool) -> (String, String, String) {
-        match (self.reference(g), self.dpdk(g)) {
-            (Some(p), Some(d)) => {
-                let (m, lo, hi) = if inverse { d.ratio(p) } else { p.ratio(d) };
-                let best = if inverse {
-                    d.min / p.min
-                } else {
-                    p.min / d.min
-                };
-                (
-                    format!("{m:.2}"),
-                    format!("{lo:.2}-{hi:.2}"),
-                    format!("{best:.2}"),
-                )
-            }
-            _ => ("n/a".into(), "n/a".into(), "n/a".into()),
+    /// pfrag / DPDK for a group, against the DPDK row `what` names, with
+    /// its spread (as [`ns_ratio`]). `inverse` gives the ratio of rates
+    /// (packets per second) instead of times.
+    fn ratio(&self, g: Group, what: &str, inverse: bool) -> (String, String, String) {
+        let (p, d) = (self.reference(g), self.row(g, "dpdk", what));
+        if inverse {
+            ns_ratio(d, p)
+        } else {
+            ns_ratio(p, d)
         }
     }
 
@@ -219,16 +227,16 @@ impl Table {
         };
         line(
             "pfrag/dpdk ns per object, single",
-            self.ratio(Group::Single, false),
+            self.ratio(Group::Single, MEMPOOL_SINGLE, false),
         ) + &line(
             "pfrag/dpdk ns per object, bulk against rte_mempool",
-            self.ratio(Group::Bulk, false),
+            self.ratio(Group::Bulk, MEMPOOL_BULK, false),
         ) + &line(
             "pfrag/dpdk ns per object, bulk against rte_pktmbuf",
-            self.mbuf_ratio(),
+            self.ratio(Group::Bulk, MBUF_BULK, false),
         ) + &line(
             "pfrag/dpdk packets per second, txonly",
-            self.ratio(Group::Txonly, true),
+            self.ratio(Group::Txonly, run::TESTPMD, true),
         ) + &line(
             "virtio/82576 format, the driver's ns per 64 B frame",
             self.format_ratio(),
@@ -287,25 +295,28 @@ impl Table {
     /// `rte_pktmbuf_alloc_bulk`+`free_bulk` per mbuf. C, D and E are ratios
     /// of packets per second against testpmd txonly (higher is better): 64
     /// B frames, the driver's own time, then the whole loop on the null
-    /// device with the IOMMU off, then strict.
+    /// device with the IOMMU off, then strict. Each is a ratio of medians
+    /// of the two rows' repetitions in the rounds both ran in
+    /// ([`paired`]), the rounds the line by round shows.
     pub fn summary(&self) -> String {
         let t = self.txonly();
-        let mbuf = self.mbuf_ratio().0;
+        let mbuf = self.ratio(Group::Bulk, MBUF_BULK, false).0;
         format!(
             "peers: single pfrag/dpdk={} bulk pfrag/mbuf={mbuf} txonly-driver pfrag/dpdk={} txonly-off pfrag/dpdk={} txonly-strict pfrag/dpdk={}",
-            self.ratio(Group::Single, false).0,
+            self.ratio(Group::Single, MEMPOOL_SINGLE, false).0,
             two_places(t.driver),
             two_places(t.off),
             two_places(t.strict),
         )
     }
 
-    /// The txonly ratios at the medians of every repetition in the table.
+    /// The txonly ratios at the medians of the repetitions of the rounds
+    /// both sides ran in ([`paired`]).
     pub fn txonly(&self) -> Txonly {
-        let testpmd = self.dpdk(Group::Txonly);
-        let tx = |what: &str| match (self.row(Group::Txonly, "pfrag", what), testpmd) {
-            (Some(p), Some(d)) => Some(d.ratio(p).0),
-            _ => None,
+        let testpmd = self.row(Group::Txonly, "dpdk", run::TESTPMD);
+        let tx = |what: &str| {
+            let (d, p) = paired(testpmd?, self.row(Group::Txonly, "pfrag", what)?)?;
+            Some(d.ratio(&p).0)
         };
         Txonly {
             driver: tx(TX_DRIVER),
@@ -314,22 +325,12 @@ impl Table {
         }
     }
 
-    /// pfrag's burst against `rte_pktmbuf_alloc_bulk`+`free_bulk`, per
-    /// object, with its spread (as [`ratio`](Self::ratio)).
-    fn mbuf_ratio(&self) -> (String, String, String) {
-        ns_ratio(
-            self.reference(Group::Bulk),
-            self.row(Group::Bulk, "dpdk", MBUF_BULK),
-        )
-    }
-
     /// The first row of `who` in group `g` whose description starts with
-    /// `what`, if it ran.
-    fn row(&self, g: Group, who: &str, what: &str) -> Option<&Timing> {
+    /// `what`.
+    fn row(&self, g: Group, who: &str, what: &str) -> Option<&Row> {
         self.rows
             .iter()
             .find(|r| r.group == g && r.who == who && r.what.starts_with(what))
-            .and_then(|r| r.result.as_ref().ok())
     }
 }
 
@@ -338,12 +339,13 @@ fn two_places(r: Option<f64>) -> String {
     r.map_or("n/a".into(), |r| format!("{r:.2}"))
 }
 
-/// `a` over `b` in ns: the median ratio, its range, and the ratio of the
-/// fastest repetitions, or `n/a` when either did not run.
-fn ns_ratio(a: Option<&Timing>, b: Option<&Timing>) -> (String, String, String) {
-    match (a, b) {
-        (Some(a), Some(b)) => {
-            let (m, lo, hi) = a.ratio(b);
+/// `a` over `b` in ns, over the rounds both ran in ([`paired`]): the
+/// median ratio, its range, and the ratio of the fastest repetitions, or
+/// `n/a` when either did not run.
+fn ns_ratio(a: Option<&Row>, b: Option<&Row>) -> (String, String, String) {
+    match a.zip(b).and_then(|(a, b)| paired(a, b)) {
+        Some((a, b)) => {
+            let (m, lo, hi) = a.ratio(&b);
             (
                 format!("{m:.2}"),
                 format!("{lo:.2}-{hi:.2}"),
@@ -365,165 +367,10 @@ pub const TX_DRIVER: &str = "TX 64 B frames, the driver's time alone";
 pub const TX_VIRTIO: &str = "TX 64 B frames, virtio format, driver's time";
 /// DPDK's burst row that a frag burst is compared with.
 pub const MBUF_BULK: &str = "rte_pktmbuf_alloc_bulk + free_bulk";
+/// DPDK's single-object row that a frag is compared with (A).
+pub const MEMPOOL_SINGLE: &str = "rte_mempool_get + put, cache 256";
+/// DPDK's bulk row of `rte_mempool`.
+pub const MEMPOOL_BULK: &str = "rte_mempool_get_bulk + put_bulk";
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn t(ns: f64) -> Result<Timing, String> {
-        Ok(Timing::from_samples(vec![ns * 0.9, ns, ns * 1.1]))
-    }
-
-    #[test]
-    fn summary_has_the_documented_form() {
-        let mut tab = Table::default();
-        tab.push(Group::Single, "pfrag", "frag", t(3.0), true);
-        tab.push(Group::Single, "dpdk", "mempool", t(4.0), false);
-        tab.push(Group::Bulk, "pfrag", "bulk", t(1.0), true);
-        tab.push(Group::Bulk, "dpdk", "rte_mempool bulk", t(0.5), false);
-        tab.push(
-            Group::Bulk,
-            "dpdk",
-            format!("{MBUF_BULK} (32)"),
-            t(4.0),
-            false,
-        );
-        tab.push(Group::Txonly, "pfrag", TX_STRICT, t(50.0), true);
-        tab.push(Group::Txonly, "pfrag", TX_OFF, t(40.0), false);
-        tab.push(Group::Txonly, "pfrag", TX_DRIVER, t(20.0), false);
-        tab.push(Group::Txonly, "pfrag", TX_VIRTIO, t(30.0), false);
-        tab.push(Group::Txonly, "dpdk", "testpmd", t(25.0), false);
-        assert!(
-            tab.spread()
-                .contains("virtio/82576 format, the driver's ns per 64 B frame: 1.50 "),
-            "{}",
-            tab.spread()
-        );
-        assert_eq!(
-            tab.summary(),
-            "peers: single pfrag/dpdk=0.75 bulk pfrag/mbuf=0.25 txonly-driver pfrag/dpdk=1.25 \
-             txonly-off pfrag/dpdk=0.62 txonly-strict pfrag/dpdk=0.50"
-        );
-        let text = tab.render();
-        assert!(text.contains("1.33"), "{text}");
-    }
-
-    /// A round's txonly rows: pfrag's three rows at `drv`, `off` and
-    /// `strict` ns, testpmd at `pmd`.
-    fn txonly_round(drv: f64, off: f64, strict: f64, pmd: f64) -> Table {
-        let mut tab = Table::default();
-        tab.push(Group::Txonly, "pfrag", TX_STRICT, t(strict), true);
-        tab.push(Group::Txonly, "pfrag", TX_OFF, t(off), false);
-        tab.push(Group::Txonly, "pfrag", TX_DRIVER, t(drv), false);
-        tab.push(Group::Txonly, "dpdk", "testpmd", t(pmd), false);
-        tab.rounds = vec![tab.txonly()];
-        tab
-    }
-
-    #[test]
-    fn rounds_keep_their_own_ratios_and_the_summary_takes_all_samples() {
-        let mut tab = txonly_round(10.0, 20.0, 40.0, 10.0);
-        // testpmd four times as slow in the second round, pfrag twice.
-        tab.merge(txonly_round(20.0, 40.0, 80.0, 40.0)).unwrap();
-        let (a, b) = (
-            Txonly {
-                driver: Some(1.0),
-                off: Some(0.5),
-                strict: Some(0.25),
-            },
-            Txonly {
-                driver: Some(2.0),
-                off: Some(1.0),
-                strict: Some(0.5),
-            },
-        );
-        assert_eq!(tab.rounds, vec![a, b]);
-        let line = "pfrag/dpdk packets per second by round (driver/off/strict): \
-                    1.00/0.50/0.25, 2.00/1.00/0.50\n";
-        assert!(tab.spread().ends_with(line), "{}", tab.spread());
-        // The summary's ratios are of the medians of both rounds' samples
-        // together (testpmd 23.5 ns, the driver 14.5), not of one round
-        // nor the mean of the rounds' ratios.
-        let driver = tab.txonly().driver.unwrap();
-        assert!((driver - 23.5 / 14.5).abs() < 1e-9, "{driver}");
-        assert!(tab.summary().contains("txonly-driver pfrag/dpdk=1.62 "));
-        // A round without testpmd says n/a there, and keeps its place.
-        let mut lone = Table::default();
-        lone.push(Group::Txonly, "pfrag", TX_DRIVER, t(5.0), false);
-        lone.rounds = vec![lone.txonly()];
-        assert_eq!(lone.rounds, vec![Txonly::default()]);
-        assert!(lone
-            .spread()
-            .ends_with("(driver/off/strict): n/a/n/a/n/a\n"));
-    }
-
-    #[test]
-    fn a_peer_that_fails_in_one_round_keeps_the_others_and_says_so() {
-        let round = |i: usize, pmd: Result<Timing, String>| {
-            let mut tab = txonly_round(10.0, 20.0, 40.0, 10.0);
-            tab.rows.last_mut().unwrap().result = pmd;
-            tab.rounds = vec![tab.txonly()];
-            tab.note_failures(i);
-            tab
-        };
-        let mut tab = round(1, t(10.0));
-        tab.merge(round(2, Err("testpmd gave 0 of 2 samples".into())))
-            .unwrap();
-        tab.merge(round(3, t(10.0))).unwrap();
-        assert!(
-            tab.summary().ends_with("txonly-driver pfrag/dpdk=1.00 txonly-off pfrag/dpdk=0.50 txonly-strict pfrag/dpdk=0.25"),
-            "{}",
-            tab.summary()
-        );
-        let spread = tab.spread();
-        assert!(
-            spread.contains("1.00/0.50/0.25, n/a/n/a/n/a, 1.00/0.50/0.25"),
-            "{spread}"
-        );
-        assert!(
-            spread.contains("dpdk testpmd: failed in round 2: testpmd gave 0 of 2 samples; its other rounds are kept"),
-            "{spread}"
-        );
-        // Failed in every round: the row says why itself, once.
-        let mut all = round(1, Err("no testpmd".into()));
-        all.merge(round(2, Err("no testpmd".into()))).unwrap();
-        assert!(all.summary().contains("txonly-driver pfrag/dpdk=n/a"));
-        assert!(!all.spread().contains("failed in"), "{}", all.spread());
-        assert!(all.render().contains("skipped: no testpmd"));
-        // A pfrag row that failed in one round stays failed.
-        let mut bad = txonly_round(10.0, 20.0, 40.0, 10.0);
-        bad.rows[0].result = Err("device delivered 0 of 64 bytes".into());
-        let mut tab = txonly_round(10.0, 20.0, 40.0, 10.0);
-        tab.merge(bad).unwrap();
-        assert!(tab.rows[0].result.is_err());
-        assert!(tab.summary().ends_with("txonly-strict pfrag/dpdk=n/a"));
-    }
-
-    #[test]
-    fn a_table_without_rounds_prints_no_round_line() {
-        let tab = txonly_round(10.0, 20.0, 40.0, 10.0);
-        let mut bare = tab.clone();
-        bare.rounds.clear();
-        assert!(!bare.spread().contains("by round"));
-        assert!(tab.spread().contains("by round"));
-    }
-
-    #[test]
-    fn a_skipped_peer_is_printed_with_its_reason_and_ratios_say_na() {
-        let mut tab = Table::default();
-        tab.push(Group::Single, "pfrag", "frag", t(3.0), true);
-        tab.push(
-            Group::Single,
-            "dpdk",
-            "mempool",
-            Err("no libdpdk".into()),
-            false,
-        );
-        assert!(tab.render().contains("skipped: no libdpdk"));
-        assert_eq!(
-            tab.summary(),
-            "peers: single pfrag/dpdk=n/a bulk pfrag/mbuf=n/a txonly-driver pfrag/dpdk=n/a \
-             txonly-off pfrag/dpdk=n/a txonly-strict pfrag/dpdk=n/a"
-        );
-    }
-}
+mod tests;

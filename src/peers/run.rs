@@ -185,12 +185,12 @@ fn dpdk_rows(t: &mut Table, child: Result<Vec<(String, Timing)>, String>) {
     let rows = [
         (
             Group::Single,
-            "rte_mempool_get + put, cache 256".to_string(),
+            super::MEMPOOL_SINGLE.to_string(),
             "mempool_single",
         ),
         (
             Group::Bulk,
-            format!("rte_mempool_get_bulk + put_bulk ({n}), per object"),
+            format!("{} ({n}), per object", super::MEMPOOL_BULK),
             "mempool_bulk",
         ),
         (

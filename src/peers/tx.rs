@@ -8,9 +8,10 @@
 //!   headers: packets per second, device model included, against
 //!   `dpdk-testpmd` txonly on `net_null`.
 //! - 64 KB TSO packets (65,160 payload bytes, MSS 1448): the driver's own
-//!   time per packet (the time inside the device model's `kick` taken out)
-//!   under a strict IOMMU and with the IOMMU off.
+//!   time per packet (the time inside the device model's doorbell handler
+//!   taken out, [`ModelTime`]) under a strict IOMMU and with the IOMMU off.
 
+use std::cell::Cell;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,7 +61,75 @@ pub fn headers(tcp: bool, payload: usize) -> Vec<u8> {
     out
 }
 
-type NullQueue<M, T> = Queue<M, NullNic<T>>;
+/// A device model whose doorbell handler is timed, on the harness's
+/// clock (wall time): the model's share of a loop, which "the driver's
+/// time alone" leaves out. Only the model's own `kick` lies between the
+/// clock's two reads; the queue's part of the doorbell (asking the last
+/// packet for a report, publishing the ring) is the driver's and stays
+/// in, and so does the clock's own cost.
+pub struct ModelTime<D> {
+    inner: D,
+    spent: Cell<Duration>,
+    clock: fn() -> Instant,
+}
+
+impl<D> ModelTime<D> {
+    /// Wraps `inner`, timed by `Instant::now`.
+    pub fn new(inner: D) -> ModelTime<D> {
+        ModelTime::with_clock(inner, Instant::now)
+    }
+
+    fn with_clock(inner: D, clock: fn() -> Instant) -> ModelTime<D> {
+        ModelTime {
+            inner,
+            spent: Cell::new(Duration::ZERO),
+            clock,
+        }
+    }
+
+    /// The time spent in the model's doorbell handler since the last
+    /// call (or since it was made).
+    pub fn take(&self) -> Duration {
+        self.spent.take()
+    }
+}
+
+impl<D: TxDevice> TxDevice for ModelTime<D> {
+    type Format = D::Format;
+    fn format(&self) -> D::Format {
+        self.inner.format()
+    }
+    unsafe fn attach(&mut self, ring: pfrag::Iova, len: u16) -> vfio_nic::Result<()> {
+        // SAFETY: the caller's promise is passed on unchanged.
+        unsafe { self.inner.attach(ring, len) }
+    }
+    unsafe fn kick(&mut self, tail: u16) -> vfio_nic::Result<()> {
+        let t0 = (self.clock)();
+        // SAFETY: the caller's promise is passed on unchanged.
+        let r = unsafe { self.inner.kick(tail) };
+        let el = (self.clock)().saturating_duration_since(t0);
+        self.spent.set(self.spent.get() + el);
+        r
+    }
+    fn detach(&mut self) -> vfio_nic::Result<()> {
+        self.inner.detach()
+    }
+    fn head(&mut self) -> Option<u16> {
+        self.inner.head()
+    }
+}
+
+impl<D: Model> Model for ModelTime<D> {
+    fn counters(&self) -> softnic::NicStats {
+        self.inner.counters()
+    }
+    fn take_frames(&mut self) -> Vec<Vec<u8>> {
+        self.inner.take_frames()
+    }
+    fn paceable(&self) -> bool {
+        self.inner.paceable()
+    }
+}
 
 /// 64-byte frames in the virtio-net format (`virtio_net_hdr` and split
 /// virtqueue) under a strict software IOMMU: the driver's own time per
@@ -83,7 +152,7 @@ pub fn small_frames_virtio(h: &Harness) -> Result<Timing, String> {
         capture: false,
         ..softnic::Config::default()
     };
-    let nic = VirtioNet::new(iommu, cfg).map_err(e)?;
+    let nic = ModelTime::new(VirtioNet::new(iommu, cfg).map_err(e)?);
     let qcfg = tx::Config {
         ring: 512,
         ..tx::Config::default()
@@ -93,14 +162,18 @@ pub fn small_frames_virtio(h: &Harness) -> Result<Timing, String> {
     let mut q = unsafe { Queue::new(domain, pool, nic, qcfg) }.map_err(e)?;
     let hdr = headers(false, SMALL_PAYLOAD);
     let payload = [0x5au8; SMALL_PAYLOAD];
-    timed_bursts(h, &mut q, (&hdr, &payload, Offload::None), BURST, true)
+    timed_bursts(h, &mut q, (&hdr, &payload, Offload::None), BURST, |d| {
+        d.take()
+    })
 }
 
-/// A queue over the null device, both on `iommu`.
-fn queue<M: DmaMapper + Translate + Clone>(
+/// A queue on `iommu` over the device `dev` makes on it (the null device,
+/// timed or not).
+fn queue<M: DmaMapper + Translate + Clone, D: TxDevice>(
     iommu: M,
     ring: u16,
-) -> Result<NullQueue<M, M>, vfio_nic::Error> {
+    dev: impl FnOnce(M) -> D,
+) -> Result<Queue<M, D>, vfio_nic::Error> {
     let domain = Arc::new(Domain::new(iommu.clone()));
     let pool = Pool::new(
         domain.clone(),
@@ -110,39 +183,28 @@ fn queue<M: DmaMapper + Translate + Clone>(
         ring,
         ..tx::Config::default()
     };
-    // SAFETY: the null device translates through `iommu`, which `domain`
-    // maps through.
-    unsafe { Queue::new(domain, pool, NullNic::new(iommu), cfg) }
+    // SAFETY: every `dev` here builds a null device (timed or not) that
+    // translates through `iommu`, which `domain` maps through.
+    unsafe { Queue::new(domain, pool, dev(iommu), cfg) }
 }
 
 /// One burst: `pkts` (at most [`BURST`]) in one `send_burst`, one
-/// doorbell, one reap. Returns the time spent in the device model (the
-/// doorbell runs it inline) if `timed`, else zero: the clock is read only
-/// where that time is taken out, since its own cost counts as the
-/// driver's.
+/// doorbell, one reap.
 fn burst<M: DmaMapper, D: TxDevice>(
     q: &mut Queue<M, D>,
     pkts: &[TxPacket<'_>],
-    timed: bool,
-) -> Result<Duration, vfio_nic::Error> {
+) -> Result<(), vfio_nic::Error> {
     let sent = q.send_burst(pkts)?;
     assert_eq!(
         sent,
         pkts.len(),
         "the ring holds a whole burst, reaped before the next"
     );
-    let dev = if timed {
-        let t = Instant::now();
-        q.kick()?;
-        t.elapsed()
-    } else {
-        q.kick()?;
-        Duration::ZERO
-    };
+    q.kick()?;
     let done = q.reap()?;
     debug_assert_eq!(done, pkts.len());
     black_box(done);
-    Ok(dev)
+    Ok(())
 }
 
 /// Checks that the device delivered every byte sent and faulted on none.
@@ -165,8 +227,8 @@ fn delivered<M: DmaMapper, D: TxDevice + Model>(
 
 /// 64-byte frames in bursts of 32 under a strict software IOMMU:
 /// nanoseconds per packet, device model included, or (`driver_only`) the
-/// driver's own time, with the time inside the device model's `kick` left
-/// out.
+/// driver's own time, with the time inside the device model's doorbell
+/// handler left out ([`ModelTime`]).
 pub fn small_frames(h: &Harness, driver_only: bool) -> Result<Timing, String> {
     let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).map_err(|e| e.to_string())?);
     small_frames_on(h, iommu, driver_only)
@@ -183,36 +245,40 @@ fn small_frames_on<M: DmaMapper + Translate + Clone>(
     iommu: M,
     driver_only: bool,
 ) -> Result<Timing, String> {
-    let mut q = queue(iommu, 512).map_err(|e| e.to_string())?;
     let hdr = headers(false, SMALL_PAYLOAD);
     let payload = [0x5au8; SMALL_PAYLOAD];
-    timed_bursts(
-        h,
-        &mut q,
-        (&hdr, &payload, Offload::None),
-        BURST,
-        driver_only,
-    )
+    let pkt = (&hdr[..], &payload[..], Offload::None);
+    let e = |e: vfio_nic::Error| e.to_string();
+    if driver_only {
+        let mut q = queue(iommu, 512, |m| ModelTime::new(NullNic::new(m))).map_err(e)?;
+        timed_bursts(h, &mut q, pkt, BURST, |d| d.take())
+    } else {
+        // The whole loop: the bare device, no clock read in the loop.
+        let mut q = queue(iommu, 512, NullNic::new).map_err(e)?;
+        timed_bursts(h, &mut q, pkt, BURST, |_| Duration::ZERO)
+    }
 }
 
 /// The driver's own time per 64 KB TSO packet on a queue over `mapper`.
 fn tso_driver<M: DmaMapper + Translate + Clone>(h: &Harness, iommu: M) -> Result<Timing, String> {
-    let mut q = queue(iommu, 256).map_err(|e| e.to_string())?;
+    let new = |m| ModelTime::new(NullNic::new(m));
+    let mut q = queue(iommu, 256, new).map_err(|e| e.to_string())?;
     let hdr = headers(true, TSO_PAYLOAD);
     let payload = vec![0xa5u8; TSO_PAYLOAD];
     let tso = Offload::Tso { mss: 1448 };
-    timed_bursts(h, &mut q, (&hdr, &payload, tso), TSO_BURST, true)
+    timed_bursts(h, &mut q, (&hdr, &payload, tso), TSO_BURST, |d| d.take())
 }
 
 /// Times bursts of `n` sends of one packet (headers, payload, offload) on
-/// `q`, leaving the device model's time out if `driver_only`; then checks
-/// that the device delivered every byte sent.
+/// `q`, leaving out the time `model` says the device spent in its model
+/// over each repetition (zero for the whole loop); then checks that the
+/// device delivered every byte sent.
 fn timed_bursts<M: DmaMapper, D: TxDevice + Model>(
     h: &Harness,
     q: &mut Queue<M, D>,
     (hdr, payload, offload): (&[u8], &[u8], Offload),
     n: usize,
-    driver_only: bool,
+    model: impl Fn(&D) -> Duration,
 ) -> Result<Timing, String> {
     // The same packets every burst, tokens 0 to n - 1: described once,
     // as an application keeps its packet array.
@@ -226,11 +292,11 @@ fn timed_bursts<M: DmaMapper, D: TxDevice + Model>(
         .collect();
     let t = h
         .try_time_excluding(n as u64, |iters| {
-            let mut dev = Duration::ZERO;
+            model(q.device());
             for _ in 0..iters {
-                dev += burst(q, &pkts, driver_only)?;
+                burst(q, &pkts)?;
             }
-            Ok::<_, vfio_nic::Error>(dev)
+            Ok::<_, vfio_nic::Error>(model(q.device()))
         })
         .map_err(|e| e.to_string())?;
     // Without an offload the device carries the whole frame; with one, the
@@ -267,6 +333,67 @@ mod tests {
     fn headers_make_64_byte_frames_and_tso_headers() {
         assert_eq!(headers(false, SMALL_PAYLOAD).len() + SMALL_PAYLOAD, 64);
         assert_eq!(headers(true, TSO_PAYLOAD).len(), 54);
+    }
+
+    /// A clock for the tests: a fixed instant plus what the tests add.
+    fn fake_now() -> Instant {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(Instant::now) + Duration::from_nanos(FAKE_NS.get())
+    }
+
+    thread_local! {
+        static FAKE_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    /// The null device, its doorbell handler taking 1 µs of the fake clock.
+    struct Slow(NullNic<Arc<SoftIommu>>);
+
+    impl TxDevice for Slow {
+        type Format = <NullNic<Arc<SoftIommu>> as TxDevice>::Format;
+        fn format(&self) -> Self::Format {
+            self.0.format()
+        }
+        unsafe fn attach(&mut self, ring: pfrag::Iova, len: u16) -> vfio_nic::Result<()> {
+            // SAFETY: the caller's promise is passed on unchanged.
+            unsafe { self.0.attach(ring, len) }
+        }
+        unsafe fn kick(&mut self, tail: u16) -> vfio_nic::Result<()> {
+            FAKE_NS.set(FAKE_NS.get() + 1000);
+            // SAFETY: the caller's promise is passed on unchanged.
+            unsafe { self.0.kick(tail) }
+        }
+    }
+
+    impl Model for Slow {
+        fn counters(&self) -> softnic::NicStats {
+            self.0.counters()
+        }
+    }
+
+    /// What "the driver's time alone" leaves out is the time inside the
+    /// model's doorbell handler, on the harness's clock, and nothing
+    /// else: the queue's own part of the doorbell stays the driver's.
+    #[test]
+    fn driver_time_leaves_out_the_models_doorbell_only() {
+        let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+        let dev = ModelTime::with_clock(Slow(NullNic::new(iommu.clone())), fake_now);
+        let mut q = queue(iommu, 512, |_| dev).unwrap();
+        let hdr = headers(false, SMALL_PAYLOAD);
+        let payload = [0x5au8; SMALL_PAYLOAD];
+        let pkts: Vec<TxPacket<'_>> = (0..BURST as u64)
+            .map(|token| TxPacket {
+                headers: &hdr,
+                payload: &payload,
+                offload: Offload::None,
+                token,
+            })
+            .collect();
+        for _ in 0..5 {
+            burst(&mut q, &pkts).unwrap();
+        }
+        assert_eq!(q.device().take(), Duration::from_micros(5));
+        assert_eq!(q.device().take(), Duration::ZERO);
+        delivered(&q, 64).unwrap();
     }
 
     #[test]

@@ -139,9 +139,9 @@ pub struct Row {
     /// Distinct 4 KiB pages per segment's payload: the page translations
     /// a TSO engine makes per segment (software NIC).
     pub pages_per_segment: Option<f64>,
-    /// Payload bytes posted in the measured part (the least of any
-    /// repetition in a summary row): `bytes_verified` must equal it where
-    /// the device reads every byte.
+    /// Payload bytes posted in the measured part (the most of any
+    /// repetition in a summary row, whose `bytes_verified` is the least):
+    /// `bytes_verified` must equal it where the device reads every byte.
     pub bytes_sent: u64,
 }
 
