@@ -19,6 +19,7 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -209,6 +210,21 @@ pub fn testpmd(
 ) -> Result<Timing, String> {
     let bin = which("dpdk-testpmd").ok_or("dpdk-testpmd not found (install dpdk-dev)")?;
     let secs = period.as_secs().max(1);
+    let within = Duration::from_secs(secs * (samples as u64 + 3) + 20);
+    run_testpmd(&bin, (main, fwd), secs, samples, within)
+}
+
+/// [`testpmd`] with the program `bin`, lcores `(main, fwd)`, statistics
+/// every `secs` seconds, given `within` for its `samples` samples: one
+/// that goes quiet (prints nothing, never exits) is stopped then, its
+/// samples short, rather than waited for.
+fn run_testpmd(
+    bin: &Path,
+    (main, fwd): (usize, usize),
+    secs: u64,
+    samples: usize,
+    within: Duration,
+) -> Result<Timing, String> {
     let mut cmd = Command::new(bin);
     cmd.args(eal_args(&format!("{main},{fwd}")))
         .args(["--vdev", "net_null0", "--"])
@@ -223,11 +239,26 @@ pub fn testpmd(
         .spawn()
         .map_err(|e| format!("starting dpdk-testpmd: {e}"))?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
-    let deadline = Instant::now() + Duration::from_secs(secs * (samples as u64 + 3) + 20);
+    // Lines come through a thread of their own, so that the deadline holds
+    // while testpmd prints nothing. The thread ends when the pipe closes,
+    // once testpmd is stopped below.
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + within;
     let mut pps = Vec::new();
     let mut seen = 0;
-    for line in BufReader::new(stdout).lines() {
-        let Ok(line) = line else { break };
+    while pps.len() < samples {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // A timeout, or testpmd's output ended.
+        let Ok(line) = lines.recv_timeout(left) else {
+            break;
+        };
         if let Some(v) = tx_pps(&line) {
             seen += 1;
             // The first period is the warm-up (and the first report is
@@ -235,9 +266,6 @@ pub fn testpmd(
             if seen > 1 {
                 pps.push(v);
             }
-        }
-        if pps.len() >= samples || Instant::now() > deadline {
-            break;
         }
     }
     let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
@@ -249,8 +277,9 @@ pub fn testpmd(
     let _ = child.wait();
     if pps.len() < samples || pps.contains(&0) {
         return Err(format!(
-            "testpmd gave {} of {samples} samples: {pps:?}",
-            pps.len()
+            "testpmd gave {} of {samples} samples within {} s: {pps:?}",
+            pps.len(),
+            within.as_secs()
         ));
     }
     Ok(Timing::from_samples(
@@ -381,6 +410,34 @@ mod tests {
             assert!(parse_child(&text).is_empty(), "{bad}");
         }
         assert_eq!(parse_child("peer mempool_single 4.5,1e-3\n").len(), 1);
+    }
+
+    /// A testpmd that prints nothing and never exits is stopped at its
+    /// deadline, and its missing samples are an error. The run used to
+    /// wait for its next line forever.
+    #[test]
+    fn a_testpmd_that_goes_quiet_is_stopped_at_its_deadline() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("pfrag-quiet-testpmd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, PermissionsExt::from_mode(0o755)).unwrap();
+        let bin = dir.join("quiet-testpmd");
+        std::fs::write(&bin, "#!/bin/sh\nexec sleep 600\n").unwrap();
+        std::fs::set_permissions(&bin, PermissionsExt::from_mode(0o755)).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let b = bin.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(run_testpmd(&b, (0, 1), 1, 2, Duration::from_millis(200)));
+        });
+        // Far beyond the deadline however busy the machine: no timing is
+        // asserted, only that the run came back.
+        let r = rx.recv_timeout(Duration::from_secs(60));
+        let _ = std::fs::remove_dir_all(&dir);
+        match r {
+            Ok(Err(e)) => assert!(e.contains("0 of 2 samples"), "{e}"),
+            Ok(Ok(t)) => panic!("a quiet testpmd gave a timing: {t:?}"),
+            Err(_) => panic!("the run waited for a quiet testpmd"),
+        }
     }
 
     #[test]

@@ -117,6 +117,9 @@ impl<D: TxDevice> TxDevice for ModelTime<D> {
     fn head(&mut self) -> Option<u16> {
         self.inner.head()
     }
+    fn check_running(&mut self) -> vfio_nic::Result<()> {
+        self.inner.check_running()
+    }
 }
 
 impl<D: Model> Model for ModelTime<D> {
@@ -362,6 +365,25 @@ mod tests {
             // SAFETY: the caller's promise is passed on unchanged.
             unsafe { self.0.kick(tail) }
         }
+        fn check_running(&mut self) -> vfio_nic::Result<()> {
+            Err(vfio_nic::Error::DeviceStopped {
+                status: 0x40,
+                cause: None,
+            })
+        }
+    }
+
+    /// A timed device says whether the device it wraps stopped: a wait on
+    /// it reports the stop, not a bare timeout.
+    #[test]
+    fn a_timed_device_passes_on_whether_its_device_stopped() {
+        let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+        let mut dev = ModelTime::new(Slow(NullNic::new(iommu)));
+        let r = dev.check_running();
+        assert!(
+            matches!(r, Err(vfio_nic::Error::DeviceStopped { status: 0x40, .. })),
+            "{r:?}"
+        );
     }
 
     impl Model for Slow {

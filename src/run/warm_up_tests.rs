@@ -29,6 +29,9 @@ impl<D: TxDevice> TxDevice for FaultFirst<D> {
     fn head(&mut self) -> Option<u16> {
         self.0.head()
     }
+    fn check_running(&mut self) -> vfio_nic::Result<()> {
+        self.0.check_running()
+    }
 }
 
 impl<D: Model> Model for FaultFirst<D> {
