@@ -10,10 +10,17 @@
 //! cargo run --release --example reclaim -- --mem-limits 1,2,64   # MiB: cross the pressure limits
 //! ```
 //!
+//! Every run repeats `--reps` times (5 by default), the policies'
+//! runs interleaved round robin so that the machine's drift hits both
+//! alike. A row is the repetitions' median, `gbit_s` with its range; the
+//! hysteresis/eager throughput is the median of per-round ratios, with
+//! its range, and from 6 rounds its 95 % confidence interval and whether
+//! it differs from 1.
+//!
 //! Columns: `policy,queues,flows,packets,reclaim_calls_per_pkt,
 //! shared_pool_ops_per_pkt,pressure_hook_calls,gbit_s,peak_bytes`, plus
 //! `pressure_transitions` (the account's own count, which the hook count
-//! must equal) and `bytes_verified`.
+//! must equal), `bytes_verified`, `reps`, `gbit_s_min` and `gbit_s_max`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -26,7 +33,7 @@ use pfrag::bounce::SlotSize;
 use pfrag::dma::CostModel;
 use pfrag::pool::{Policy, Reclaim};
 use pfrag_lab::run::{run, DeviceModel, IommuMode, Row, RunConfig, Workload};
-use pfrag_lab::{cli, report};
+use pfrag_lab::{cli, report, reps};
 use vfio_nic::model::softnic::Touch;
 use vfio_nic::tx::HeaderMode;
 
@@ -65,13 +72,18 @@ struct Args {
     /// Account limits MIN,PRESSURE,MAX in MiB (default: none).
     #[arg(long, value_parser = cli::mem_limits)]
     mem_limits: Option<Limits>,
+    /// Repetitions of every run, interleaved round robin: rows show the
+    /// median and the range, the throughput ratio its 95 % confidence
+    /// interval from 6 on.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    reps: u32,
     /// Write the rows as CSV.
     #[arg(long)]
     csv: Option<PathBuf>,
 }
 
 /// The table's and the CSV's columns: (header, field of the lab's `Row`).
-const COLUMNS: [(&str, &str); 11] = [
+const COLUMNS: [(&str, &str); 14] = [
     ("policy", "reclaim"),
     ("queues", "queues"),
     ("flows", "flows"),
@@ -83,6 +95,9 @@ const COLUMNS: [(&str, &str); 11] = [
     ("peak_bytes", "peak_bytes"),
     ("pressure_transitions", "pressure_transitions"),
     ("bytes_verified", "bytes_verified"),
+    ("reps", "reps"),
+    ("gbit_s_min", "gbit_s_min"),
+    ("gbit_s_max", "gbit_s_max"),
 ];
 
 fn main() -> ExitCode {
@@ -94,13 +109,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let Some(rows) = run_all(&a, &cfgs) else {
+    let Some(per_cfg) = run_all(&a, &cfgs) else {
         return ExitCode::FAILURE;
     };
-    print_rows(&rows, &a.flows);
+    let rows: Vec<Row> = per_cfg.iter().filter_map(|r| reps::summarise(r)).collect();
+    print_rows(&rows, &per_cfg, &a.flows);
     // A run that failed leaves the CSV with its header only: its rows are
     // in the table above, not in a file that looks complete.
-    if !rows_ok(&rows) {
+    if !per_cfg.iter().all(|r| rows_ok(r)) {
         return ExitCode::FAILURE;
     }
     if let Some(path) = &a.csv {
@@ -184,61 +200,100 @@ fn config(a: &Args, p: Reclaim, flows: usize, limits: Limits) -> RunConfig {
     }
 }
 
-/// Runs `cfgs` in turn under a progress bar and gives their rows; `None`
-/// (the error said) if a run fails.
-fn run_all(a: &Args, cfgs: &[RunConfig]) -> Option<Vec<Row>> {
+/// Runs `a.reps` rounds of `cfgs`, in turn within each round, under a
+/// progress bar, and gives each configuration's rows, one per round;
+/// `None` (the error said) if a run fails.
+fn run_all(a: &Args, cfgs: &[RunConfig]) -> Option<Vec<Vec<Row>>> {
     eprintln!(
-        "reclaim: {} runs of {} sends of {}..={} B on the software NIC, {} queue(s), order-{} chunks",
+        "reclaim: {} runs of {} sends of {}..={} B on the software NIC, {} queue(s), order-{} \
+         chunks, {} repetitions",
         cfgs.len(),
         a.packets,
         a.min,
         a.max,
         a.queues,
-        a.order
+        a.order,
+        a.reps
     );
-    let bar =
-        ProgressBar::new(cfgs.len() as u64 * (a.packets + 2 * u64::from(a.ring) * a.queues as u64));
+    let per_run = a.packets + 2 * u64::from(a.ring) * a.queues as u64;
+    let bar = ProgressBar::new(u64::from(a.reps) * cfgs.len() as u64 * per_run);
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} sends  {msg}  [{elapsed_precise}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let mut rows = Vec::new();
-    for c in cfgs {
-        bar.set_message(format!("{} {} flows", c.reclaim.name(), c.flows));
-        match run(c, &mut |n| bar.inc(n)) {
-            Ok(mut r) => rows.push(r.remove(0)),
-            Err(e) => {
-                bar.abandon();
-                eprintln!("error: {} {} flows: {e}", c.reclaim.name(), c.flows);
-                return None;
+    let mut per_cfg = vec![Vec::new(); cfgs.len()];
+    for rep in 1..=a.reps {
+        for (c, rows) in cfgs.iter().zip(&mut per_cfg) {
+            let what = format!("{} {} flows", c.reclaim.name(), c.flows);
+            bar.set_message(format!("repetition {rep}/{}: {what}", a.reps));
+            match run(c, &mut |n| bar.inc(n)) {
+                Ok(mut r) => rows.push(r.remove(0)),
+                Err(e) => {
+                    bar.abandon();
+                    eprintln!("error: repetition {rep}: {what}: {e}");
+                    return None;
+                }
             }
         }
     }
     bar.finish_and_clear();
-    Some(rows)
+    Some(per_cfg)
 }
 
-/// Prints the table, then per flow count the eager and hysteresis runs
-/// side by side.
-fn print_rows(rows: &[Row], flow_counts: &[usize]) {
+/// Prints the table of summary `rows`, then per flow count the eager and
+/// hysteresis runs side by side, the throughput ratio taken per round of
+/// their repetitions `per_cfg`.
+fn print_rows(rows: &[Row], per_cfg: &[Vec<Row>], flow_counts: &[usize]) {
     let mut out = std::io::stdout().lock();
     let _ = report::print_columns(&mut out, rows, &COLUMNS);
     let _ = writeln!(out);
+    let reps_of = |name: &str, flows: usize| {
+        per_cfg.iter().find(|r| {
+            r.first()
+                .is_some_and(|r| r.reclaim == name && r.flows == flows)
+        })
+    };
     for &flows in flow_counts {
         let find = |name: &str| rows.iter().find(|r| r.reclaim == name && r.flows == flows);
-        if let (Some(e), Some(h)) = (find("eager"), find("hysteresis")) {
-            let _ = writeln!(
-                out,
-                "{flows} flows: reclaim calls per packet eager {:.4} vs hysteresis {:.4}; \
-                 shared-pool ops {:.4} vs {:.4}; hysteresis/eager throughput {:.2}x",
-                e.reclaim_calls_per_pkt,
-                h.reclaim_calls_per_pkt,
-                e.shared_pool_ops_per_pkt,
-                h.shared_pool_ops_per_pkt,
-                h.gbit_s / e.gbit_s
-            );
-        }
+        let (Some(e), Some(h)) = (find("eager"), find("hysteresis")) else {
+            continue;
+        };
+        let ratio = match (reps_of("hysteresis", flows), reps_of("eager", flows)) {
+            (Some(h), Some(e)) => reps::ratio(h, e, |r| Some(r.gbit_s)),
+            _ => None,
+        };
+        let _ = writeln!(
+            out,
+            "{flows} flows: reclaim calls per packet eager {:.4} vs hysteresis {:.4}; \
+             shared-pool ops {:.4} vs {:.4}; hysteresis/eager throughput {}",
+            e.reclaim_calls_per_pkt,
+            h.reclaim_calls_per_pkt,
+            e.shared_pool_ops_per_pkt,
+            h.shared_pool_ops_per_pkt,
+            ratio.map_or("n/a".to_string(), |s| throughput_ratio(&s, e.reps))
+        );
     }
+}
+
+/// A ratio's median and range over `rounds` rounds, with its 95 %
+/// confidence interval and whether it differs from 1 when it has one.
+fn throughput_ratio(s: &reps::Spread, rounds: usize) -> String {
+    let mut t = format!(
+        "{:.2}x ({:.2}-{:.2}, {rounds} rounds",
+        s.median, s.min, s.max
+    );
+    match (s.ci95, s.differs_from(1.0)) {
+        (Some((lo, hi)), Some(d)) => {
+            let verdict = if d {
+                "differs from 1"
+            } else {
+                "not different from 1"
+            };
+            t += &format!("; 95 % CI {lo:.2}-{hi:.2}, {verdict})");
+        }
+        _ => t += ")",
+    }
+    t
 }
 
 /// Whether every run is sound: no device fault, one pressure hook call per
