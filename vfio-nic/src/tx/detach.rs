@@ -3,6 +3,7 @@
 //! (as [`std::io::IntoInnerError`] hands back a writer that could not
 //! flush).
 
+use std::any::Any;
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -85,24 +86,41 @@ pub(super) unsafe fn attach<M: DmaMapper, D: TxDevice>(
         Ok(Ok(())) => return Ok((dev, ring)),
         Ok(Err(e)) => e,
         Err(panic) => {
+            // It may hold the ring, and no detach could show otherwise.
+            let _ = stop(dev, false);
             ring.pin();
-            drop(dev);
             resume_unwind(panic);
         }
     };
-    let stopped = catch_unwind(AssertUnwindSafe(|| dev.detach()));
-    // The device's own drop may be where it stops, so it goes first; a
-    // drop that panics leaves it holding the ring too.
-    let dropped = catch_unwind(AssertUnwindSafe(|| drop(dev)));
-    match (stopped, dropped) {
-        (Ok(Ok(())), Ok(())) => drop(ring),
-        (Ok(Err(_)), Ok(())) => ring.pin(),
-        (Err(panic), _) | (_, Err(panic)) => {
-            ring.pin();
-            resume_unwind(panic);
-        }
+    let (stopped, panic) = stop(dev, true);
+    if stopped {
+        drop(ring);
+    } else {
+        ring.pin();
+    }
+    if let Some(p) = panic {
+        resume_unwind(p);
     }
     Err(error)
+}
+
+/// Stops `dev` as far as it can be: its [`detach`](TxDevice::detach) if
+/// `detach`, then its drop (a device that stops only in its own `Drop`
+/// stops there), each under `catch_unwind`. Whether it is known to have
+/// stopped (a detach that returned `Ok` and a drop that returned; never
+/// without `detach`), and the first panic, for the caller to pass on or
+/// not.
+fn stop<D: TxDevice>(mut dev: D, detach: bool) -> (bool, Option<Box<dyn Any + Send>>) {
+    let detached = if detach {
+        catch_unwind(AssertUnwindSafe(|| dev.detach().is_ok()))
+    } else {
+        Ok(false)
+    };
+    let dropped = catch_unwind(AssertUnwindSafe(|| drop(dev)));
+    match (detached, dropped) {
+        (Ok(stopped), Ok(())) => (stopped, None),
+        (Err(panic), _) | (_, Err(panic)) => (false, Some(panic)),
+    }
 }
 
 /// Stops the device before any memory it may read is freed: the device's
@@ -121,19 +139,13 @@ pub(super) unsafe fn attach<M: DmaMapper, D: TxDevice>(
 /// that panics could abort.
 impl<M: DmaMapper, D: TxDevice> Drop for Queue<M, D> {
     fn drop(&mut self) {
-        let detaching = self.detaching;
-        let stopped = match self.dev.as_mut() {
+        let stopped = match self.dev.take() {
             // `into_device` detached it and handed it back.
             None => true,
-            // Its detach in `into_device` panicked.
-            Some(_) if detaching => false,
-            Some(dev) => catch_unwind(AssertUnwindSafe(|| dev.detach())).is_ok_and(|r| r.is_ok()),
+            // Unless its detach in `into_device` panicked, detached here.
+            Some(dev) => stop(dev, !self.detaching).0,
         };
-        // The device's own drop may be where it stops: one that panics
-        // may leave it running, as a detach that fails does.
-        let dev = self.dev.take();
-        let dropped = catch_unwind(AssertUnwindSafe(|| drop(dev))).is_ok();
-        if stopped && dropped {
+        if stopped {
             // SAFETY: the ring is dropped here, once, as the queue is
             // dropped, and never used after.
             unsafe { ManuallyDrop::drop(&mut self.ring) };
