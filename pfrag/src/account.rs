@@ -95,7 +95,7 @@ pub struct NoHooks;
 
 impl PressureHooks for NoHooks {}
 
-/// Hooks that count their calls (for tests and the lab).
+/// Hooks that count their calls (for tests and measurements).
 #[derive(Debug, Default)]
 pub struct CountHooks {
     /// `enter` calls.

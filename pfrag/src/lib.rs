@@ -18,8 +18,22 @@
 //!   [`Frag`](frag::Frag);
 //! - [`bounce`]: the header bounce ring;
 //! - [`account`]: process-wide memory limits with pressure hooks;
+//! - [`iova`]: the IOVA allocator a [`Domain`](dma::Domain) takes its
+//!   ranges from;
+//! - [`addr`], [`order`] and [`error`]: addresses ([`Iova`], [`VirtAddr`]),
+//!   chunk orders ([`Order`]) and the crate's [`Error`];
 //! - `sync`: the atomics, mutex and queue the shared state uses (loom's
 //!   models under `--cfg loom`).
+//!
+//! pfrag has no optional features. It needs Linux (`mmap`, `madvise`,
+//! `mincore`). Its public API names no other crate's types but those of
+//! `bitflags` 2 (the traits and iterators of the flag types [`dma::Dir`]
+//! and [`dma::PageSizes`]).
+//!
+//! # Example
+//!
+//! A persistent pool under the software IOMMU: a 64 KB payload goes into
+//! one frag, and after the first grow no packet makes a map call.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -23,8 +23,8 @@ pub const MAX_PAGE_MAPPINGS: u16 = u16::MAX;
 
 /// The no-IOMMU mapper: IOVA = host address. Map and unmap calls are still
 /// counted (a driver still makes them, as `dma_map_*` does with the direct
-/// mapping), so the lab can tell how many calls a policy makes even without
-/// an IOMMU.
+/// mapping), so a measurement can tell how many calls a policy makes even
+/// without an IOMMU.
 ///
 /// Mappings may overlap, as with a passthrough IOMMU, where every
 /// `dma_map_*` of a page succeeds: frags that share a page each map the

@@ -21,6 +21,21 @@ use crate::sync::Ordering;
 /// # use pfrag::{dma::SoftIommu, frag::Frag};
 /// assert!(std::mem::size_of::<Frag<SoftIommu>>() <= 32);
 /// ```
+///
+/// A frag is `Send` (its completion may drop it on another thread than the
+/// one that filled it), not `Sync`:
+///
+/// ```
+/// # use pfrag::{dma::SoftIommu, frag::Frag};
+/// fn send<T: Send>() {}
+/// send::<Frag<SoftIommu>>();
+/// ```
+///
+/// ```compile_fail,E0277
+/// # use pfrag::{dma::SoftIommu, frag::Frag};
+/// fn sync<T: Sync>() {}
+/// sync::<Frag<SoftIommu>>(); // not `Sync`
+/// ```
 pub struct Frag<M: DmaMapper> {
     pub(super) chunk: ChunkPtr<M>,
     pub(super) addr: VirtAddr,

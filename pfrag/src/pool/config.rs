@@ -42,7 +42,7 @@ impl Reclaim {
         chunk: 1 << 20,
     };
 
-    /// The lab's name for it.
+    /// Its short name, as `Display` writes it.
     pub fn name(self) -> &'static str {
         match self {
             Reclaim::Eager => "eager",
@@ -55,7 +55,7 @@ impl Policy {
     /// Every policy, in order of decreasing mapping cost.
     pub const ALL: [Policy; 3] = [Policy::PerFrag, Policy::PerChunk, Policy::Persistent];
 
-    /// The lab's name for it.
+    /// Its short name, as `Display` writes it.
     pub fn name(self) -> &'static str {
         match self {
             Policy::PerFrag => "per-frag",

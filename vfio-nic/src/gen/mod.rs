@@ -1,4 +1,4 @@
-//! The traffic generator of the lab and the tests: TCP/IPv4 flows whose
+//! A traffic generator for measurements and tests: TCP/IPv4 flows whose
 //! payload is a deterministic per-flow pattern ([`pattern`]), so that the
 //! device model and the wire checker can verify every byte and every
 //! flow's sequence. It drives a [`tx::Queue`] through the queue's public API

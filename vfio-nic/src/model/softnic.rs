@@ -40,7 +40,7 @@ pub enum Touch {
 }
 
 impl Touch {
-    /// The lab's name for it.
+    /// Its short name, as `Display` writes it.
     pub fn name(self) -> &'static str {
         match self {
             Touch::Checksum => "checksum",
@@ -68,7 +68,8 @@ impl std::str::FromStr for Touch {
 }
 
 /// Settings of the model. [`Config::default()`] reads and checksums every
-/// byte, keeps no frames, and verifies the lab's test pattern.
+/// byte, keeps no frames, and verifies the test pattern of
+/// [`gen`](crate::gen)'s flows.
 #[derive(Clone, Copy, Debug)]
 pub struct Config {
     /// How much of each payload is read. Default [`Touch::Checksum`]
@@ -77,8 +78,9 @@ pub struct Config {
     /// Keep every frame sent (for tests; only with [`Touch::Checksum`]).
     /// Default off.
     pub capture: bool,
-    /// Check every payload byte against its flow's test pattern (the lab's
-    /// traffic generator writes it; `bytes_verified` counts matches). Off
+    /// Check every payload byte against its flow's test pattern (the traffic
+    /// generator, [`gen`](crate::gen), writes it; `bytes_verified` counts
+    /// matches). Off
     /// for a driver's own payloads, which the model then only reads,
     /// checksums and segments. Default on: turn it off for payloads that
     /// are not the generator's.

@@ -18,7 +18,7 @@ pub enum HeaderMode {
 }
 
 impl HeaderMode {
-    /// The lab's name for it.
+    /// Its short name, as `Display` writes it.
     pub fn name(self) -> &'static str {
         match self {
             HeaderMode::Bounce(_) => "bounce",

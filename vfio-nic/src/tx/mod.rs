@@ -176,6 +176,28 @@ enum Hdr<M: DmaMapper> {
 
 /// A TX queue over device `D`, with pool memory mapped through `M`.
 ///
+/// One thread drives a queue at a time (its calls take `&mut self`): it is
+/// `Send` when its device is, and not `Sync`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use pfrag::dma::SoftIommu;
+/// use vfio_nic::model::softnic::SoftNic;
+/// use vfio_nic::tx::Queue;
+///
+/// fn send<T: Send>() {}
+/// send::<Queue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>>();
+/// ```
+///
+/// ```compile_fail,E0277
+/// # use std::sync::Arc;
+/// # use pfrag::dma::SoftIommu;
+/// # use vfio_nic::model::softnic::SoftNic;
+/// # use vfio_nic::tx::Queue;
+/// fn sync<T: Sync>() {}
+/// sync::<Queue<Arc<SoftIommu>, SoftNic<Arc<SoftIommu>>>>(); // not `Sync`
+/// ```
+///
 /// Building one promises that the device sees the domain's mappings
 /// ([`new`](Self::new) is `unsafe`), and reaching the device mutably
 /// promises not to replace it ([`device_mut`](Self::device_mut)):

@@ -10,8 +10,11 @@ use crate::offload::{Ip, Layout, Offload, L4};
 use desc::{Context, Data, Dcmd, Desc, Popts, Sta};
 
 /// The 82576 advanced descriptor format (datasheet 7.2.2), read by the
-/// real NIC ([`Igb`](crate::hw::igb::Igb)), the software NIC and the null
-/// device.
+/// real NIC ([`Igb`], with the `vfio` feature), the software NIC and the
+/// null device.
+///
+#[cfg_attr(feature = "vfio", doc = "[`Igb`]: crate::hw::igb::Igb")]
+#[cfg_attr(not(feature = "vfio"), doc = "[`Igb`]: crate#features")]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Advanced;
 
