@@ -18,6 +18,9 @@ use vfio_nic::{tx, Error};
 
 type Iommu = Arc<SoftIommu>;
 
+/// Whether a device's ring was still mapped when it was dropped.
+type Seen = Arc<Mutex<Option<bool>>>;
+
 /// How a [`Refusing`] device's calls end.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Ends {
@@ -41,7 +44,7 @@ struct Refusing {
     iommu: Iommu,
     ends: Ends,
     ring: Option<Iova>,
-    seen: Arc<Mutex<Option<bool>>>,
+    seen: Seen,
 }
 
 impl TxDevice for Refusing {
@@ -89,10 +92,17 @@ fn ring_bytes() -> u64 {
     ring.next_multiple_of(4096) as u64
 }
 
-/// Builds a queue on a [`Refusing`] device ending as `ends`: the result
-/// (`None` for a panic), the domain, and whether the ring was mapped when
-/// the device was dropped.
-fn attach(ends: Ends) -> (Option<Error>, Arc<Domain<Iommu>>, Option<bool>) {
+/// What a queue on a [`Refusing`] device ending as `ends` is made of: a
+/// domain on a software IOMMU, a pool, the device, and where it records
+/// whether its ring was mapped when it was dropped.
+fn parts(
+    ends: Ends,
+) -> (
+    Arc<Domain<Iommu>>,
+    Pool<Iommu>,
+    Refusing,
+    Arc<Mutex<Option<bool>>>,
+) {
     let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
     let domain = Arc::new(Domain::new(iommu.clone()));
     let pcfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
@@ -104,6 +114,14 @@ fn attach(ends: Ends) -> (Option<Error>, Arc<Domain<Iommu>>, Option<bool>) {
         ring: None,
         seen: seen.clone(),
     };
+    (domain, pool, dev, seen)
+}
+
+/// Builds a queue on a [`Refusing`] device ending as `ends`: the result
+/// (`None` for a panic), the domain, and whether the ring was mapped when
+/// the device was dropped.
+fn attach(ends: Ends) -> (Option<Error>, Arc<Domain<Iommu>>, Option<bool>) {
+    let (domain, pool, dev, seen) = parts(ends);
     let d = domain.clone();
     let r = catch_unwind(AssertUnwindSafe(move || {
         // SAFETY: the device reads no memory.
@@ -182,17 +200,7 @@ fn a_device_drop_that_panics_after_a_failed_attach_keeps_the_ring() {
     ignore = "keeps memory allocated for good on purpose, which Miri's leak check reports"
 )]
 fn a_queue_whose_device_drop_panics_keeps_the_ring() {
-    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
-    let domain = Arc::new(Domain::new(iommu.clone()));
-    let pcfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
-    let pool = Pool::new(domain.clone(), pcfg).unwrap();
-    let seen = Arc::new(Mutex::new(None));
-    let dev = Refusing {
-        iommu,
-        ends: Ends::AttachedDropPanics,
-        ring: None,
-        seen: seen.clone(),
-    };
+    let (domain, pool, dev, seen) = parts(Ends::AttachedDropPanics);
     // SAFETY: the device reads no memory.
     let q = unsafe { tx::Queue::new(domain.clone(), pool, dev, tx::Config::default()) }.unwrap();
     let r = catch_unwind(AssertUnwindSafe(move || drop(q)));

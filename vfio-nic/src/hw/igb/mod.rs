@@ -446,6 +446,41 @@ impl<R: Regs> Igb<R> {
         Ok(())
     }
 
+    /// The values of `regs`, read now: what [`undo`](Self::undo) puts
+    /// back.
+    fn save<const N: usize>(&self, regs: [Reg; N]) -> Result<[u32; N]> {
+        let mut saved = [0; N];
+        for (v, r) in saved.iter_mut().zip(regs) {
+            *v = self.read(r)?;
+        }
+        Ok(saved)
+    }
+
+    /// After a queue's programming failed with `error`: `stop`s the queue,
+    /// waiting until it reads disabled, and puts its ring registers `regs`
+    /// back to `saved`; `error` comes back. A queue that does not stop
+    /// may reach the ring the registers name, which stay:
+    /// [`Error::StopFailed`].
+    fn undo<const N: usize>(
+        &self,
+        stop: impl FnOnce() -> Result<()>,
+        (regs, saved): ([Reg; N], [u32; N]),
+        error: Error,
+    ) -> Error {
+        if let Err(stop) = stop() {
+            return Error::StopFailed {
+                error: Box::new(error),
+                stop: Box::new(stop),
+            };
+        }
+        for (r, v) in regs.into_iter().zip(saved) {
+            // Best effort: the queue is stopped, so these registers lead
+            // the device to no memory; `error` is the one reported.
+            let _ = self.reg(r, v);
+        }
+        error
+    }
+
     /// The VFIO device.
     pub fn regs(&self) -> &R {
         &self.dev

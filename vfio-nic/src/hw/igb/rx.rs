@@ -195,13 +195,10 @@ impl<R: Regs> Igb<R> {
             });
         }
         self.quiesce_rx()?;
-        let mut saved = [0; RX_RING_REGS.len()];
-        for (v, r) in saved.iter_mut().zip(RX_RING_REGS) {
-            *v = self.read(r)?;
-        }
+        let saved = self.save(RX_RING_REGS)?;
         // SAFETY: the caller's promise for `ring` is passed on unchanged.
         if let Err(error) = unsafe { self.program_rx(ring, len, loopback) } {
-            return Err(self.undo_rx(saved, error));
+            return Err(self.undo(|| self.stop_rx(), (RX_RING_REGS, saved), error));
         }
         Ok(())
     }
@@ -231,26 +228,6 @@ impl<R: Regs> Igb<R> {
             rctl |= Rctl::LBM_MAC;
         }
         self.reg(regs::RCTL, rctl.bits())
-    }
-
-    /// After a [`program_rx`](Self::program_rx) that failed with `error`:
-    /// stops the receiver, waiting until the queue reads disabled, and
-    /// puts the ring registers back to `saved`; `error` comes back. A
-    /// queue that does not stop may write the ring the registers name,
-    /// which stay: [`Error::StopFailed`].
-    fn undo_rx(&self, saved: [u32; RX_RING_REGS.len()], error: Error) -> Error {
-        if let Err(stop) = self.stop_rx() {
-            return Error::StopFailed {
-                error: Box::new(error),
-                stop: Box::new(stop),
-            };
-        }
-        for (r, v) in RX_RING_REGS.into_iter().zip(saved) {
-            // Best effort: the queue is stopped, so these registers lead
-            // the device to no memory; `error` is the one reported.
-            let _ = self.reg(r, v);
-        }
-        error
     }
 
     /// Gives descriptors up to (not including) `tail` back to the device.

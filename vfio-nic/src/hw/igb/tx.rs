@@ -43,26 +43,6 @@ impl<R: Regs> Igb<R> {
             Tctl::EN.bits() | Tctl::PSP.bits() | TCTL_CT | TCTL_COLD,
         )
     }
-
-    /// After a [`program_tx`](Self::program_tx) that failed with `error`:
-    /// stops the queue, waiting until it reads disabled, and puts the ring
-    /// registers back to `saved`; `error` comes back. A queue that does
-    /// not stop may read the ring the registers name, which stay:
-    /// [`Error::StopFailed`].
-    fn undo_tx(&self, saved: [u32; TX_RING_REGS.len()], error: Error) -> Error {
-        if let Err(stop) = self.stop_tx() {
-            return Error::StopFailed {
-                error: Box::new(error),
-                stop: Box::new(stop),
-            };
-        }
-        for (r, v) in TX_RING_REGS.into_iter().zip(saved) {
-            // Best effort: the queue is stopped, so these registers lead
-            // the device to no memory; `error` is the one reported.
-            let _ = self.reg(r, v);
-        }
-        error
-    }
 }
 
 impl<R: Regs> TxDevice for Igb<R> {
@@ -96,13 +76,10 @@ impl<R: Regs> TxDevice for Igb<R> {
         // attach whose stop failed): stopped first, so that its owner may
         // free it once this returns.
         self.detach()?;
-        let mut saved = [0; TX_RING_REGS.len()];
-        for (v, r) in saved.iter_mut().zip(TX_RING_REGS) {
-            *v = self.read(r)?;
-        }
+        let saved = self.save(TX_RING_REGS)?;
         // SAFETY: the caller's promise for `ring` is passed on unchanged.
         if let Err(error) = unsafe { self.program_tx(ring, len) } {
-            return Err(self.undo_tx(saved, error));
+            return Err(self.undo(|| self.stop_tx(), (TX_RING_REGS, saved), error));
         }
         self.ring_len = Some(len);
         Ok(())
