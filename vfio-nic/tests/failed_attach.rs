@@ -95,14 +95,7 @@ fn ring_bytes() -> u64 {
 /// What a queue on a [`Refusing`] device ending as `ends` is made of: a
 /// domain on a software IOMMU, a pool, the device, and where it records
 /// whether its ring was mapped when it was dropped.
-fn parts(
-    ends: Ends,
-) -> (
-    Arc<Domain<Iommu>>,
-    Pool<Iommu>,
-    Refusing,
-    Arc<Mutex<Option<bool>>>,
-) {
+fn parts(ends: Ends) -> (Arc<Domain<Iommu>>, Pool<Iommu>, Refusing, Seen) {
     let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
     let domain = Arc::new(Domain::new(iommu.clone()));
     let pcfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
