@@ -163,6 +163,7 @@ pub trait Charge: Send + Sync {
 
 /// Counters of an account.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AccountStats {
     /// Bytes in use now (committed, and reserved by grows under way).
     pub bytes: u64,

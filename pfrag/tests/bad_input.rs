@@ -168,32 +168,19 @@ fn pool_batch_past_max_region_len_is_out_of_range() {
 /// panicking on underflow.
 #[test]
 fn since_of_a_later_snapshot_saturates_at_zero() {
-    let later = CacheStats {
-        frags: 5,
-        bytes: 5,
-        chunks_taken: 5,
-        reused_in_place: 5,
-        waste_bytes: 5,
-    };
+    // The snapshots are `#[non_exhaustive]`: built from their defaults.
+    let mut later = CacheStats::default();
+    (later.frags, later.bytes, later.chunks_taken) = (5, 5, 5);
+    (later.reused_in_place, later.waste_bytes) = (5, 5);
     assert_eq!(CacheStats::default().since(&later), CacheStats::default());
-    let later = Stats {
-        shared_ops: 3,
-        reclaim_calls: 3,
-        borrows: 3,
-        skipped_pressured: 3,
-        ..Stats::default()
-    };
+    let mut later = Stats::default();
+    (later.shared_ops, later.reclaim_calls) = (3, 3);
+    (later.borrows, later.skipped_pressured) = (3, 3);
     assert_eq!(Stats::default().since(&later), Stats::default());
-    let later = QueueStats {
-        reclaim_calls: 2,
-        reclaimed_bytes: 2,
-        shared_ops: 2,
-        borrows: 2,
-        lent: 2,
-        skipped_pressured: 2,
-        pressure_flags: 2,
-        ..QueueStats::default()
-    };
+    let mut later = QueueStats::default();
+    (later.reclaim_calls, later.reclaimed_bytes, later.shared_ops) = (2, 2, 2);
+    (later.borrows, later.lent) = (2, 2);
+    (later.skipped_pressured, later.pressure_flags) = (2, 2);
     assert_eq!(QueueStats::default().since(&later), QueueStats::default());
     let later = MapStats {
         map_calls: 1,

@@ -79,6 +79,7 @@ impl Default for FaultyConfig {
 
 /// Calls seen and failures injected, per kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FaultyStats {
     /// Map failures injected.
     pub maps: u64,

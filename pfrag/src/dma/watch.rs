@@ -51,6 +51,7 @@ use crate::mem;
 
 /// What a [`Watch`] has checked so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WatchStats {
     /// Ranges checked, at unmaps and at flushes.
     pub checked: u64,

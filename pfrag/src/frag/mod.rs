@@ -52,6 +52,7 @@ const _: () = assert!(BIAS < MAX_REFCNT / 2);
 
 /// Counters of one cache (plain integers: a cache belongs to one queue).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheStats {
     /// Frags handed out.
     pub frags: u64,

@@ -4,6 +4,7 @@ use crate::sync::AtomicU64;
 
 /// A snapshot of a pool's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Grow operations (each one arena or one batch of released chunks).
     pub grows: u64,
@@ -61,6 +62,7 @@ impl Stats {
 
 /// A snapshot of one queue's reserve.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QueueStats {
     /// Bytes in the reserve now.
     pub held: u64,

@@ -231,6 +231,7 @@ pub struct WireCheck {
 
 /// What a [`WireCheck`] saw.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WireReport {
     /// Frames seen.
     pub frames: u64,

@@ -6,6 +6,7 @@ use super::segment::{Outcome, Packet};
 /// Counters of a device model (the software NIC, the null device, the
 /// virtio-net model: each counts the same events in the same units).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NicStats {
     /// Packets seen, whatever became of them: descriptor chains ended by
     /// `EOP`, chains dropped before their end for being longer than

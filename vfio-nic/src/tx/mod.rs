@@ -112,6 +112,7 @@ fn pieces(
 
 /// Counters of a queue.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Packets posted.
     pub packets: u64,

@@ -230,6 +230,7 @@ impl Default for IgbConfig {
 
 /// Device-side counters, accumulated from the clear-on-read registers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct IgbStats {
     /// Good packets transmitted (frames on the wire, after TSO).
     pub good_packets: u64,
