@@ -80,9 +80,10 @@
 //!
 //! `pfrag`'s types (pools, frags, mappers, IOVAs, its error) appear
 //! throughout this crate's API, and `bitflags` 2's traits and iterators on
-//! the descriptor flag types. With `vfio`, [`hw::vfio::iommu_info`] takes a
-//! `vfio-ioctls` container, and [`Error::Virtqueue`] carries a
-//! `virtio-queue` error: a breaking release of `pfrag`, `vfio-ioctls` or
+//! the descriptor flag types. [`Error::Virtqueue`] carries a
+//! `virtio-queue` error (the virtio-net model's, so with or without
+//! `vfio`), and with `vfio` [`hw::vfio::iommu_info`] takes a `vfio-ioctls`
+//! container: a breaking release of `pfrag`, `vfio-ioctls` or
 //! `virtio-queue` (for these 0.x crates, a new minor version) is a breaking
 //! change of this crate.
 //!

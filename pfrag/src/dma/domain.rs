@@ -48,7 +48,8 @@ pub struct Pinned {
 /// stay mapped (their IOVA stays allocated); every other range of the batch
 /// is gone and its IOVA freed. A batch whose ranges overlap is refused
 /// before any unmap ([`Error::OverlappingRanges`]): then `failed` holds
-/// every range given, all still mapped, and nothing was freed or pinned.
+/// every range given that names any bytes, all still mapped, and nothing
+/// was freed or pinned.
 #[derive(Debug, thiserror::Error)]
 #[error("{} of the ranges stayed mapped: {error}", failed.len())]
 pub struct PartialUnmap {
@@ -307,8 +308,8 @@ impl<M: DmaMapper> Domain<M> {
     /// pinned, as with [`unmap`](Self::unmap), and are listed in the error.
     /// Ranges that overlap each other are refused first
     /// ([`Error::OverlappingRanges`], naming two of them): nothing is
-    /// unmapped, freed or pinned, and the error lists every range as still
-    /// mapped.
+    /// unmapped, freed or pinned, and the error lists every range of any
+    /// bytes as still mapped.
     ///
     /// # Safety
     /// The caller owns the mapping it removes: it made it with

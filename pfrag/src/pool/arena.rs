@@ -310,11 +310,11 @@ impl<M: DmaMapper> Shared<M> {
         if free <= mark || self.gate.shut(mark) {
             return Ok(0);
         }
-        // Not waited for: a grow holds the lock while it maps and while the
-        // account runs its pressure hooks, which may trim this pool or drop
-        // its frags (and so shrink it) on the growing thread itself. A pool
-        // that grows had no free chunk to give back when it began. A shrink
-        // lets go of it before it uncharges (below).
+        // Not waited for: a grow holds the lock while it maps, and a pool
+        // that grows had no free chunk to give back when it began. A grow
+        // lets go of it before the account runs its pressure hooks, and a
+        // shrink before it uncharges (below), so a hook may trim this pool
+        // or drop its frags (and so shrink it) on either thread.
         let Some(arenas) = try_lock(&self.arenas) else {
             return Ok(0);
         };

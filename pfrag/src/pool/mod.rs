@@ -485,8 +485,9 @@ impl<M: DmaMapper> Pool<M> {
     /// Gives back free chunks past the high watermark (all free chunks
     /// under memory pressure) now; normally done by completions. Returns the
     /// number of chunks released: 0 while another trim or shrink runs, or
-    /// while the pool grows (a pool grows only when it has no free chunk;
-    /// a pressure hook that the grow runs may trim the pool so).
+    /// while the pool grows (a pool grows only when it has no free chunk).
+    /// A grow runs the pressure hooks once it let go of its lock: a hook's
+    /// trim may release the chunks that grow added.
     pub fn trim(&self) -> Result<usize> {
         self.shared.gate.open();
         self.shared.shrink()

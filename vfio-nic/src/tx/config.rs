@@ -154,14 +154,14 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// Pauses spun before the first sleep.
+    /// Pauses spun since the last reset before the first sleep.
     const SPINS: u32 = 64;
 
     /// Spins for the first 64 pauses since the last reset, then sleeps
     /// 20 µs per pause.
     pub fn pause(&mut self) {
         self.idle = self.idle.saturating_add(1);
-        if self.idle < Self::SPINS {
+        if self.idle <= Self::SPINS {
             std::hint::spin_loop();
         } else {
             std::thread::sleep(Duration::from_micros(20));
@@ -171,7 +171,7 @@ impl Backoff {
     /// Whether the last pause was the first to sleep since the last reset:
     /// once per stretch without progress, when spinning gave up.
     pub(super) fn first_sleep(&self) -> bool {
-        self.idle == Self::SPINS
+        self.idle == Self::SPINS + 1
     }
 
     /// Progress was made: spin again before sleeping.
@@ -211,5 +211,28 @@ pub(super) fn check_config(cfg: &Config) -> Result<()> {
             bad("boundary (a power of two, at least 64)", b as u64)
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backoff;
+
+    /// The first 64 pauses since a reset spin and the 65th is the first to
+    /// sleep, as `pause` says; after a reset, the same again. The 64th
+    /// used to sleep.
+    #[test]
+    fn sixty_four_pauses_spin_before_the_first_sleep() {
+        let mut b = Backoff::default();
+        for _ in 0..2 {
+            let first = (1..=100).find(|_| {
+                b.pause();
+                b.first_sleep()
+            });
+            assert_eq!(first, Some(Backoff::SPINS + 1));
+            b.pause();
+            assert!(!b.first_sleep(), "once per stretch");
+            b.reset();
+        }
     }
 }
