@@ -23,6 +23,13 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// ([`Error::Busy`]): wait and try again. A device that fails to
     /// detach comes back the same way, with its error.
     ///
+    /// The queue frees its ring once the device is handed back, trusting
+    /// the [`detach`](TxDevice::detach) that returned `Ok`. A device that
+    /// keeps the default `detach` (it stops only in its own `Drop`) is
+    /// handed back still holding the ring's IOVA: the ring is unmapped
+    /// first, so what it reads there faults, but such a device is better
+    /// dropped with the queue, which stops it before the ring goes.
+    ///
     /// `?` turns the error into an [`Error`], dropping the queue (and
     /// stopping the device) as the end of a driver would.
     pub fn into_device(mut self) -> std::result::Result<D, IntoDeviceError<M, D>> {
