@@ -60,11 +60,14 @@ pub struct Row {
 
 /// The samples of `a` and `b` in the rounds both ran in, each side's
 /// merged; `None` if either failed for good (a pfrag row that failed in
-/// any round) or they never ran in the same round. A ratio of rows
+/// any round), they never ran in the same round, or they do not have the
+/// same number of rounds. A ratio of rows
 /// measured in different rounds would mix the machine's drift between
 /// rounds into it.
 pub fn paired(a: &Row, b: &Row) -> Option<(Timing, Timing)> {
-    if a.result.is_err() || b.result.is_err() {
+    // Rows of one table ran in as many rounds; two that did not cannot
+    // be paired round by round.
+    if a.result.is_err() || b.result.is_err() || a.rounds.len() != b.rounds.len() {
         return None;
     }
     a.rounds
@@ -144,6 +147,19 @@ impl Table {
                 "rounds differ: {} rows, then {}",
                 self.rows.len(),
                 other.rows.len()
+            ));
+        }
+        // Row by row, the same measurement: samples of two would mix.
+        let same = |a: &Row, b: &Row| (a.group, a.who, &a.what) == (b.group, b.who, &b.what);
+        if let Some((a, b)) = self.rows.iter().zip(&other.rows).find(|(a, b)| !same(a, b)) {
+            return Err(format!(
+                "rounds differ: row \"{} {} {}\", then \"{} {} {}\"",
+                a.group.name(),
+                a.who,
+                a.what,
+                b.group.name(),
+                b.who,
+                b.what
             ));
         }
         for (a, b) in self.rows.iter_mut().zip(other.rows) {

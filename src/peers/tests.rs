@@ -237,3 +237,30 @@ fn a_skipped_peer_is_printed_with_its_reason_and_ratios_say_na() {
          txonly-off pfrag/dpdk=n/a txonly-strict pfrag/dpdk=n/a"
     );
 }
+
+/// Rounds whose rows are not the same measurements, in the same order,
+/// are not merged: their samples would mix. Only their number was
+/// compared before.
+#[test]
+fn rounds_with_other_rows_are_not_merged() {
+    let mut first = txonly_round(10.0, 15.0, 30.0, 13.0);
+    let mut other = txonly_round(10.0, 15.0, 30.0, 13.0);
+    other.rows.swap(1, 2);
+    let e = first.clone().merge(other).unwrap_err();
+    assert!(e.contains(TX_OFF) && e.contains(TX_DRIVER), "{e}");
+    let same = txonly_round(11.0, 16.0, 31.0, 14.0);
+    first.merge(same).unwrap();
+    assert_eq!(first.rows[0].rounds.len(), 2);
+}
+
+/// Two rows with different numbers of rounds are not paired: zipping
+/// them would pair rounds that are not the same.
+#[test]
+fn rows_of_different_round_counts_are_not_paired() {
+    let mut tab = txonly_round(10.0, 15.0, 30.0, 13.0);
+    tab.merge(txonly_round(11.0, 16.0, 31.0, 14.0)).unwrap();
+    let (a, mut b) = (tab.rows[0].clone(), tab.rows[3].clone());
+    assert!(paired(&a, &b).is_some());
+    b.rounds.truncate(1);
+    assert!(paired(&a, &b).is_none());
+}
