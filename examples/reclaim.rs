@@ -186,8 +186,8 @@ fn config(a: &Args, p: Reclaim, flows: usize, limits: Limits) -> RunConfig {
         queues: a.queues,
         skew: None,
         reclaim: match p {
-            Reclaim::Eager => Reclaim::Eager,
             Reclaim::Hysteresis { .. } => Reclaim::HYSTERESIS,
+            other => other,
         },
         workload: Workload::Small {
             min: a.min,

@@ -289,11 +289,11 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
                     queues: a.queues,
                     skew: a.skew,
                     reclaim: match a.reclaim {
-                        Reclaim::Eager => Reclaim::Eager,
                         Reclaim::Hysteresis { .. } => Reclaim::Hysteresis {
                             threshold: a.threshold_mib << 20,
                             chunk: (a.threshold_mib << 20) / 2,
                         },
+                        other => other,
                     },
                     // (threshold_mib is checked by `cli::mib` before this runs)
                     workload: Workload::Fixed,

@@ -312,20 +312,6 @@ fn warm_up<M: DmaMapper, D: TxDevice>(
     }
 }
 
-fn header_name(h: HeaderMode) -> &'static str {
-    match h {
-        HeaderMode::Bounce(_) => "bounce",
-        HeaderMode::Mapped => "mapped",
-    }
-}
-
-fn touch_name(t: Touch) -> &'static str {
-    match t {
-        Touch::Checksum => "checksum",
-        Touch::Pages => "pages",
-    }
-}
-
 /// The default TCP MSS of the generated traffic (a 1500-byte MTU).
 pub const MSS: u16 = 1448;
 

@@ -176,7 +176,7 @@ impl Measured {
             order: cfg.order.to_string(),
             policy: cfg.policy.name().into(),
             iommu: cfg.iommu.name().into(),
-            header: header_name(cfg.header).into(),
+            header: cfg.header.name().into(),
             flows: cfg.flows,
             packets: self.packets,
             payload_bytes: (self.bytes / self.packets.max(1)) as usize,

@@ -391,7 +391,7 @@ fn row(cfg: &RunConfig, r: &QueueRun, queue: Option<usize>, sh: &Shared) -> Row 
         touch: if cfg.model == DeviceModel::Null {
             "none".into()
         } else {
-            touch_name(cfg.touch).into()
+            cfg.touch.name().into()
         },
         ..common.row("soft", cfg)
     };

@@ -134,10 +134,7 @@ impl Phase {
             self.policy.name(),
             self.invalidation,
             self.queues,
-            match self.header {
-                HeaderMode::Bounce(_) => "bounce",
-                HeaderMode::Mapped => "mapped",
-            },
+            self.header.name(),
             self.fit_whole,
             self.ring,
             self.flows,

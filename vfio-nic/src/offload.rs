@@ -17,6 +17,7 @@ use crate::format::Format;
 
 /// What the device does to a packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Offload {
     /// Nothing: the frame goes out exactly as given (one frame, checksums
     /// as the caller wrote them; no context descriptor).

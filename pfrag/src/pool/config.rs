@@ -9,6 +9,7 @@ use crate::order::Order;
 
 /// When chunk memory is mapped for DMA.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Policy {
     /// Map each frag when handed out, unmap at its completion: the stock
     /// kernel baseline.
@@ -21,6 +22,7 @@ pub enum Policy {
 
 /// How a queue's freed chunks return to the shared pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Reclaim {
     /// Straight back to the shared free list, every time a completion frees
     /// a chunk ("keep the forward allocation as small as possible").

@@ -123,6 +123,7 @@ pub struct Packet {
 
 /// How the device reported a completed packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Status {
     /// Sent.
     Ok,

@@ -31,6 +31,7 @@ use crate::gen::pattern;
 
 /// How much of each payload the model reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Touch {
     /// Every byte: verified against the flow pattern and checksummed.
     Checksum,

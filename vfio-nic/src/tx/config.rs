@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 
 /// Where packet headers go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HeaderMode {
     /// Copied into the premapped bounce ring: no mapping per packet.
     Bounce(SlotSize),
