@@ -417,6 +417,18 @@ pub enum Error {
         /// The stop's.
         stop: Box<Error>,
     },
+    /// A step failed, and putting back the registers it had changed
+    /// failed too: the device is not as it was (an 82576 whose reset
+    /// failed before CTRL.RST may be left with bus mastering disabled,
+    /// its interrupts masked, its receiver or transmitter off).
+    #[error("{error}; then putting the device back failed too: {undo}")]
+    UndoFailed {
+        /// The step's failure.
+        #[source]
+        error: Box<Error>,
+        /// The first write putting the device back that failed.
+        undo: Box<Error>,
+    },
 }
 
 impl Error {
@@ -438,6 +450,7 @@ impl Error {
             Error::VfioOpen { errno, .. } | Error::IommuInfo { errno } => *errno,
             Error::BarMap { source, .. } => source.raw_os_error(),
             Error::StopFailed { error, stop } => error.errno().or_else(|| stop.errno()),
+            Error::UndoFailed { error, undo } => error.errno().or_else(|| undo.errno()),
             _ => None,
         }
     }

@@ -371,3 +371,39 @@ fn the_generator_refuses_a_payload_too_large_before_staging_it() {
     Flow::new(0).unwrap().header(usize::MAX, &mut h);
     assert_eq!(u16::from_be_bytes([h[16], h[17]]), u16::MAX);
 }
+
+/// `ring_full` counts sends refused for a full ring, one per refused
+/// send: asking `room_for` posts nothing and counts nothing, however
+/// often it is asked (a caller polling it while it reaps used to count
+/// a refused send per poll, and one asked before a refused `send` two).
+/// A [`Traffic`](vfio_nic::gen::Traffic) send refused by its own room
+/// check is a refused send, and counts.
+#[test]
+fn a_room_query_counts_no_refused_send() {
+    let (iommu, domain, pool) = parts(0);
+    let nic = VirtioNet::new(iommu, capture()).unwrap();
+    let cfg = tx::Config {
+        ring: 8,
+        mtu: 9000,
+        ..tx::Config::default()
+    };
+    // SAFETY: the model translates through the IOMMU the domain maps through.
+    let mut q = unsafe { tx::Queue::new(domain, pool, nic, cfg) }.unwrap();
+    let hdr = [0u8; 14];
+    for t in 0..7 {
+        q.send(&hdr, &[1u8; 10], Offload::None, t).unwrap();
+    }
+    assert_eq!(q.free_descs(), 0);
+    for _ in 0..3 {
+        let r = q.room_for(10, Offload::None);
+        assert!(matches!(r, Err(Error::RingFull { .. })), "{r:?}");
+    }
+    assert_eq!(q.stats().ring_full, 0, "queries are no refused sends");
+    let r = q.send(&hdr, &[1u8; 10], Offload::None, 7);
+    assert!(matches!(r, Err(Error::RingFull { .. })), "{r:?}");
+    assert_eq!(q.stats().ring_full, 1);
+    let mut g = vfio_nic::gen::Traffic::new(1, 1448).unwrap();
+    let r = g.send(&mut q, 0, 100);
+    assert!(matches!(r, Err(Error::RingFull { .. })), "{r:?}");
+    assert_eq!(q.stats().ring_full, 2, "the generator's refused send");
+}

@@ -117,17 +117,43 @@ fn a_first_frame_with_nothing_after_it_counts_no_bytes() {
     assert_eq!((r.payload_bytes, r.unplaced_frames), (300, 1));
 }
 
+/// Identical copies of a first frame in a row are placed together by the
+/// flow's next frame: when that continues the old stream, every one is a
+/// copy. The first used to be left unplaced, followed by another start.
 #[test]
 fn copies_of_a_first_frame_in_a_row_settle_on_the_stream() {
     let s = stream(&LENS);
-    let seq = [&s[..2], &[s[0].clone(), s[0].clone()], &s[2..]].concat();
+    for n in 2..4 {
+        let copies = vec![s[0].clone(); n];
+        let seq = [&s[..2], &copies[..], &s[2..]].concat();
+        let (c, refused) = run(&seq);
+        let r = c.report();
+        assert_eq!(refused, vec![false; 4 + n], "{r:?}");
+        let counts = (r.good_frames, r.bad_frames, r.streams);
+        assert_eq!(counts, (4, n as u64, 1), "{r:?}");
+        assert_eq!((r.payload_bytes, r.unplaced_frames), (1000, 0));
+        // Each counted when the flow's next frame came, in order.
+        for (i, e) in r.first_errors.iter().enumerate() {
+            assert!(e.starts_with(&format!("frame {}: ", 3 + i)), "{r:?}");
+        }
+    }
+}
+
+/// Identical first frames in a row whose next frame continues them start
+/// one new stream: one of them is its first frame, and the others are
+/// copies of it or new streams of one frame each, which nothing tells
+/// apart: unplaced.
+#[test]
+fn identical_starts_in_a_row_before_a_new_stream_start_one() {
+    let s = stream(&LENS);
+    let b = stream(&[100, 50]);
+    let seq = [&s[..], &[b[0].clone()], &b[..]].concat();
     let (c, refused) = run(&seq);
     let r = c.report();
-    assert_eq!(refused, [false; 6], "{r:?}");
-    assert_eq!((r.good_frames, r.bad_frames, r.streams), (4, 1, 1), "{r:?}");
-    // The second copy is placed as a copy; the first, followed by another
-    // start, by nothing.
-    assert_eq!((r.payload_bytes, r.unplaced_frames), (1000, 1));
+    assert_eq!(refused, [false; 7], "{r:?}");
+    assert_eq!((r.good_frames, r.bad_frames, r.streams), (6, 0, 2), "{r:?}");
+    assert_eq!((r.payload_bytes, r.unplaced_frames), (1150, 1));
+    assert_eq!(c.next_offset(FLOW), Some(150));
 }
 
 /// A new stream's first frame whose next frame is lost, or late, still

@@ -79,7 +79,7 @@ pub enum FrameError {
     },
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct FlowState {
     next: u32,
     streams: u64,
@@ -91,15 +91,20 @@ struct FlowState {
 /// A frame at stream offset 0 that came while its flow's stream was under
 /// way: the first frame of a new stream, or a copy of the current one's
 /// (a duplicate, or the first frame arriving late). Nothing in the frame
-/// tells which; the flow's next frame may.
-#[derive(Clone, Copy, Debug)]
+/// tells which; the flow's next frame may. Whole frames identical to it
+/// that come right after it, before any other frame of the flow, are held
+/// with it and placed with it.
+#[derive(Clone, Debug)]
 struct Start {
     /// Its payload bytes.
     len: u32,
     /// Whether it was whole (a damaged one was counted bad already).
     whole: bool,
-    /// Its number among the frames seen, for its error.
-    frame: u64,
+    /// The frame, to tell an identical one that follows it.
+    bytes: Box<[u8]>,
+    /// Its number among the frames seen, and the numbers of the identical
+    /// frames held with it, in order: for their errors.
+    frames: Vec<u64>,
 }
 
 impl Start {
@@ -110,7 +115,12 @@ impl Start {
     /// not it (bad, and the flow stays); otherwise unplaced. The flow
     /// follows the new stream unless the next frame continues the old one
     /// or is at offset 0 itself.
-    fn settle(self, st: &mut FlowState, flow: u32, off: u32, report: &mut WireReport) {
+    ///
+    /// The identical frames held with it are placed with it: all copies
+    /// (each bad) if it was one; if it started a new stream, one of them
+    /// did and each of the others is a copy of it or a new stream of that
+    /// one frame, which nothing tells apart: unplaced.
+    fn settle(&self, st: &mut FlowState, flow: u32, off: u32, report: &mut WireReport) {
         let old = st.next;
         let stays = off == old || off == 0;
         if !stays {
@@ -121,25 +131,27 @@ impl Start {
         if !self.whole {
             return;
         }
+        let n = self.frames.len() as u64;
         if off == self.len && !stays {
             report.good_frames += 1;
             report.payload_bytes += u64::from(self.len);
+            self.unplaced(report, n - 1);
         } else if off == old && off != self.len {
             let e = FrameError::Gap {
                 flow,
                 got: 0,
                 want: old,
             };
-            report.refused(self.frame, &e);
+            self.frames.iter().for_each(|&f| report.refused(f, &e));
         } else {
-            self.unplaced(report);
+            self.unplaced(report, n);
         }
     }
 
-    /// Counts a whole start that nothing placed.
-    fn unplaced(self, report: &mut WireReport) {
-        report.unplaced_frames += 1;
-        report.unplaced_bytes += u64::from(self.len);
+    /// Counts `n` of its whole frames as ones that nothing placed.
+    fn unplaced(&self, report: &mut WireReport, n: u64) {
+        report.unplaced_frames += n;
+        report.unplaced_bytes += n * u64::from(self.len);
     }
 }
 
@@ -205,18 +217,31 @@ fn whole(
 ///   continues the old stream and not it, it was a copy and is bad
 ///   ([`FrameError::Gap`] with `got` 0, counted then, not when it came);
 ///   otherwise (the next frame continues both, after a stream of one
-///   frame; or neither, one lost or late in between; or is at offset 0
-///   too; or none came yet) it is
+///   frame; or neither, one lost or late in between; or is another frame
+///   at offset 0; or none came yet) it is
 ///   [unplaced](WireReport::unplaced_frames): its bytes are not counted.
 ///   The flow follows the new stream unless its next frame continues the
 ///   old one or is at offset 0. [`frame`](Self::frame) returns `Ok` for
 ///   such a frame when it is whole; the report has its verdict.
+/// - Whole frames byte-identical to such a frame that come right after it
+///   (the flow's next frames) wait with it, and the first other frame of
+///   the flow places them all: if it continues the old stream and not
+///   them, each is a copy and bad; if it continues them and not the old
+///   stream, one is the new stream's first frame (good, one stream) and
+///   each of the others unplaced; otherwise all are unplaced.
 ///
 /// What the frame format cannot tell, and how it is counted (a frame that
 /// named its run would lift both):
 ///
 /// - A copy of a stream's first two or more frames, in order, is what a
 ///   new stream sends: it counts as a new stream, its bytes again.
+/// - A copy of a stream's first frame right after it is what a new stream
+///   of one frame sends, followed by another stream's first frame: all
+///   runs of a flow start with the same bytes, and a frame of the same
+///   length is the same frame. So a stream's first frame followed at once
+///   by an identical one, then by its second frame, counts the first
+///   frame good and the second unplaced; and identical starts in a row
+///   followed by a new stream count one good, the others unplaced.
 /// - A new stream whose first frame was lost cannot be placed: its frames
 ///   at offsets the old stream passed are refused as behind their flow
 ///   ([`FrameError::Gap`], bad, bytes not counted), and the stream is not
@@ -248,9 +273,11 @@ pub struct WireReport {
     /// frame).
     pub streams: u64,
     /// Whole frames at stream offset 0 that came while their flow's stream
-    /// was under way and that no later frame placed: each is the first
-    /// frame of a new stream or a copy of the old one's, and nothing tells
-    /// which (see [`WireCheck`]). Neither good nor bad: `frames` is
+    /// was under way and that no later frame placed (or, of identical
+    /// ones in a row before a new stream, all but the one counted its
+    /// first frame): each is the first frame of a new stream or a copy,
+    /// and nothing tells which (see [`WireCheck`]). Neither good nor bad:
+    /// `frames` is
     /// `good_frames + bad_frames + unplaced_frames`.
     pub unplaced_frames: u64,
     /// Their payload bytes, not in `payload_bytes`.
@@ -308,7 +335,13 @@ impl WireCheck {
         // Sequence first, so that a damaged frame in the right place still
         // moves its flow on and the frames after it are judged on their own.
         let st = self.flows.entry(fl).or_default();
-        if let Some(start) = st.start.take() {
+        if let Some(mut start) = st.start.take() {
+            if start.whole && *start.bytes == *fr {
+                // The held start again: placed with it.
+                start.frames.push(self.report.frames);
+                st.start = Some(start);
+                return Ok(None);
+            }
             start.settle(st, fl, off, &mut self.report);
         }
         let want = if st.streams == 0 { 0 } else { st.next };
@@ -317,7 +350,8 @@ impl WireCheck {
             st.start = Some(Start {
                 len: payload.len() as u32,
                 whole: w.is_ok(),
-                frame: self.report.frames,
+                bytes: fr.into(),
+                frames: vec![self.report.frames],
             });
             return w.map(|()| None);
         }
@@ -360,8 +394,9 @@ impl WireCheck {
             flows: self.flows.len(),
             ..self.report.clone()
         };
-        let starts = self.flows.values().filter_map(|st| st.start);
-        starts.filter(|s| s.whole).for_each(|s| s.unplaced(&mut r));
+        let starts = self.flows.values().filter_map(|st| st.start.as_ref());
+        let whole = starts.filter(|s| s.whole);
+        whole.for_each(|s| s.unplaced(&mut r, s.frames.len() as u64));
         r
     }
 }

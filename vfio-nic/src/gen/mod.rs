@@ -236,7 +236,7 @@ impl<M: DmaMapper> Traffic<M> {
         let fl = self.flow(flow)?;
         self.check_len(q, len)?;
         let offload = self.offload(len);
-        q.room_for(len, offload)?;
+        q.room_to_send(len, offload)?;
         let mut hdr = [0u8; HDR_LEN];
         let mut off = fl.header(len, &mut hdr);
         q.frags(len, &mut self.scratch)?;

@@ -126,7 +126,9 @@ pub struct Stats {
     pub header_fallbacks: u64,
     /// Headers mapped on their own (including fallbacks).
     pub mapped_headers: u64,
-    /// Sends refused because the ring was full.
+    /// Sends refused because the ring was full ([`Error::RingFull`]), one
+    /// per refused send; a [`room_for`](Queue::room_for) query counts
+    /// nothing.
     pub ring_full: u64,
     /// Frags whose unmap failed, one per frag: payload frags freed by a
     /// reap or given back by a refused send, and header frags.

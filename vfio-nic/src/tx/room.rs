@@ -362,11 +362,25 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// packet whose estimate exceeds the whole ring passes once the ring is
     /// empty, and `post` then tells whether it fits
     /// ([`Error::PacketTooLarge`] if it never can).
-    pub fn room_for(&mut self, len: usize, offload: Offload) -> Result<()> {
+    ///
+    /// A query: it posts nothing and counts nothing, whatever it answers
+    /// ([`Stats::ring_full`](super::Stats::ring_full) counts refused
+    /// sends only).
+    pub fn room_for(&self, len: usize, offload: Offload) -> Result<()> {
         let ctx = context_descs::<Fmt<D>>(offload);
         // The device may hold the context already: at least no context.
         self.check_capacity(self.descs_at_least(len))?;
-        self.check_room(self.descs_at_most(len, ctx), ctx, Need::AtMost)
+        self.fits_room(self.descs_at_most(len, ctx), ctx, Need::AtMost)
+    }
+
+    /// [`room_for`](Self::room_for) made by a send of its own before it
+    /// allocates ([`gen::Traffic::send`](crate::gen::Traffic::send)): a
+    /// full ring refuses that send, and is counted in
+    /// [`Stats::ring_full`](super::Stats::ring_full).
+    pub(crate) fn room_to_send(&mut self, len: usize, offload: Offload) -> Result<()> {
+        let r = self.room_for(len, offload);
+        self.count_refusal(&r);
+        r
     }
 
     /// Descriptors a payload of `len` bytes needs at most (context, if the
@@ -416,13 +430,32 @@ impl<M: DmaMapper, D: TxDevice> Queue<M, D> {
     /// ([`check_capacity`](Self::check_capacity)). An estimate past the
     /// ring whose lower bound fits asks for an empty ring instead
     /// ([`Error::RingFull`] until then), where the exact count decides.
+    ///
+    /// A send's check: a full ring ([`Error::RingFull`]) refuses the send,
+    /// counted in [`Stats::ring_full`](super::Stats::ring_full).
     pub(super) fn check_room(&mut self, descs: usize, ctx: usize, need: Need) -> Result<()> {
+        let r = self.fits_room(descs, ctx, need);
+        self.count_refusal(&r);
+        r
+    }
+
+    /// Counts `r`, a send's room check, in
+    /// [`Stats::ring_full`](super::Stats::ring_full) if a full ring refused
+    /// the send (no other refusal).
+    fn count_refusal(&mut self, r: &Result<()>) {
+        if let Err(Error::RingFull { .. }) = r {
+            self.stats.ring_full += 1;
+        }
+    }
+
+    /// [`check_room`](Self::check_room) without counting: the answer
+    /// alone.
+    fn fits_room(&self, descs: usize, ctx: usize, need: Need) -> Result<()> {
         self.cfg.check_max_bufs(descs - ctx)?;
         if need == Need::Exact {
             self.check_capacity(descs)?;
         }
         if descs.min(self.capacity()) > self.free_descs() {
-            self.stats.ring_full += 1;
             return Err(Error::RingFull {
                 needed: descs,
                 free: self.free_descs(),

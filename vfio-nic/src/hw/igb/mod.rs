@@ -151,6 +151,12 @@ bitflags::bitflags! {
 /// The register [`Igb::mark`] writes: Receive Address Low, entry 15.
 pub const MARK_REG: Reg = regs::ral(15);
 
+/// The registers [`Igb::reset`] changes before CTRL.RST, other than
+/// CTRL: the interrupt masks (which IMC and EIMC clear), the receive and
+/// transmit controls. Their values, read first, are what a failure before
+/// the RST puts back.
+const QUIESCED: [Reg; 4] = [regs::IMS, regs::EIMS, regs::RCTL, regs::TCTL];
+
 /// MDIC register-address field shift.
 const MDIC_REG_SHIFT: u32 = 16;
 /// MDIC PHY-address field shift.
@@ -295,19 +301,33 @@ impl<R: Regs> Igb<R> {
 
     /// Stops the device's bus mastering, masks interrupts, stops RX and
     /// TX, resets the MAC, clears the statistics and waits (bounded) for
-    /// link. A device whose bus-master requests do not drain in the reset
-    /// timeout is not reset: [`Error::MasterRequestsPending`], the device
-    /// left as it was, every ring it was given still its own until its
-    /// queue is stopped ([`detach`](TxDevice::detach),
-    /// [`stop_rx`](Self::stop_rx)).
+    /// link.
+    ///
+    /// What a failure leaves depends on whether CTRL.RST was written:
+    /// - Before it (bus-master requests that do not drain in the reset
+    ///   timeout: [`Error::MasterRequestsPending`]; a register access
+    ///   masking interrupts, stopping RX or TX, or writing RST itself):
+    ///   the device is not reset, and every register the reset changed
+    ///   is put back: mastering enabled again, the interrupt masks,
+    ///   receiver and transmitter as they were, every ring it was given
+    ///   still its own until its queue is stopped
+    ///   ([`detach`](TxDevice::detach), [`stop_rx`](Self::stop_rx)). A
+    ///   write putting them back that fails too is
+    ///   [`Error::UndoFailed`], carrying both: the device may be left
+    ///   with mastering disabled (no DMA), interrupts masked, its
+    ///   receiver or transmitter off.
+    /// - After it (the reset not self-clearing, a register or PHY access,
+    ///   no link in the link timeout): the device was reset, whatever
+    ///   step failed. Its queues are off and forget their rings (the TX
+    ///   queue reads as not attached: [`Error::NotAttached`] until the
+    ///   next [`attach`](TxDevice::attach)), its counters start from
+    ///   zero; mastering, the interrupt masks and the link are wherever
+    ///   the failed step left them, and a reset that succeeds sets them.
     pub fn reset(&mut self) -> Result<()> {
-        self.disable_master()?;
-        self.reg(regs::IMC, u32::MAX)?;
-        self.reg(regs::EIMC, u32::MAX)?;
-        self.reg(regs::RCTL, 0)?;
-        self.reg(regs::TCTL, 0)?;
-        let ctrl = self.read(regs::CTRL)?;
-        self.reg(regs::CTRL, ctrl | Ctrl::RST.bits())?;
+        self.quiesce_and_reset()?;
+        // The device forgot its rings and cleared its counters.
+        self.ring_len = None;
+        self.stats = IgbStats::default();
         wait_for("reset", self.cfg.reset_timeout, || {
             Ok(self.read(regs::CTRL)? & Ctrl::RST.bits() == 0)
         })?;
@@ -328,27 +348,72 @@ impl<R: Regs> Igb<R> {
         self.link_wait = wait_for("link up", self.cfg.link_timeout, || {
             Ok(self.read(regs::STATUS)? & Status::LU.bits() != 0)
         })?;
-        self.ring_len = None;
         self.read_stats()?;
         self.stats = IgbStats::default();
         Ok(())
     }
 
+    /// The reset up to and with the RST write: disables bus mastering
+    /// ([`disable_master`](Self::disable_master)), masks interrupts,
+    /// turns RX and TX off, then writes CTRL.RST. A failure before the
+    /// RST took puts [`QUIESCED`] and CTRL back as they were
+    /// ([`put_back`](Self::put_back)).
+    fn quiesce_and_reset(&self) -> Result<()> {
+        let saved = self.save(QUIESCED)?;
+        let ctrl = self.disable_master()?;
+        let steps = || {
+            self.reg(regs::IMC, u32::MAX)?;
+            self.reg(regs::EIMC, u32::MAX)?;
+            self.reg(regs::RCTL, 0)?;
+            self.reg(regs::TCTL, 0)?;
+            let off = Ctrl::GIO_MASTER_DISABLE | Ctrl::RST;
+            self.reg(regs::CTRL, ctrl | off.bits())
+        };
+        steps().map_err(|error| {
+            // The masks are put back through IMS and EIMS, whose writes
+            // set the bits the reads returned; mastering last.
+            let back = QUIESCED.into_iter().zip(saved).rev();
+            self.put_back(back.chain([(regs::CTRL, ctrl)]), error)
+        })
+    }
+
+    /// After a step that failed with `error`: writes each register of
+    /// `back` its value, in order, every write tried. `error` comes
+    /// back, or, if a write failed, [`Error::UndoFailed`] with the first
+    /// that did.
+    fn put_back(&self, back: impl IntoIterator<Item = (Reg, u32)>, error: Error) -> Error {
+        let mut failed = None;
+        for (r, v) in back {
+            if let Err(e) = self.reg(r, v) {
+                failed.get_or_insert(e);
+            }
+        }
+        match failed {
+            None => error,
+            Some(undo) => Error::UndoFailed {
+                error: Box::new(error),
+                undo: Box::new(undo),
+            },
+        }
+    }
+
     /// Sets CTRL.GIO_MASTER_DISABLE and waits, bounded by the reset
     /// timeout, until STATUS.GIO_MASTER_ENABLE reads clear: no bus-master
     /// request (DMA) of the device is pending, none is issued from then
-    /// on, and none is in flight across the reset that follows.
+    /// on, and none is in flight across the reset that follows. CTRL as
+    /// it was read before comes back.
     ///
     /// Requests that do not drain are [`Error::MasterRequestsPending`],
     /// with STATUS as last read, and the master disable is taken back:
-    /// the device is left as it was, not reset. Resetting it anyway
-    /// (which other 82576 drivers do, logging the timeout) would reset a
-    /// device in the middle of DMA, as the datasheet warns against, and
-    /// say nothing to the caller. Refused, every ring the device was
-    /// given stays the caller's to stop ([`detach`](TxDevice::detach),
+    /// the device is left as it was, not reset (or, if taking it back
+    /// fails, [`Error::UndoFailed`]). Resetting it anyway (which other
+    /// 82576 drivers do, logging the timeout) would reset a device in
+    /// the middle of DMA, as the datasheet warns against, and say
+    /// nothing to the caller. Refused, every ring the device was given
+    /// stays the caller's to stop ([`detach`](TxDevice::detach),
     /// [`stop_rx`](Self::stop_rx)), and none is freed until the device
     /// confirms its queue stopped.
-    fn disable_master(&self) -> Result<()> {
+    fn disable_master(&self) -> Result<u32> {
         let ctrl = self.read(regs::CTRL)?;
         self.reg(regs::CTRL, ctrl | Ctrl::GIO_MASTER_DISABLE.bits())?;
         let mut status = 0;
@@ -357,16 +422,13 @@ impl<R: Regs> Igb<R> {
             Ok(status & Status::GIO_MASTER_ENABLE.bits() == 0)
         });
         let error = match r {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(ctrl),
             Err(Error::DeviceTimeout { waited_ms, .. }) => {
                 Error::MasterRequestsPending { status, waited_ms }
             }
             Err(e) => e,
         };
-        // Best effort: the error that stopped the reset is the one
-        // reported.
-        let _ = self.reg(regs::CTRL, ctrl);
-        Err(error)
+        Err(self.put_back([(regs::CTRL, ctrl)], error))
     }
 
     fn mdic(&self, v: u32) -> Result<u32> {

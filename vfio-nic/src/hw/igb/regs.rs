@@ -11,8 +11,13 @@ pub const STATUS: Reg = Reg(0x0_0008);
 pub const MDIC: Reg = Reg(0x0_0020);
 /// Interrupt Cause Read.
 pub const ICR: Reg = Reg(0x0_00C0);
+/// Interrupt Mask Set/Read: reads the mask, a write sets bits of it.
+pub const IMS: Reg = Reg(0x0_00D0);
 /// Interrupt Mask Clear.
 pub const IMC: Reg = Reg(0x0_00D8);
+/// Extended Interrupt Mask Set/Read: reads the mask, a write sets bits
+/// of it.
+pub const EIMS: Reg = Reg(0x0_1524);
 /// Extended Interrupt Mask Clear.
 pub const EIMC: Reg = Reg(0x0_1528);
 /// Receive Control.

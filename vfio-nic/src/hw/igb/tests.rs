@@ -17,6 +17,8 @@ use std::collections::HashMap;
 /// bus-master requests that drain `master_reads` reads of STATUS after
 /// CTRL.GIO_MASTER_DISABLE is set. `u32::MAX` reads: never. A reset
 /// while requests may be pending is counted in `resets_while_mastering`.
+/// IMC and EIMC clear bits of the masks IMS and EIMS read, and IMS and
+/// EIMS writes set bits of them. An access [`fail`](Fake::fail)s as told.
 #[derive(Debug, Default)]
 pub(super) struct Fake {
     regs: RefCell<HashMap<u32, u32>>,
@@ -33,6 +35,8 @@ pub(super) struct Fake {
     stopping: RefCell<HashMap<u32, u32>>,
     /// Queue control registers being enabled: reads left until they are.
     enabling: RefCell<HashMap<u32, u32>>,
+    /// Registers with an access to fail: accesses left that succeed first.
+    faults: RefCell<HashMap<u32, u32>>,
 }
 
 /// The enable bit of TXDCTL and RXDCTL.
@@ -41,6 +45,30 @@ pub(super) const QUEUE_ENABLE: u32 = 1 << 25;
 impl Fake {
     pub(super) fn get(&self, r: Reg) -> u32 {
         self.regs.borrow().get(&r.offset()).copied().unwrap_or(0)
+    }
+
+    /// Makes the access (read or write) of `r` after `after` more that
+    /// succeed fail, once, with [`Error::BadRegister`]; a write that
+    /// fails changes nothing.
+    pub(super) fn fail(&self, r: Reg, after: u32) {
+        self.faults.borrow_mut().insert(r.offset(), after);
+    }
+
+    /// The fault of this access of `r`, if [`fail`](Fake::fail) set one.
+    fn fault(&self, r: Reg) -> Result<()> {
+        let mut faults = self.faults.borrow_mut();
+        let Some(left) = faults.get_mut(&r.offset()) else {
+            return Ok(());
+        };
+        if *left > 0 {
+            *left -= 1;
+            return Ok(());
+        }
+        faults.remove(&r.offset());
+        Err(Error::BadRegister {
+            offset: r.offset(),
+            bar_len: 0,
+        })
     }
 
     /// Counts a read of `r` against its change pending in `pending`:
@@ -102,6 +130,7 @@ impl Fake {
 
 impl Regs for Fake {
     fn read(&self, r: Reg) -> Result<u32> {
+        self.fault(r)?;
         if r == STATUS {
             return Ok(self.status());
         }
@@ -115,6 +144,7 @@ impl Regs for Fake {
         Ok(self.get(r))
     }
     unsafe fn write(&self, r: Reg, v: u32) -> Result<()> {
+        self.fault(r)?;
         self.writes.borrow_mut().push((r.offset(), v));
         let queue = r == txdctl(0) || r == rxdctl(0);
         let enabled = self.get(r) & QUEUE_ENABLE != 0;
@@ -137,6 +167,13 @@ impl Regs for Fake {
             CTRL => self.ctrl(v),
             MDIC if self.mdic_error => v | Mdic::READY.bits() | Mdic::ERROR.bits(),
             MDIC => v | Mdic::READY.bits(),
+            IMS | EIMS => self.get(r) | v,
+            IMC | EIMC => {
+                let mask = if r == IMC { IMS } else { EIMS };
+                let cleared = self.get(mask) & !v;
+                self.regs.borrow_mut().insert(mask.offset(), cleared);
+                v
+            }
             _ => v,
         };
         self.regs.borrow_mut().insert(r.offset(), stored);
