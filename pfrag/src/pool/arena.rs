@@ -13,7 +13,7 @@ use crate::addr::{Iova, VirtAddr, HUGE_PAGE_SIZE};
 use crate::dma::{DmaMapper, Unmapped};
 use crate::error::{Error, Result};
 use crate::mem::{Backing, Region};
-use crate::sync::{lock, try_lock, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{lock, try_lock, AtomicBool, AtomicU32, AtomicU64, MutexGuard, Ordering};
 
 /// Keeps shrink from scanning the free list on every completion when no
 /// arena can be whole yet. A scan that takes nothing records how many more
@@ -50,6 +50,12 @@ impl Gate {
     }
 }
 
+/// The locks a grow holds: the released list and the arenas.
+type GrowLocks<'a, M> = (
+    MutexGuard<'a, Vec<ChunkPtr<M>>>,
+    MutexGuard<'a, Vec<Arena<M>>>,
+);
+
 impl<M: DmaMapper> Shared<M> {
     /// Puts a free chunk on the free list, counted for the shrink gate.
     pub(super) fn push_free(&self, c: ChunkPtr<M>) {
@@ -80,41 +86,21 @@ impl<M: DmaMapper> Shared<M> {
         if let Some(a) = &self.account {
             a.reserve(charge)?;
         }
-        let (chunks, huge) = if fresh {
-            match self.new_arena(&mut arenas) {
-                Ok(v) => v,
-                Err(e) => {
-                    self.cancel(charge);
-                    return Err(e);
-                }
-            }
+        let got = if fresh {
+            self.new_arena(&mut arenas)
         } else {
-            match self.reuse(&arenas, &mut released, reuse) {
-                Ok(v) => v,
-                Err(e) => {
-                    self.cancel(charge);
-                    return Err(e);
-                }
+            self.reuse(&arenas, &mut released, reuse)
+        };
+        let (chunks, huge) = match got {
+            Ok(v) => v,
+            Err(e) => {
+                self.cancel(charge);
+                return Err(e);
             }
         };
         if self.cfg.policy == Policy::Persistent {
             if let Err(e) = self.map_batch(&chunks, huge) {
-                if matches!(e, Error::Unmap { .. }) {
-                    // A run stayed mapped after the batch failed: a device
-                    // may reach the memory, so it never comes back.
-                    chunks.iter().for_each(|&c| self.pin_unlisted(c));
-                    self.commit(charge);
-                    drop((released, arenas));
-                    self.settle();
-                } else {
-                    // Nothing mapped: the chunks are released chunks again
-                    // (a new arena's memory was never touched).
-                    self.counters
-                        .released
-                        .fetch_add(count as u64, Ordering::Relaxed);
-                    released.extend(chunks);
-                    self.cancel(charge);
-                }
+                self.map_failed(chunks, &e, charge, (released, arenas));
                 return Err(e);
             }
         }
@@ -125,12 +111,45 @@ impl<M: DmaMapper> Shared<M> {
         for c in chunks {
             self.push_free(c);
         }
-        self.commit(charge);
-        // The hooks run with no lock held: one may take memory from this
-        // pool, and grow it again.
-        drop((released, arenas));
-        self.settle();
+        self.settle_grow(charge, (released, arenas));
         Ok(())
+    }
+
+    /// Where a grow's batch goes when mapping it failed with `e`, and
+    /// what becomes of its `charge`. After an [`Error::Unmap`] a run
+    /// stayed mapped: a device may reach the memory, so the batch is
+    /// pinned for good and stays charged. After any other error nothing
+    /// was mapped: the chunks are released chunks again (a new arena's
+    /// memory was never touched) and the charge is cancelled.
+    fn map_failed(
+        &self,
+        chunks: Vec<ChunkPtr<M>>,
+        e: &Error,
+        charge: u64,
+        locks: GrowLocks<'_, M>,
+    ) {
+        if matches!(e, Error::Unmap { .. }) {
+            chunks.iter().for_each(|&c| self.pin_unlisted(c));
+            self.settle_grow(charge, locks);
+        } else {
+            let (mut released, arenas) = locks;
+            self.counters
+                .released
+                .fetch_add(chunks.len() as u64, Ordering::Relaxed);
+            released.extend(chunks);
+            self.cancel(charge);
+            drop((released, arenas));
+        }
+    }
+
+    /// Ends a grow that keeps its memory: commits its `charge`, lets go of
+    /// its locks, then runs the account's hooks for what the commit
+    /// changed. The hooks run with no lock held: one may take memory from
+    /// this pool, and grow it again.
+    fn settle_grow(&self, charge: u64, locks: GrowLocks<'_, M>) {
+        self.commit(charge);
+        drop(locks);
+        self.settle();
     }
 
     /// The last `n` released chunks (whole arenas, as shrink released
