@@ -56,6 +56,18 @@ type GrowLocks<'a, M> = (
     MutexGuard<'a, Vec<Arena<M>>>,
 );
 
+/// A chunk a grow took for its caller: back on the free list if dropped
+/// still holding it (the account's code unwound before the grow returned).
+struct Taken<'a, M: DmaMapper>(&'a Shared<M>, Option<ChunkPtr<M>>);
+
+impl<M: DmaMapper> Drop for Taken<'_, M> {
+    fn drop(&mut self) {
+        if let Some(c) = self.1.take() {
+            self.0.push_free(c);
+        }
+    }
+}
+
 impl<M: DmaMapper> Shared<M> {
     /// Puts a free chunk on the free list, counted for the shrink gate.
     pub(super) fn push_free(&self, c: ChunkPtr<M>) {
@@ -63,15 +75,23 @@ impl<M: DmaMapper> Shared<M> {
         self.gate.pushes.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Adds one batch of chunks to the free list: released chunks first,
-    /// else a new arena. Persistent pools map the batch with one call per
-    /// contiguous run (one for a new arena). All or nothing: on error the
-    /// pool is as it was (or, if undoing a partial map failed, the batch is
-    /// pinned and counted).
-    pub(super) fn grow(&self) -> Result<()> {
+    /// Adds one batch of chunks: released chunks first, else a new arena.
+    /// Persistent pools map the batch with one call per contiguous run
+    /// (one for a new arena). Returns one chunk of the batch for the
+    /// caller, and puts the others on the free list; `None` if another
+    /// thread grew the pool meanwhile (the free list has chunks again).
+    /// All or nothing: on error the pool is as it was (or, if undoing a
+    /// partial map failed, the batch is pinned and counted).
+    ///
+    /// The caller's chunk is its own before the account's hooks run, so
+    /// the batch's arena is not whole while they do: a hook that trims
+    /// this pool on entering pressure cannot give back the batch just
+    /// grown, which would make the caller grow again (and, were usage then
+    /// to fall below `min`, enter pressure again, without end).
+    pub(super) fn grow(&self) -> Result<Option<ChunkPtr<M>>> {
         let mut arenas = lock(&self.arenas);
         if !self.free.is_empty() {
-            return Ok(()); // someone else grew while we waited
+            return Ok(None); // someone else grew while we waited
         }
         let size = self.cfg.order.size();
         let batch = self.cfg.grow_batch;
@@ -108,11 +128,14 @@ impl<M: DmaMapper> Shared<M> {
             .chunks
             .fetch_add(count as u64, Ordering::Relaxed);
         self.counters.grows.fetch_add(1, Ordering::Relaxed);
+        let mut chunks = chunks.into_iter();
+        // On the free list again if the account's code unwinds.
+        let mut mine = Taken(self, chunks.next());
         for c in chunks {
             self.push_free(c);
         }
         self.settle_grow(charge, (released, arenas));
-        Ok(())
+        Ok(mine.1.take())
     }
 
     /// Where a grow's batch goes when mapping it failed with `e`, and

@@ -455,10 +455,19 @@ impl<M: DmaMapper> Pool<M> {
                 break (c, Some(nb));
             }
             if sh.unpark(false) == 0 {
-                if let Err(e) = sh.grow() {
+                match sh.grow() {
+                    Ok(Some(c)) => {
+                        // Counted as the pop from the shared list it
+                        // stands for.
+                        r.shared_op(1);
+                        break (c, None);
+                    }
+                    Ok(None) => {}
                     // Out of room: a flush may free parked chunks.
-                    if sh.unpark(true) == 0 {
-                        return Err(e);
+                    Err(e) => {
+                        if sh.unpark(true) == 0 {
+                            return Err(e);
+                        }
                     }
                 }
             }
@@ -486,8 +495,9 @@ impl<M: DmaMapper> Pool<M> {
     /// under memory pressure) now; normally done by completions. Returns the
     /// number of chunks released: 0 while another trim or shrink runs, or
     /// while the pool grows (a pool grows only when it has no free chunk).
-    /// A grow runs the pressure hooks once it let go of its lock: a hook's
-    /// trim may release the chunks that grow added.
+    /// A grow runs the pressure hooks once it let go of its lock, and once
+    /// the chunk it was made for is its taker's: a hook's trim gives back
+    /// none of that grow's batch (its arena is not whole).
     pub fn trim(&self) -> Result<usize> {
         self.shared.gate.open();
         self.shared.shrink()
