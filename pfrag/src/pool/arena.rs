@@ -15,41 +15,6 @@ use crate::error::{Error, Result};
 use crate::mem::{Backing, Region};
 use crate::sync::{lock, try_lock, AtomicBool, AtomicU32, AtomicU64, MutexGuard, Ordering};
 
-/// Keeps shrink from scanning the free list on every completion when no
-/// arena can be whole yet. A scan that takes nothing records how many more
-/// chunks the closest arena still misses; each push to the free list adds
-/// at most one, so no scan can succeed before that many pushes. Written
-/// only by the thread holding `Shared::shrinking`.
-#[derive(Default)]
-pub(super) struct Gate {
-    /// Chunks ever pushed to the free list.
-    pushes: AtomicU64,
-    /// `pushes` at which a scan may next take an arena.
-    next: AtomicU64,
-    /// The watermark the gate was set under: a lower one (pressure)
-    /// opens it.
-    mark: AtomicU64,
-}
-
-impl Gate {
-    fn shut(&self, mark: usize) -> bool {
-        self.pushes.load(Ordering::Relaxed) < self.next.load(Ordering::Relaxed)
-            && mark as u64 >= self.mark.load(Ordering::Relaxed)
-    }
-
-    fn set(&self, missing: u64, mark: usize) {
-        let now = self.pushes.load(Ordering::Relaxed);
-        self.next
-            .store(now.saturating_add(missing), Ordering::Relaxed);
-        self.mark.store(mark as u64, Ordering::Relaxed);
-    }
-
-    /// Lets the next shrink scan (an explicit trim).
-    pub(super) fn open(&self) {
-        self.next.store(0, Ordering::Relaxed);
-    }
-}
-
 /// The locks a grow holds: the released list and the arenas.
 type GrowLocks<'a, M> = (
     MutexGuard<'a, Vec<ChunkPtr<M>>>,
@@ -72,7 +37,7 @@ impl<M: DmaMapper> Shared<M> {
     /// Puts a free chunk on the free list, counted for the shrink gate.
     pub(super) fn push_free(&self, c: ChunkPtr<M>) {
         self.free.push(c);
-        self.gate.pushes.fetch_add(1, Ordering::Relaxed);
+        self.gate.pushed();
     }
 
     /// Adds one batch of chunks: released chunks first, else a new arena.

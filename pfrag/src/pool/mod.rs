@@ -32,6 +32,7 @@
 
 mod arena;
 mod config;
+mod gate;
 mod policy;
 mod reserve;
 mod stats;
@@ -240,8 +241,8 @@ pub(crate) struct Shared<M: DmaMapper> {
     /// Set while one thread shrinks, so completions never queue behind it.
     shrinking: AtomicBool,
     /// When the next shrink can find a whole free arena (see
-    /// [`arena::Gate`]).
-    gate: arena::Gate,
+    /// [`gate::Gate`]).
+    gate: gate::Gate,
     counters: Counters,
     /// One reserve per queue.
     reserves: Box<[Reserve<M>]>,
@@ -314,7 +315,7 @@ impl<M: DmaMapper> Pool<M> {
                 released: Mutex::new(Vec::new()),
                 arenas: Mutex::new(Vec::new()),
                 shrinking: AtomicBool::new(false),
-                gate: arena::Gate::default(),
+                gate: gate::Gate::default(),
                 counters: Counters::default(),
                 reserves: (0..cfg.queues).map(|_| Reserve::new()).collect(),
                 account,
