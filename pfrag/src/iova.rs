@@ -34,6 +34,8 @@ pub struct IovaAllocator {
     pending: BTreeMap<u64, u64>,
     /// Bytes currently handed out.
     in_use: u64,
+    /// Bytes of the ranges in `deferred`.
+    deferred_bytes: u64,
 }
 
 impl IovaAllocator {
@@ -51,6 +53,7 @@ impl IovaAllocator {
             deferred: VecDeque::new(),
             pending: BTreeMap::new(),
             in_use: 0,
+            deferred_bytes: 0,
         };
         let mut pages: Vec<(u64, u64)> = ranges
             .iter()
@@ -122,6 +125,7 @@ impl IovaAllocator {
     pub fn free_deferred(&mut self, iova: Iova, size: u64, seq: u64) -> Result<()> {
         let size = self.in_use_range(iova, size)?;
         self.in_use -= size;
+        self.deferred_bytes += size;
         self.deferred.push_back((seq, iova, size));
         self.pending.insert(iova.raw(), iova.raw() + size);
         Ok(())
@@ -165,6 +169,7 @@ impl IovaAllocator {
                 break;
             }
             self.deferred.pop_front();
+            self.deferred_bytes -= size;
             let pending = self.pending.remove(&iova.raw());
             debug_assert_eq!(pending, Some(iova.raw() + size), "deferred {iova}");
             self.insert_free(iova.raw(), iova.raw() + size);
@@ -176,6 +181,11 @@ impl IovaAllocator {
     /// Ranges waiting for a flush.
     pub fn deferred(&self) -> usize {
         self.deferred.len()
+    }
+
+    /// Bytes of the ranges waiting for a flush (freed, not yet reusable).
+    pub fn deferred_bytes(&self) -> u64 {
+        self.deferred_bytes
     }
 
     /// Bytes handed out and not freed.

@@ -179,3 +179,87 @@ fn a_hook_that_takes_from_the_growing_pool_does_not_deadlock() {
     acct.hooks().kept.lock().unwrap().clear();
     acct.hooks().grab_from.lock().unwrap().take();
 }
+
+/// The grow that enters pressure runs a hook that trims the pool. The
+/// chunk that grow was made for is the caller's before the hook runs, so
+/// the trim cannot give back the batch just grown (it used to: the caller
+/// then grew again, one extra grow, unmap and map per pressure entry).
+#[test]
+fn a_trim_on_entering_pressure_keeps_the_batch_just_grown() {
+    let (acct, pool) = setup();
+    *acct.hooks().pool.lock().unwrap() = Some(pool.clone());
+    let p = pool.clone();
+    within_ten_seconds(move || {
+        let mut cache = FragCache::new(p.clone());
+        // Four chunks from the first grow, the fifth from the second,
+        // which enters pressure.
+        let held: Vec<_> = (0..5).map(|_| cache.refill(4096, true).unwrap()).collect();
+        let st = p.stats();
+        assert_eq!((st.grows, st.shrinks, st.released), (2, 0, 0));
+        assert_eq!((st.chunks, p.free_chunks()), (8, 3));
+        drop(held);
+    });
+    assert_eq!(acct.stats().entered, 1);
+    acct.hooks().pool.lock().unwrap().take();
+}
+
+/// With `min` as high as `pressure`, giving back the batch just grown
+/// leaves pressure again at once. A trim on entering pressure used to do
+/// so, and the caller's next grow entered pressure again: the take never
+/// returned.
+#[test]
+fn a_trim_on_entering_pressure_does_not_make_the_take_grow_forever() {
+    let limits = Limits {
+        min: 20 * KIB,
+        pressure: 20 * KIB,
+        max: 1 << 30,
+    };
+    let acct = MemAccount::new(limits, Shed::default()).unwrap();
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    cfg.grow_batch = 4;
+    let d = Arc::new(Domain::new(Identity::new()));
+    let pool = Pool::with_account(d, cfg, acct.clone()).unwrap();
+    *acct.hooks().pool.lock().unwrap() = Some(pool.clone());
+    let p = pool.clone();
+    within_ten_seconds(move || {
+        let mut cache = FragCache::new(p.clone());
+        let held: Vec<_> = (0..5).map(|_| cache.refill(4096, true).unwrap()).collect();
+        assert_eq!(p.stats().grows, 2);
+        drop(held);
+    });
+    assert_eq!(acct.stats().entered, 1);
+    acct.hooks().pool.lock().unwrap().take();
+}
+
+/// A hook that panics on entering pressure.
+struct PanicOnEnter;
+
+impl PressureHooks for PanicOnEnter {
+    fn enter(&self, _bytes: u64) {
+        panic!("the hook panics on entering pressure");
+    }
+}
+
+/// A hook that unwinds out of the grow that ran it loses no chunk: the
+/// one the grow held for its taker goes back to the free list.
+#[test]
+fn a_hook_that_panics_in_a_grow_loses_no_chunk() {
+    let limits = Limits {
+        min: 8 * KIB,
+        pressure: 16 * KIB,
+        max: 1 << 30,
+    };
+    let acct = MemAccount::new(limits, PanicOnEnter).unwrap();
+    let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
+    cfg.grow_batch = 4;
+    let d = Arc::new(Domain::new(Identity::new()));
+    let pool = Pool::with_account(d.clone(), cfg, acct.clone()).unwrap();
+    let mut cache = FragCache::new(pool.clone());
+    let held: Vec<_> = (0..4).map(|_| cache.refill(4096, true).unwrap()).collect();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cache.refill(4096, true)));
+    assert!(r.is_err(), "the second grow entered pressure");
+    assert_eq!((pool.stats().grows, pool.free_chunks()), (2, 4));
+    drop((held, cache, pool));
+    // A chunk in no list would keep its arena for good, counted here.
+    assert_eq!(d.pinned().host_bytes, 0, "no chunk lost");
+}

@@ -87,6 +87,8 @@ fn lazy_unmapped_chunk_waits_for_its_flush() {
     drop(f);
     c.release();
     assert_eq!(pool.parked_chunks(), 1);
+    // Its IOVA waits for the flush as well, and says so.
+    assert_eq!((d.iova_awaiting_flush(), d.iova_in_use()), (4096, 0));
     // Taking again while the flush is pending never hands out that chunk.
     let mut held: Vec<Frag<_>> = Vec::new();
     for _ in 0..3 {
@@ -95,6 +97,7 @@ fn lazy_unmapped_chunk_waits_for_its_flush() {
         held.push(f);
     }
     m.flush().unwrap();
+    assert_eq!(d.iova_awaiting_flush(), 0);
     drop(held);
     c.release();
     let again: Vec<_> = (0..8).map(|_| c.refill(4096, true).unwrap()).collect();

@@ -13,40 +13,23 @@ use crate::addr::{Iova, VirtAddr, HUGE_PAGE_SIZE};
 use crate::dma::{DmaMapper, Unmapped};
 use crate::error::{Error, Result};
 use crate::mem::{Backing, Region};
-use crate::sync::{lock, try_lock, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{lock, try_lock, AtomicBool, AtomicU32, AtomicU64, MutexGuard, Ordering};
 
-/// Keeps shrink from scanning the free list on every completion when no
-/// arena can be whole yet. A scan that takes nothing records how many more
-/// chunks the closest arena still misses; each push to the free list adds
-/// at most one, so no scan can succeed before that many pushes. Written
-/// only by the thread holding `Shared::shrinking`.
-#[derive(Default)]
-pub(super) struct Gate {
-    /// Chunks ever pushed to the free list.
-    pushes: AtomicU64,
-    /// `pushes` at which a scan may next take an arena.
-    next: AtomicU64,
-    /// The watermark the gate was set under: a lower one (pressure)
-    /// opens it.
-    mark: AtomicU64,
-}
+/// The locks a grow holds: the released list and the arenas.
+type GrowLocks<'a, M> = (
+    MutexGuard<'a, Vec<ChunkPtr<M>>>,
+    MutexGuard<'a, Vec<Arena<M>>>,
+);
 
-impl Gate {
-    fn shut(&self, mark: usize) -> bool {
-        self.pushes.load(Ordering::Relaxed) < self.next.load(Ordering::Relaxed)
-            && mark as u64 >= self.mark.load(Ordering::Relaxed)
-    }
+/// A chunk a grow took for its caller: back on the free list if dropped
+/// still holding it (the account's code unwound before the grow returned).
+struct Taken<'a, M: DmaMapper>(&'a Shared<M>, Option<ChunkPtr<M>>);
 
-    fn set(&self, missing: u64, mark: usize) {
-        let now = self.pushes.load(Ordering::Relaxed);
-        self.next
-            .store(now.saturating_add(missing), Ordering::Relaxed);
-        self.mark.store(mark as u64, Ordering::Relaxed);
-    }
-
-    /// Lets the next shrink scan (an explicit trim).
-    pub(super) fn open(&self) {
-        self.next.store(0, Ordering::Relaxed);
+impl<M: DmaMapper> Drop for Taken<'_, M> {
+    fn drop(&mut self) {
+        if let Some(c) = self.1.take() {
+            self.0.push_free(c);
+        }
     }
 }
 
@@ -54,18 +37,26 @@ impl<M: DmaMapper> Shared<M> {
     /// Puts a free chunk on the free list, counted for the shrink gate.
     pub(super) fn push_free(&self, c: ChunkPtr<M>) {
         self.free.push(c);
-        self.gate.pushes.fetch_add(1, Ordering::Relaxed);
+        self.gate.pushed();
     }
 
-    /// Adds one batch of chunks to the free list: released chunks first,
-    /// else a new arena. Persistent pools map the batch with one call per
-    /// contiguous run (one for a new arena). All or nothing: on error the
-    /// pool is as it was (or, if undoing a partial map failed, the batch is
-    /// pinned and counted).
-    pub(super) fn grow(&self) -> Result<()> {
+    /// Adds one batch of chunks: released chunks first, else a new arena.
+    /// Persistent pools map the batch with one call per contiguous run
+    /// (one for a new arena). Returns one chunk of the batch for the
+    /// caller, and puts the others on the free list; `None` if another
+    /// thread grew the pool meanwhile (the free list has chunks again).
+    /// All or nothing: on error the pool is as it was (or, if undoing a
+    /// partial map failed, the batch is pinned and counted).
+    ///
+    /// The caller's chunk is its own before the account's hooks run, so
+    /// the batch's arena is not whole while they do: a hook that trims
+    /// this pool on entering pressure cannot give back the batch just
+    /// grown, which would make the caller grow again (and, were usage then
+    /// to fall below `min`, enter pressure again, without end).
+    pub(super) fn grow(&self) -> Result<Option<ChunkPtr<M>>> {
         let mut arenas = lock(&self.arenas);
         if !self.free.is_empty() {
-            return Ok(()); // someone else grew while we waited
+            return Ok(None); // someone else grew while we waited
         }
         let size = self.cfg.order.size();
         let batch = self.cfg.grow_batch;
@@ -80,41 +71,21 @@ impl<M: DmaMapper> Shared<M> {
         if let Some(a) = &self.account {
             a.reserve(charge)?;
         }
-        let (chunks, huge) = if fresh {
-            match self.new_arena(&mut arenas) {
-                Ok(v) => v,
-                Err(e) => {
-                    self.cancel(charge);
-                    return Err(e);
-                }
-            }
+        let got = if fresh {
+            self.new_arena(&mut arenas)
         } else {
-            match self.reuse(&arenas, &mut released, reuse) {
-                Ok(v) => v,
-                Err(e) => {
-                    self.cancel(charge);
-                    return Err(e);
-                }
+            self.reuse(&arenas, &mut released, reuse)
+        };
+        let (chunks, huge) = match got {
+            Ok(v) => v,
+            Err(e) => {
+                self.cancel(charge);
+                return Err(e);
             }
         };
         if self.cfg.policy == Policy::Persistent {
             if let Err(e) = self.map_batch(&chunks, huge) {
-                if matches!(e, Error::Unmap { .. }) {
-                    // A run stayed mapped after the batch failed: a device
-                    // may reach the memory, so it never comes back.
-                    chunks.iter().for_each(|&c| self.pin_unlisted(c));
-                    self.commit(charge);
-                    drop((released, arenas));
-                    self.settle();
-                } else {
-                    // Nothing mapped: the chunks are released chunks again
-                    // (a new arena's memory was never touched).
-                    self.counters
-                        .released
-                        .fetch_add(count as u64, Ordering::Relaxed);
-                    released.extend(chunks);
-                    self.cancel(charge);
-                }
+                self.map_failed(chunks, &e, charge, (released, arenas));
                 return Err(e);
             }
         }
@@ -122,15 +93,51 @@ impl<M: DmaMapper> Shared<M> {
             .chunks
             .fetch_add(count as u64, Ordering::Relaxed);
         self.counters.grows.fetch_add(1, Ordering::Relaxed);
+        let mut chunks = chunks.into_iter();
+        // On the free list again if the account's code unwinds.
+        let mut mine = Taken(self, chunks.next());
         for c in chunks {
             self.push_free(c);
         }
+        self.settle_grow(charge, (released, arenas));
+        Ok(mine.1.take())
+    }
+
+    /// Where a grow's batch goes when mapping it failed with `e`, and
+    /// what becomes of its `charge`. After an [`Error::Unmap`] a run
+    /// stayed mapped: a device may reach the memory, so the batch is
+    /// pinned for good and stays charged. After any other error nothing
+    /// was mapped: the chunks are released chunks again (a new arena's
+    /// memory was never touched) and the charge is cancelled.
+    fn map_failed(
+        &self,
+        chunks: Vec<ChunkPtr<M>>,
+        e: &Error,
+        charge: u64,
+        locks: GrowLocks<'_, M>,
+    ) {
+        if matches!(e, Error::Unmap { .. }) {
+            chunks.iter().for_each(|&c| self.pin_unlisted(c));
+            self.settle_grow(charge, locks);
+        } else {
+            let (mut released, arenas) = locks;
+            self.counters
+                .released
+                .fetch_add(chunks.len() as u64, Ordering::Relaxed);
+            released.extend(chunks);
+            self.cancel(charge);
+            drop((released, arenas));
+        }
+    }
+
+    /// Ends a grow that keeps its memory: commits its `charge`, lets go of
+    /// its locks, then runs the account's hooks for what the commit
+    /// changed. The hooks run with no lock held: one may take memory from
+    /// this pool, and grow it again.
+    fn settle_grow(&self, charge: u64, locks: GrowLocks<'_, M>) {
         self.commit(charge);
-        // The hooks run with no lock held: one may take memory from this
-        // pool, and grow it again.
-        drop((released, arenas));
+        drop(locks);
         self.settle();
-        Ok(())
     }
 
     /// The last `n` released chunks (whole arenas, as shrink released

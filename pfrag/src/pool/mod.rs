@@ -32,6 +32,7 @@
 
 mod arena;
 mod config;
+mod gate;
 mod policy;
 mod reserve;
 mod stats;
@@ -240,8 +241,8 @@ pub(crate) struct Shared<M: DmaMapper> {
     /// Set while one thread shrinks, so completions never queue behind it.
     shrinking: AtomicBool,
     /// When the next shrink can find a whole free arena (see
-    /// [`arena::Gate`]).
-    gate: arena::Gate,
+    /// [`gate::Gate`]).
+    gate: gate::Gate,
     counters: Counters,
     /// One reserve per queue.
     reserves: Box<[Reserve<M>]>,
@@ -314,7 +315,7 @@ impl<M: DmaMapper> Pool<M> {
                 released: Mutex::new(Vec::new()),
                 arenas: Mutex::new(Vec::new()),
                 shrinking: AtomicBool::new(false),
-                gate: arena::Gate::default(),
+                gate: gate::Gate::default(),
                 counters: Counters::default(),
                 reserves: (0..cfg.queues).map(|_| Reserve::new()).collect(),
                 account,
@@ -455,10 +456,19 @@ impl<M: DmaMapper> Pool<M> {
                 break (c, Some(nb));
             }
             if sh.unpark(false) == 0 {
-                if let Err(e) = sh.grow() {
+                match sh.grow() {
+                    Ok(Some(c)) => {
+                        // Counted as the pop from the shared list it
+                        // stands for.
+                        r.shared_op(1);
+                        break (c, None);
+                    }
+                    Ok(None) => {}
                     // Out of room: a flush may free parked chunks.
-                    if sh.unpark(true) == 0 {
-                        return Err(e);
+                    Err(e) => {
+                        if sh.unpark(true) == 0 {
+                            return Err(e);
+                        }
                     }
                 }
             }
@@ -486,8 +496,9 @@ impl<M: DmaMapper> Pool<M> {
     /// under memory pressure) now; normally done by completions. Returns the
     /// number of chunks released: 0 while another trim or shrink runs, or
     /// while the pool grows (a pool grows only when it has no free chunk).
-    /// A grow runs the pressure hooks once it let go of its lock: a hook's
-    /// trim may release the chunks that grow added.
+    /// A grow runs the pressure hooks once it let go of its lock, and once
+    /// the chunk it was made for is its taker's: a hook's trim gives back
+    /// none of that grow's batch (its arena is not whole).
     pub fn trim(&self) -> Result<usize> {
         self.shared.gate.open();
         self.shared.shrink()
