@@ -9,12 +9,11 @@
 //!   `dpdk-testpmd` txonly on `net_null`.
 //! - 64 KB TSO packets (65,160 payload bytes, MSS 1448): the driver's own
 //!   time per packet (the time inside the device model's doorbell handler
-//!   taken out, [`ModelTime`]) under a strict IOMMU and with the IOMMU off.
+//!   taken out, timed on the harness's clock: [`Timed::wall`]) under a strict IOMMU and with the IOMMU off.
 
-use std::cell::Cell;
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pfrag::dma::{DmaMapper, Domain, Identity, SoftIommu, SoftIommuConfig, Translate};
 use pfrag::pool::{self, Policy, Pool};
@@ -28,6 +27,7 @@ use vfio_nic::offload::Offload;
 use vfio_nic::tx::{self, Queue, TxPacket};
 
 use super::bench::{Harness, Timing};
+use crate::timed::Timed;
 
 /// Packets per doorbell.
 pub const BURST: usize = 32;
@@ -61,79 +61,6 @@ pub fn headers(tcp: bool, payload: usize) -> Vec<u8> {
     out
 }
 
-/// A device model whose doorbell handler is timed, on the harness's
-/// clock (wall time): the model's share of a loop, which "the driver's
-/// time alone" leaves out. Only the model's own `kick` lies between the
-/// clock's two reads; the queue's part of the doorbell (asking the last
-/// packet for a report, publishing the ring) is the driver's and stays
-/// in, and so does the clock's own cost.
-pub struct ModelTime<D> {
-    inner: D,
-    spent: Cell<Duration>,
-    clock: fn() -> Instant,
-}
-
-impl<D> ModelTime<D> {
-    /// Wraps `inner`, timed by `Instant::now`.
-    pub fn new(inner: D) -> ModelTime<D> {
-        ModelTime::with_clock(inner, Instant::now)
-    }
-
-    fn with_clock(inner: D, clock: fn() -> Instant) -> ModelTime<D> {
-        ModelTime {
-            inner,
-            spent: Cell::new(Duration::ZERO),
-            clock,
-        }
-    }
-
-    /// The time spent in the model's doorbell handler since the last
-    /// call (or since it was made).
-    pub fn take(&self) -> Duration {
-        self.spent.take()
-    }
-}
-
-impl<D: TxDevice> TxDevice for ModelTime<D> {
-    type Format = D::Format;
-    fn format(&self) -> D::Format {
-        self.inner.format()
-    }
-    unsafe fn attach(&mut self, ring: pfrag::Iova, len: u16) -> vfio_nic::Result<()> {
-        // SAFETY: the caller's promise is passed on unchanged.
-        unsafe { self.inner.attach(ring, len) }
-    }
-    unsafe fn kick(&mut self, tail: u16) -> vfio_nic::Result<()> {
-        let t0 = (self.clock)();
-        // SAFETY: the caller's promise is passed on unchanged.
-        let r = unsafe { self.inner.kick(tail) };
-        let el = (self.clock)().saturating_duration_since(t0);
-        self.spent.set(self.spent.get() + el);
-        r
-    }
-    fn detach(&mut self) -> vfio_nic::Result<()> {
-        self.inner.detach()
-    }
-    fn head(&mut self) -> Option<u16> {
-        self.inner.head()
-    }
-    fn check_running(&mut self) -> vfio_nic::Result<()> {
-        self.inner.check_running()
-    }
-}
-
-impl<D: Model> Model for ModelTime<D> {
-    fn counters(&self) -> softnic::NicStats {
-        self.inner.counters()
-    }
-    fn take_frames(&mut self) -> Vec<Vec<u8>> {
-        self.inner.take_frames()
-    }
-    fn paceable(&self) -> bool {
-        self.inner.paceable()
-    }
-}
-
 /// 64-byte frames in the virtio-net format (`virtio_net_hdr` and split
 /// virtqueue) under a strict software IOMMU: the driver's own time per
 /// packet, the virtio model's (`VirtioNet`, not a null device: it reads
@@ -155,7 +82,7 @@ pub fn small_frames_virtio(h: &Harness) -> Result<Timing, String> {
         capture: false,
         ..softnic::Config::default()
     };
-    let nic = ModelTime::new(VirtioNet::new(iommu, cfg).map_err(e)?);
+    let nic = Timed::wall(VirtioNet::new(iommu, cfg).map_err(e)?);
     let qcfg = tx::Config {
         ring: 512,
         ..tx::Config::default()
@@ -251,7 +178,7 @@ fn delivered<M: DmaMapper, D: TxDevice + Model>(
 /// 64-byte frames in bursts of 32 under a strict software IOMMU:
 /// nanoseconds per packet, device model included, or (`driver_only`) the
 /// driver's own time, with the time inside the device model's doorbell
-/// handler left out ([`ModelTime`]).
+/// handler left out, timed on wall time ([`Timed::wall`]).
 pub fn small_frames(h: &Harness, driver_only: bool) -> Result<Timing, String> {
     let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).map_err(|e| e.to_string())?);
     small_frames_on(h, iommu, driver_only)
@@ -273,7 +200,7 @@ fn small_frames_on<M: DmaMapper + Translate + Clone>(
     let pkt = (&hdr[..], &payload[..], Offload::None);
     let e = |e: vfio_nic::Error| e.to_string();
     if driver_only {
-        let mut q = queue(iommu, 512, |m| ModelTime::new(NullNic::new(m))).map_err(e)?;
+        let mut q = queue(iommu, 512, |m| Timed::wall(NullNic::new(m))).map_err(e)?;
         timed_bursts(h, &mut q, pkt, BURST, |d| d.take())
     } else {
         // The whole loop: the bare device, no clock read in the loop.
@@ -284,7 +211,7 @@ fn small_frames_on<M: DmaMapper + Translate + Clone>(
 
 /// The driver's own time per 64 KB TSO packet on a queue over `mapper`.
 fn tso_driver<M: DmaMapper + Translate + Clone>(h: &Harness, iommu: M) -> Result<Timing, String> {
-    let new = |m| ModelTime::new(NullNic::new(m));
+    let new = |m| Timed::wall(NullNic::new(m));
     let mut q = queue(iommu, 256, new).map_err(|e| e.to_string())?;
     let hdr = headers(true, TSO_PAYLOAD);
     let payload = vec![0xa5u8; TSO_PAYLOAD];
@@ -358,10 +285,13 @@ mod tests {
         assert_eq!(headers(true, TSO_PAYLOAD).len(), 54);
     }
 
-    /// A clock for the tests: a fixed instant plus what the tests add.
-    fn fake_now() -> Instant {
-        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        *BASE.get_or_init(Instant::now) + Duration::from_nanos(FAKE_NS.get())
+    /// A clock for the tests: what the tests add.
+    struct Fake;
+
+    impl crate::timed::Clock for Fake {
+        fn now(&self) -> Duration {
+            Duration::from_nanos(FAKE_NS.get())
+        }
     }
 
     thread_local! {
@@ -398,7 +328,7 @@ mod tests {
     #[test]
     fn a_timed_device_passes_on_whether_its_device_stopped() {
         let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
-        let mut dev = ModelTime::new(Slow(NullNic::new(iommu)));
+        let mut dev = Timed::wall(Slow(NullNic::new(iommu)));
         let r = dev.check_running();
         assert!(
             matches!(r, Err(vfio_nic::Error::DeviceStopped { status: 0x40, .. })),
@@ -418,7 +348,7 @@ mod tests {
     #[test]
     fn driver_time_leaves_out_the_models_doorbell_only() {
         let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
-        let dev = ModelTime::with_clock(Slow(NullNic::new(iommu.clone())), fake_now);
+        let dev = Timed::with_clock(Slow(NullNic::new(iommu.clone())), Fake);
         let mut q = queue(iommu, 512, |_| dev).unwrap();
         let hdr = headers(false, SMALL_PAYLOAD);
         let payload = [0x5au8; SMALL_PAYLOAD];
