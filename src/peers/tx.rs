@@ -9,7 +9,8 @@
 //!   `dpdk-testpmd` txonly on `net_null`.
 //! - 64 KB TSO packets (65,160 payload bytes, MSS 1448): the driver's own
 //!   time per packet (the time inside the device model's doorbell handler
-//!   taken out, timed on the harness's clock: [`Timed::wall`]) under a strict IOMMU and with the IOMMU off.
+//!   taken out, timed on the harness's clock: [`Timed::wall`]) under a
+//!   strict IOMMU and with the IOMMU off.
 
 use std::hint::black_box;
 use std::sync::Arc;
