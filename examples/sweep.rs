@@ -393,7 +393,7 @@ fn main() -> ExitCode {
     // A run that failed leaves the CSV with its header only and the SVG
     // empty: its rows are in the table above, not in files that look
     // complete.
-    if !all_delivered(&a, &every) || !write_outputs(&a, &rows) {
+    if !all_sound(&every) || !write_outputs(&a, &rows) {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
@@ -522,34 +522,16 @@ fn write_outputs(a: &Args, rows: &[Row]) -> bool {
     true
 }
 
-/// Whether every row of every repetition delivered every byte intact
-/// (faults are failures; on the software NIC with checksums, every payload
-/// byte must be verified).
-fn all_delivered(a: &Args, rows: &[&Row]) -> bool {
-    let bad: Vec<&&Row> = rows
-        .iter()
-        .filter(|r| {
-            r.faults > 0
-                || (a.backend == Backend::Soft
-                    && r.policy != "driver-limit"
-                    && device_model(a).verifies()
-                    && a.touch == Touch::Checksum
-                    && r.bytes_verified != r.packets * r.payload_bytes as u64)
-        })
-        .collect();
-    if !bad.is_empty() {
-        for r in bad {
-            eprintln!(
-                "error: order {} {} {}: {} faults, {} of {} bytes verified",
-                r.order,
-                r.policy,
-                r.iommu,
-                r.faults,
-                r.bytes_verified,
-                r.packets * r.payload_bytes as u64
-            );
+/// Whether every row of every repetition is sound ([`Row::problems`]: no
+/// fault, one pressure hook call per transition, and, where the device
+/// read every byte, every payload byte sent verified), each error said.
+fn all_sound(rows: &[&Row]) -> bool {
+    let mut ok = true;
+    for r in rows {
+        for why in r.problems() {
+            eprintln!("error: order {} {} {}: {why}", r.order, r.policy, r.iommu);
+            ok = false;
         }
-        return false;
     }
-    true
+    ok
 }

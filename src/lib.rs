@@ -15,6 +15,7 @@ pub mod report;
 pub mod reps;
 pub mod run;
 pub mod soak;
+pub mod timed;
 pub mod vm;
 
 pub use run::{limit, run, IommuMode, Row, RunConfig};

@@ -160,8 +160,9 @@ pub fn run_child(h: &Harness, cpu: usize) -> Result<Vec<(String, Timing)>, Strin
 }
 
 /// The child's `peer KEY NS,NS,...` lines (one figure per repetition,
-/// each a positive, finite number of ns; a line with any other is left
-/// out, so that the child's output counts as failed).
+/// each a positive, finite number of ns, and nothing after them; a line
+/// with any other figure or with more text is left out, so that the
+/// child's output counts as failed).
 pub fn parse_child(text: &str) -> Vec<(String, Timing)> {
     text.lines()
         .filter_map(|l| {
@@ -175,6 +176,10 @@ pub fn parse_child(text: &str) -> Vec<(String, Timing)> {
                 .split(',')
                 .map(|v| v.parse().ok().filter(|x: &f64| x.is_finite() && *x > 0.0))
                 .collect();
+            // Nothing may follow the figures.
+            if w.next().is_some() {
+                return None;
+            }
             let ns = ns.filter(|v| !v.is_empty())?;
             Some((key, Timing::from_samples(ns)))
         })
@@ -410,6 +415,18 @@ mod tests {
             assert!(parse_child(&text).is_empty(), "{bad}");
         }
         assert_eq!(parse_child("peer mempool_single 4.5,1e-3\n").len(), 1);
+    }
+
+    /// Text after a row's figures makes the line malformed like any
+    /// other: it is left out, not read as a row with the rest ignored.
+    #[test]
+    fn a_child_row_with_trailing_text_is_refused() {
+        for bad in ["4.5,4.4 garbage", "4.5 4.4", "4.5,4.4 peer"] {
+            let text = format!("peer mempool_single {bad}\n");
+            assert!(parse_child(&text).is_empty(), "{bad}");
+        }
+        // Trailing white space is no text.
+        assert_eq!(parse_child("peer mempool_single 4.5,4.4  \t\n").len(), 1);
     }
 
     /// A testpmd that prints nothing and never exits is stopped at its

@@ -25,6 +25,8 @@ use vfio_nic::model::virtio::VirtioNet;
 use vfio_nic::model::Model;
 use vfio_nic::tx::{self, HeaderMode};
 
+use crate::timed::{thread_cpu_ns, DeviceTime, Timed};
+
 /// The IOMMU under the software NIC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IommuMode {
@@ -401,7 +403,6 @@ mod gate;
 mod limit;
 mod row;
 mod soft;
-mod timed;
 mod vfio;
 
 pub use check::{check, check_flows, MAX_MSS};
@@ -411,7 +412,6 @@ pub use limit::{driver_limit, limit};
 pub use row::Row;
 use row::{Cpu, Measured};
 pub use soft::run;
-pub use timed::{thread_cpu_ns, DeviceTime, Timed};
 pub use vfio::{check_vfio, run_vfio, DmaBackend};
 
 /// A small run for tests: one queue and flow, ten 1,000-byte packets

@@ -234,10 +234,13 @@ impl Measured {
 }
 
 impl Row {
-    /// What is wrong with a run on the software NIC that reads every
-    /// byte, in words (empty when it is sound): a device fault, a pressure
-    /// hook call count other than the account's transitions, or a payload
-    /// byte sent and not verified.
+    /// What is wrong with the row, in words (empty when it is sound): a
+    /// device fault (or, on a real NIC, a packet it did not count as
+    /// sent), a pressure hook call count other than the account's
+    /// transitions, or, where its device read every payload byte
+    /// ([`reads_every_byte`](Self::reads_every_byte)), a payload byte sent
+    /// and not verified. The one judgement of a row's soundness: the sweep
+    /// and the reclaim experiment fail on any row that has a problem.
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
         if self.faults > 0 || self.pressure_hook_calls != self.pressure_transitions {
@@ -246,13 +249,24 @@ impl Row {
                 self.faults, self.pressure_hook_calls, self.pressure_transitions
             ));
         }
-        if self.bytes_verified == 0 || self.bytes_verified != self.bytes_sent {
+        if self.reads_every_byte()
+            && (self.bytes_verified == 0 || self.bytes_verified != self.bytes_sent)
+        {
             out.push(format!(
                 "{} bytes verified of {} sent",
                 self.bytes_verified, self.bytes_sent
             ));
         }
         out
+    }
+
+    /// Whether the row's device read and verified every payload byte, as
+    /// its columns say: all but the driver's ceiling (`driver-limit`, no
+    /// device), a device that read a line per page (`touch` `pages`), the
+    /// null device (`none`) and a real NIC (`wire`, whose frames are
+    /// checked where they are captured).
+    pub fn reads_every_byte(&self) -> bool {
+        self.policy != "driver-limit" && !matches!(self.touch.as_str(), "pages" | "none" | "wire")
     }
 
     /// The row as one repetition: `reps` 1, and each figure's range (the
@@ -288,5 +302,67 @@ fn backing_name(hugepages: bool, fallbacks: u64) -> &'static str {
         "huge-fallback"
     } else {
         "huge"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row as the sweep makes them: `backend`, `policy`, `touch`, 10
+    /// packets of 100 bytes, every byte verified.
+    fn sweep_row(backend: &str, policy: &str, touch: &str) -> Row {
+        let verified = if touch == "checksum" && policy != "driver-limit" {
+            1000
+        } else {
+            0
+        };
+        Row {
+            backend: backend.into(),
+            policy: policy.into(),
+            touch: touch.into(),
+            packets: 10,
+            payload_bytes: 100,
+            bytes_sent: 1000,
+            bytes_verified: verified,
+            ..Row::default()
+        }
+    }
+
+    /// The sweep judges its rows by `Row::problems`, which knows from the
+    /// row's own columns whether its device read every byte: every sound
+    /// row the sweep makes passes (a real NIC's, the null device's, a
+    /// line per page, the driver's ceiling), and a row whose pressure hooks
+    /// were called other than the account's transitions fails, as a fault
+    /// or a byte short does.
+    #[test]
+    fn the_sweep_and_problems_judge_rows_alike() {
+        let sound = [
+            sweep_row("soft", "persistent", "checksum"),
+            sweep_row("soft", "limit", "checksum"),
+            sweep_row("soft", "driver-limit", "checksum"),
+            sweep_row("soft", "persistent", "pages"),
+            sweep_row("soft", "persistent", "none"),
+            sweep_row("vfio", "persistent", "wire"),
+        ];
+        for r in &sound {
+            assert!(r.problems().is_empty(), "{r:?}: {:?}", r.problems());
+        }
+        let hooks = Row {
+            pressure_hook_calls: 3,
+            pressure_transitions: 2,
+            ..sweep_row("soft", "persistent", "checksum")
+        };
+        let fault = Row {
+            faults: 1,
+            ..sweep_row("vfio", "persistent", "wire")
+        };
+        let short = Row {
+            bytes_verified: 999,
+            ..sweep_row("soft", "limit", "checksum")
+        };
+        for r in [hooks, fault, short] {
+            assert!(!r.problems().is_empty(), "passed: {r:?}");
+        }
     }
 }

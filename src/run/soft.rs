@@ -133,7 +133,7 @@ impl<M: DmaMapper + Translate + 'static, D: Model + Send + 'static> Bench<'_, M,
     /// between the barriers. Every thread passes every barrier, even after
     /// an error, so that none waits forever.
     fn queue(&self, i: usize) -> Result<QueueRun, RunError> {
-        let nic = Timed::new((self.make_nic)(self.mapper.clone()));
+        let nic = Timed::cpu((self.make_nic)(self.mapper.clone()));
         if self.cfg.device.thread {
             let tc = thread::Config {
                 line_rate_gbit: self.cfg.device.line_rate_gbit,
