@@ -56,12 +56,19 @@ const _: () = assert!(BIAS < MAX_REFCNT / 2);
 /// `Sync`).
 pub struct FragCache<M: DmaMapper> {
     pool: Pool<M>,
-    /// The chunk being carved, with `bias` references still owned here.
+    /// The chunk being carved, with `bias - lent` references still owned
+    /// here.
     cur: Option<ChunkPtr<M>>,
-    /// Next free byte in `cur`.
+    /// Next free byte in `cur`: always a multiple of [`FRAG_ALIGN`].
     offset: usize,
-    /// References charged on `cur` and not yet given to frags.
+    /// References charged on `cur`, plus those its frags gave back on this
+    /// thread since. A carve counts in `lent`, a completion here in `bias`:
+    /// two counters, so that a refill followed by its completion (the
+    /// common case) updates two places in memory, not one place twice,
+    /// whose second update waits for the first's store to forward.
     bias: u32,
+    /// References handed to frags of `cur` since the cache charged it.
+    lent: u32,
     /// Bytes of the chunks the cache has moved on from (handed out or
     /// skipped): the waste count is derived from it, off the hot path.
     left_bytes: u64,
@@ -101,6 +108,7 @@ impl<M: DmaMapper> FragCache<M> {
             cur: None,
             offset: 0,
             bias: 0,
+            lent: 0,
             left_bytes: 0,
             base: VirtAddr(0),
             base_iova: None,
@@ -166,18 +174,15 @@ impl<M: DmaMapper> FragCache<M> {
         }
         let need = if fit_whole { len } else { len.min(MIN_SPLIT) };
         let c = self.chunk_with_room(need)?;
-        let flen = len.min(self.chunk_size - self.offset);
         let start = self.offset;
+        let flen = len.min(self.chunk_size - start);
         let addr = self.base.offset(start);
         let (iova, own) = match self.base_iova {
             Some(b) => (b.offset(start as u64), false),
             None => self.pool.shared.frag_iova(c, addr, start, flen)?,
         };
-        let end = (start + flen)
-            .next_multiple_of(FRAG_ALIGN)
-            .min(self.chunk_size);
-        self.offset = end;
-        self.bias -= 1;
+        self.offset = self.end_after(start, len);
+        self.lent += 1;
         self.stats.frags += 1;
         self.stats.bytes += flen as u64;
         Ok(Frag {
@@ -255,11 +260,8 @@ impl<M: DmaMapper> FragCache<M> {
         } else {
             self.bulk_own_mappings(c, len, n, stride, out)?;
         }
-        self.bias -= n as u32;
-        let end = (self.offset + need)
-            .next_multiple_of(FRAG_ALIGN)
-            .min(self.chunk_size);
-        self.offset = end;
+        self.lent += n as u32;
+        self.offset = self.end_after(self.offset, need);
         self.stats.frags += n as u64;
         self.stats.bytes += (n * len) as u64;
         Ok(())
@@ -387,10 +389,10 @@ impl<M: DmaMapper> FragCache<M> {
     #[inline(always)]
     fn put_local(&mut self, c: ChunkPtr<M>, n: u32) {
         if self.cur == Some(c) {
-            // Cannot pass `BIAS`: the frags of `cur` were carved since the
-            // cache charged it (a chunk is taken again only at count zero,
-            // which `Chunk::acquire` keeps from wrapping), and each gives
-            // back the one reference it took from the bias.
+            // Cannot pass `BIAS + lent`, far below `u32::MAX`: the frags of
+            // `cur` were carved since the cache charged it (a chunk is taken
+            // again only at count zero, which `Chunk::acquire` keeps from
+            // wrapping), and each gives back the one reference it was lent.
             self.bias += n;
         } else {
             put(c, n);
@@ -452,6 +454,26 @@ impl<M: DmaMapper> FragCache<M> {
     /// it may still be carved ([`may_carve`](Self::may_carve)); otherwise
     /// the next one ([`next_chunk`](Self::next_chunk)).
     #[inline(always)]
+    /// The references on `cur` the cache still owns: charged, less those
+    /// lent to frags, plus those given back.
+    fn owned(&self) -> u32 {
+        self.bias - self.lent
+    }
+
+    /// Where the next carve starts after `len` bytes (or the chunk's rest,
+    /// if fewer) carved at `start`: past them, rounded up to
+    /// [`FRAG_ALIGN`], at most the chunk's end. `start` is aligned (every
+    /// offset is) and so is the chunk's size, so the rounding of `len`
+    /// can be done on its own: the offset's chain from one carve to the
+    /// next is one add and one compare, with no dependence on `len`'s
+    /// rounding or the room left.
+    #[inline(always)]
+    fn end_after(&self, start: usize, len: usize) -> usize {
+        debug_assert_eq!(start % FRAG_ALIGN, 0);
+        let step = len.min(self.chunk_size).next_multiple_of(FRAG_ALIGN);
+        (start + step).min(self.chunk_size)
+    }
+
     fn chunk_with_room(&mut self, need: usize) -> Result<ChunkPtr<M>> {
         if let Some(c) = self.cur {
             if self.may_carve(c, need) {
@@ -516,7 +538,7 @@ impl<M: DmaMapper> FragCache<M> {
             // frags make holds: at the bias alone, no other reference is
             // left or can appear, and the acquire load sees what the last
             // completer did.
-            if c.get().refcnt.load(Ordering::Acquire) == self.bias {
+            if c.get().refcnt.load(Ordering::Acquire) == self.owned() {
                 self.left_bytes += self.chunk_size as u64;
                 if self.pool.shared.reusable(c) {
                     // Every frag completed: the chunk is ours alone; keep it.
@@ -528,7 +550,7 @@ impl<M: DmaMapper> FragCache<M> {
                 // decide (before taking, so that a flush it forces can
                 // free it for the take).
                 self.cur = None;
-                self.bias = 0;
+                (self.bias, self.lent) = (0, 0);
                 c.get().refcnt.store(0, Ordering::Relaxed);
                 // SAFETY: the cache held the only references, so the chunk
                 // is ours alone, and `c` is not used again.
@@ -538,7 +560,7 @@ impl<M: DmaMapper> FragCache<M> {
         let next = self.pool.take(self.queue)?;
         if let Some(c) = self.cur.take() {
             self.left_bytes += self.chunk_size as u64;
-            put(c, self.bias);
+            put(c, self.owned());
         }
         self.carve_from(next);
         self.stats.chunks_taken += 1;
@@ -550,7 +572,7 @@ impl<M: DmaMapper> FragCache<M> {
     fn carve_from(&mut self, c: ChunkPtr<M>) {
         c.get().refcnt.store(BIAS, Ordering::Relaxed);
         self.cur = Some(c);
-        self.bias = BIAS;
+        (self.bias, self.lent) = (BIAS, 0);
         self.offset = 0;
         self.base = c.get().addr;
         self.base_iova = self.pool.shared.chunk_iova(c);
@@ -563,8 +585,8 @@ impl<M: DmaMapper> FragCache<M> {
     pub fn release(&mut self) {
         if let Some(c) = self.cur.take() {
             self.left_bytes += self.chunk_size as u64;
-            put(c, self.bias);
-            self.bias = 0;
+            put(c, self.owned());
+            (self.bias, self.lent) = (0, 0);
         }
     }
 }
