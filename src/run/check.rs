@@ -89,6 +89,14 @@ pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
                         .into(),
                 ));
             }
+            if let Some(g) = cfg.device.line_rate_gbit {
+                // Its device thread would refuse to start (`Unpaceable`),
+                // after earlier runs of a sweep had run.
+                return Err(RunError::Setting(format!(
+                    "the virtio-net model takes whole available rings and cannot be paced: \
+                     --line-rate {g} is for the software NIC and the null device"
+                )));
+            }
             check_packet::<virtio::Split>(cfg, None)?
         }
     }

@@ -495,4 +495,19 @@ mod tests {
         cfg.touch = Touch::Checksum;
         check(&cfg).unwrap();
     }
+
+    /// The virtio-net model cannot be paced: a line rate with it is
+    /// refused by the up-front check, not when its device thread starts.
+    #[test]
+    fn virtio_with_a_line_rate_is_refused_up_front() {
+        let mut cfg = test_config(IommuMode::Strict, 0);
+        cfg.model = DeviceModel::Virtio;
+        cfg.device.thread = true;
+        cfg.device.line_rate_gbit = Some(10.0);
+        let e = check(&cfg).unwrap_err().to_string();
+        assert!(e.contains("cannot be paced"), "{e}");
+        // The same line rate paces the software NIC.
+        cfg.model = DeviceModel::Soft;
+        check(&cfg).unwrap();
+    }
 }
