@@ -13,12 +13,16 @@ use pfrag::dma::{
 use pfrag::mem::Region;
 use pfrag::{Iova, Result};
 
+/// Where an unmap stops, and the channels it says so on (`removed`)
+/// and waits on (`resume`).
+type StallAt = (Iova, Sender<()>, Receiver<()>);
+
 /// The unmap of one IOVA stops once the mapper has removed it, before
 /// the domain frees the IOVA: it says so on `removed`, then waits for
 /// `resume`.
 struct Stall {
     inner: SoftIommu,
-    at: Mutex<Option<(Iova, Sender<()>, Receiver<()>)>>,
+    at: Mutex<Option<StallAt>>,
 }
 
 impl DmaMapper for Stall {
