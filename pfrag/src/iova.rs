@@ -11,9 +11,9 @@ use crate::error::{Error, Result};
 ///
 /// Invariants: `free` holds disjoint, non-touching ranges (start -> end)
 /// inside the configured space; `deferred` holds ranges freed while a lazy
-/// invalidation may still cover them, in flush order, and `pending` the
-/// same ranges by address; a range is in at most one of `free`,
-/// `deferred`, or in use.
+/// invalidation may still cover them, oldest generation first, and
+/// `pending` the same ranges by address; a range is in at most one of
+/// `free`, `deferred`, or in use.
 ///
 /// A free of a range that is not in use is refused with
 /// [`Error::IovaNotInUse`] and changes nothing: one larger than the bytes
@@ -27,7 +27,8 @@ pub struct IovaAllocator {
     space: BTreeMap<u64, u64>,
     /// Free ranges, keyed by start, value = end (exclusive).
     free: BTreeMap<u64, u64>,
-    /// Freed ranges waiting for flush generation `.0`.
+    /// Freed ranges waiting for flush generation `.0`, oldest generation
+    /// first.
     deferred: VecDeque<(u64, Iova, u64)>,
     /// The ranges in `deferred`, keyed by start, value = end (exclusive):
     /// what a free is checked against.
@@ -121,12 +122,24 @@ impl IovaAllocator {
     }
 
     /// Returns a range that may be reused only once flush generation `seq`
-    /// has completed. Refused as [`free`](Self::free) refuses.
+    /// has completed, in any order of generations: each range becomes
+    /// free at the first [`reclaim`](Self::reclaim) that its flush
+    /// precedes. Refused as [`free`](Self::free) refuses.
     pub fn free_deferred(&mut self, iova: Iova, size: u64, seq: u64) -> Result<()> {
         let size = self.in_use_range(iova, size)?;
         self.in_use -= size;
         self.deferred_bytes += size;
-        self.deferred.push_back((seq, iova, size));
+        // Kept in generation order, which `reclaim` relies on: ranges may
+        // come out of it (an unmap of generation g whose free raced with a
+        // flush and an unmap of g + 1), and one queued behind a later
+        // generation would wait for that one's flush as well. Found from
+        // the back: nearly always the last place.
+        let at = self
+            .deferred
+            .iter()
+            .rposition(|&(s, ..)| s <= seq)
+            .map_or(0, |i| i + 1);
+        self.deferred.insert(at, (seq, iova, size));
         self.pending.insert(iova.raw(), iova.raw() + size);
         Ok(())
     }
@@ -277,6 +290,29 @@ mod tests {
         assert_eq!(a.reclaim(4), 0);
         assert_eq!(a.reclaim(5), 1);
         assert_eq!(a.alloc(0x2000, 0x1000).unwrap(), x);
+    }
+
+    /// Ranges freed out of generation order each become free at their
+    /// own flush, and the bytes waiting drop with them.
+    #[test]
+    fn deferred_ranges_freed_out_of_order_free_at_their_own_flush() {
+        let mut a = IovaAllocator::new(&[Range {
+            start: 0x1000,
+            end: 0x10_0000,
+        }]);
+        let x = a.alloc(0x1000, 0x1000).unwrap();
+        let y = a.alloc(0x2000, 0x1000).unwrap();
+        a.free_deferred(y, 0x2000, 6).unwrap();
+        a.free_deferred(x, 0x1000, 5).unwrap();
+        assert_eq!((a.deferred(), a.deferred_bytes()), (2, 0x3000));
+        assert_eq!(a.reclaim(5), 1);
+        assert_eq!(
+            (a.is_deferred(x, 0x1000), a.is_deferred(y, 0x2000)),
+            (false, true)
+        );
+        assert_eq!(a.deferred_bytes(), 0x2000);
+        assert_eq!(a.reclaim(6), 1);
+        assert_eq!(a.deferred_bytes(), 0);
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! loom models of the two concurrent paths whose correctness rests on
-//! atomics: a chunk's reference count deciding who recycles it, and a queue
+//! loom models of the concurrent paths whose correctness rests on
+//! atomics: a chunk's reference count deciding who recycles it, a queue
 //! borrowing from a neighbour whose owner is freeing into (and flagging)
-//! its reserve. Under `--cfg loom` pfrag's `sync` module is loom's, so these
+//! its reserve, and two takers meeting at a grow that hands one chunk of
+//! its batch to its own taker. Under `--cfg loom` pfrag's `sync` module is loom's, so these
 //! explore the interleavings of the real code:
 //!
 //! ```text
@@ -17,8 +18,12 @@ use pfrag::pool::{self, Policy, Pool, Reclaim};
 use pfrag::Order;
 
 fn pool(queues: usize, reclaim: Reclaim) -> Pool<Identity> {
+    pool_of(queues, reclaim, 1)
+}
+
+fn pool_of(queues: usize, reclaim: Reclaim, grow_batch: usize) -> Pool<Identity> {
     let mut cfg = pool::Config::new(Order::new(0).unwrap(), Policy::Persistent);
-    cfg.grow_batch = 1;
+    cfg.grow_batch = grow_batch;
     cfg.queues = queues;
     cfg.reclaim = reclaim;
     Pool::new(Arc::new(Domain::new(Identity::new())), cfg).unwrap()
@@ -198,6 +203,34 @@ fn borrowing_the_chunk_being_freed_keeps_the_byte_count_exact() {
         let held = p.queue_stats(1).unwrap().held;
         assert_eq!(held, p.reserved_chunks() as u64 * 4096);
         drop((got, again));
+        drop((q0, q1));
+        accounted(&p, 0);
+    });
+}
+
+/// Two queues take from an empty pool at once. The grow keeps one chunk
+/// of its batch for its own taker and lists the other; the second taker,
+/// whether it raced to the free list or waited on the grow's lock, takes
+/// that one. Every interleaving: one grow, two distinct chunks, each
+/// counted as one shared-list operation.
+#[test]
+fn two_takers_meet_at_a_grow_that_keeps_one_chunk_for_its_taker() {
+    model(|| {
+        let p = pool_of(2, Reclaim::Eager, 2);
+        let p1 = p.clone();
+        let t = loom::thread::spawn(move || {
+            let mut q1 = FragCache::for_queue(p1, 1).unwrap();
+            let f = q1.refill(4096, true).unwrap();
+            (q1, f)
+        });
+        let mut q0 = FragCache::for_queue(p.clone(), 0).unwrap();
+        let f0 = q0.refill(4096, true).unwrap();
+        let (q1, f1) = t.join().unwrap();
+        assert_ne!(f0.addr(), f1.addr(), "one chunk handed out twice");
+        let st = p.stats();
+        assert_eq!((st.grows, st.chunks, st.shared_ops), (1, 2, 2), "{st:?}");
+        accounted(&p, 2);
+        drop((f0, f1));
         drop((q0, q1));
         accounted(&p, 0);
     });

@@ -450,12 +450,9 @@ impl<M: DmaMapper> FragCache<M> {
         Ok(())
     }
 
-    /// The chunk being carved, if at least `need` bytes are left in it and
-    /// it may still be carved ([`may_carve`](Self::may_carve)); otherwise
-    /// the next one ([`next_chunk`](Self::next_chunk)).
-    #[inline(always)]
     /// The references on `cur` the cache still owns: charged, less those
     /// lent to frags, plus those given back.
+    #[inline(always)]
     fn owned(&self) -> u32 {
         self.bias - self.lent
     }
@@ -474,6 +471,10 @@ impl<M: DmaMapper> FragCache<M> {
         (start + step).min(self.chunk_size)
     }
 
+    /// The chunk being carved, if at least `need` bytes are left in it and
+    /// it may still be carved ([`may_carve`](Self::may_carve)); otherwise
+    /// the next one ([`next_chunk`](Self::next_chunk)).
+    #[inline(always)]
     fn chunk_with_room(&mut self, need: usize) -> Result<ChunkPtr<M>> {
         if let Some(c) = self.cur {
             if self.may_carve(c, need) {
