@@ -102,12 +102,36 @@ struct Start {
     whole: bool,
     /// The frame, to tell an identical one that follows it.
     bytes: Box<[u8]>,
+    /// It and the identical frames held with it.
+    copies: u64,
     /// Its number among the frames seen, and the numbers of the identical
-    /// frames held with it, in order: for their errors.
+    /// frames held with it, in order, the first [`FIRST_ERRORS`] only: for
+    /// their errors, of which a report words no more.
     frames: Vec<u64>,
 }
 
 impl Start {
+    /// A frame at offset 0 that came while its flow's stream was under
+    /// way: frame number `frame`, `whole` or not.
+    fn new(fr: &[u8], len: usize, whole: bool, frame: u64) -> Start {
+        Start {
+            len: len as u32,
+            whole,
+            bytes: fr.into(),
+            copies: 1,
+            frames: vec![frame],
+        }
+    }
+
+    /// Holds frame number `frame`, identical to it, with it: counted, and
+    /// its number kept while the errors it may have are worded.
+    fn again(&mut self, frame: u64) {
+        self.copies += 1;
+        if self.frames.len() < FIRST_ERRORS {
+            self.frames.push(frame);
+        }
+    }
+
     /// Places `self` by its flow's next frame, at stream offset `off`:
     /// the first frame of a new stream if that continues it and not the
     /// old stream (it counts, and the flow follows the new stream); a copy
@@ -131,7 +155,7 @@ impl Start {
         if !self.whole {
             return;
         }
-        let n = self.frames.len() as u64;
+        let n = self.copies;
         if off == self.len && !stays {
             report.good_frames += 1;
             report.payload_bytes += u64::from(self.len);
@@ -142,7 +166,10 @@ impl Start {
                 got: 0,
                 want: old,
             };
+            // Those past the numbers kept are counted alone: the report
+            // has worded its first errors by then.
             self.frames.iter().for_each(|&f| report.refused(f, &e));
+            report.bad_frames += n - self.frames.len() as u64;
         } else {
             self.unplaced(report, n);
         }
@@ -287,11 +314,15 @@ pub struct WireReport {
     pub first_errors: Vec<String>,
 }
 
+/// The failures a [`WireReport`] keeps in words
+/// ([`first_errors`](WireReport::first_errors)).
+const FIRST_ERRORS: usize = 10;
+
 impl WireReport {
     /// Counts frame number `frame` bad for `e`.
     fn refused(&mut self, frame: u64, e: &FrameError) {
         self.bad_frames += 1;
-        if self.first_errors.len() < 10 {
+        if self.first_errors.len() < FIRST_ERRORS {
             self.first_errors.push(format!("frame {frame}: {e}"));
         }
     }
@@ -338,7 +369,7 @@ impl WireCheck {
         if let Some(mut start) = st.start.take() {
             if start.whole && *start.bytes == *fr {
                 // The held start again: placed with it.
-                start.frames.push(self.report.frames);
+                start.again(self.report.frames);
                 st.start = Some(start);
                 return Ok(None);
             }
@@ -347,12 +378,7 @@ impl WireCheck {
         let want = if st.streams == 0 { 0 } else { st.next };
         if off == 0 && st.streams > 0 && off != st.next {
             let w = whole(&iph, &th, fl, off, payload);
-            st.start = Some(Start {
-                len: payload.len() as u32,
-                whole: w.is_ok(),
-                bytes: fr.into(),
-                frames: vec![self.report.frames],
-            });
+            st.start = Some(Start::new(fr, payload.len(), w.is_ok(), self.report.frames));
             return w.map(|()| None);
         }
         if off == 0 && st.streams == 0 {
@@ -396,14 +422,68 @@ impl WireCheck {
         };
         let starts = self.flows.values().filter_map(|st| st.start.as_ref());
         let whole = starts.filter(|s| s.whole);
-        whole.for_each(|s| s.unplaced(&mut r, s.frames.len() as u64));
+        whole.for_each(|s| s.unplaced(&mut r, s.copies));
         r
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::same_checksum;
+    use super::{same_checksum, WireCheck};
+    use crate::gen::flow::{isn, BASE_PORT, DST_PORT};
+    use crate::gen::pattern;
+
+    /// A whole frame of flow 3 carrying `len` bytes at stream offset `off`.
+    fn frame(off: u32, len: usize) -> Vec<u8> {
+        let mut payload = vec![0u8; len];
+        pattern::fill(3, off, &mut payload);
+        let b = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ipv4([10, 1, 0, 1], [10, 0, 0, 3], 64)
+            .tcp(BASE_PORT + 3, DST_PORT, isn(3).wrapping_add(off), 65_535);
+        let mut out = Vec::new();
+        b.write(&mut out, &payload).unwrap();
+        out
+    }
+
+    /// Endless copies of a held start (a device resending one frame) are
+    /// counted, not kept one by one: what the check holds for them stays
+    /// as small as the errors it reports, and every copy is still counted
+    /// once when the flow's next frame places them. The held start used to
+    /// keep each copy's frame number, growing without bound.
+    #[test]
+    fn copies_of_a_held_start_take_bounded_memory() {
+        let mut c = WireCheck::default();
+        let (first, second) = (frame(0, 100), frame(100, 100));
+        c.frame(&first).unwrap();
+        c.frame(&second).unwrap();
+        let copies = 10_000u64;
+        for _ in 0..copies {
+            c.frame(&first).unwrap();
+        }
+        let held = c.flows[&3].start.as_ref().unwrap();
+        assert!(
+            held.frames.len() <= super::FIRST_ERRORS,
+            "{}",
+            held.frames.len()
+        );
+        let r = c.report();
+        assert_eq!(
+            (r.unplaced_frames, r.unplaced_bytes),
+            (copies, copies * 100)
+        );
+        // The stream goes on: every copy was a copy, bad.
+        c.frame(&frame(200, 100)).unwrap();
+        let r = c.report();
+        assert_eq!(
+            (r.good_frames, r.bad_frames, r.unplaced_frames),
+            (3, copies, 0)
+        );
+        assert_eq!(r.frames, r.good_frames + r.bad_frames + r.unplaced_frames);
+        assert_eq!(r.first_errors.len(), super::FIRST_ERRORS);
+        for (i, e) in r.first_errors.iter().enumerate() {
+            assert!(e.starts_with(&format!("frame {}: ", 3 + i)), "{e}");
+        }
+    }
 
     #[test]
     fn both_zeros_are_the_same_checksum() {
