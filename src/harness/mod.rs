@@ -212,8 +212,10 @@ pub fn wire_frame(data: &[u8]) -> Result<(), String> {
             payload = t.payload().len() as u64;
         }
     }
-    // A second frame after the first exercises the per-flow state: the
-    // same frame again is a copy, whose bytes do not count again.
+    // More frames after the first exercise the per-flow state: the same
+    // frame again is a copy, whose bytes do not count again; a second
+    // copy waits with the first, held until the flow's next frame.
+    let _ = w.frame(data);
     let _ = w.frame(data);
     let r = w.report();
     if r.frames != r.good_frames + r.bad_frames + r.unplaced_frames {

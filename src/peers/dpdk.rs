@@ -147,7 +147,7 @@ pub fn run_child(h: &Harness, cpu: usize) -> Result<Vec<(String, Timing)>, Strin
         .map_err(|e| format!("starting the DPDK child: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let rows = parse_child(&text);
-    if !out.status.success() || rows.len() != CHILD_ROWS.len() {
+    if !out.status.success() || !has_every_row_once(&rows) {
         let err = String::from_utf8_lossy(&out.stderr);
         let last = err
             .lines()
@@ -157,6 +157,16 @@ pub fn run_child(h: &Harness, cpu: usize) -> Result<Vec<(String, Timing)>, Strin
         return Err(format!("DPDK child failed ({}): {last}", out.status));
     }
     Ok(rows)
+}
+
+/// Whether `rows` are the child's rows: each of [`CHILD_ROWS`] once, and
+/// no other (a row twice and another missing is no full set, though the
+/// count matches).
+pub fn has_every_row_once(rows: &[(String, Timing)]) -> bool {
+    rows.len() == CHILD_ROWS.len()
+        && CHILD_ROWS
+            .iter()
+            .all(|k| rows.iter().filter(|(key, _)| key == k).count() == 1)
 }
 
 /// The child's `peer KEY NS,NS,...` lines (one figure per repetition,
@@ -427,6 +437,20 @@ mod tests {
         }
         // Trailing white space is no text.
         assert_eq!(parse_child("peer mempool_single 4.5,4.4  \t\n").len(), 1);
+    }
+
+    /// The child's rows count as complete only with each key once: a
+    /// row printed twice in place of another used to pass on the count.
+    #[test]
+    fn child_rows_are_complete_only_with_each_key_once() {
+        let row = |k: &str| format!("peer {k} 4.5,4.4\n");
+        let all: String = CHILD_ROWS.iter().map(|k| row(k)).collect();
+        assert!(has_every_row_once(&parse_child(&all)));
+        let twice = all.replace("peer mempool_bulk", "peer mempool_single");
+        assert!(!has_every_row_once(&parse_child(&twice)));
+        let stranger = all.replace("peer mempool_bulk", "peer other");
+        assert!(!has_every_row_once(&parse_child(&stranger)));
+        assert!(!has_every_row_once(&parse_child(&all[..all.len() / 2])));
     }
 
     /// A testpmd that prints nothing and never exits is stopped at its

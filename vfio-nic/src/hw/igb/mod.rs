@@ -320,17 +320,23 @@ impl<R: Regs> Igb<R> {
     ///   no link in the link timeout): the device was reset, whatever
     ///   step failed. Its queues are off and forget their rings (the TX
     ///   queue reads as not attached: [`Error::NotAttached`] until the
-    ///   next [`attach`](TxDevice::attach)), its counters start from
-    ///   zero; mastering, the interrupt masks and the link are wherever
+    ///   next [`attach`](TxDevice::attach)), the driver's counters start
+    ///   from zero (what the device counted before the reset is read and
+    ///   dropped as soon as the reset has self-cleared); mastering, the interrupt masks and the link are wherever
     ///   the failed step left them, and a reset that succeeds sets them.
     pub fn reset(&mut self) -> Result<()> {
         self.quiesce_and_reset()?;
-        // The device forgot its rings and cleared its counters.
+        // The device forgot its rings; the driver's counts start again.
         self.ring_len = None;
         self.stats = IgbStats::default();
         wait_for("reset", self.cfg.reset_timeout, || {
             Ok(self.read(regs::CTRL)? & Ctrl::RST.bits() == 0)
         })?;
+        // Whatever the reset did to the device's own counters (which clear
+        // when read), what they hold now is from before it: read and
+        // dropped, before anything later can fail.
+        self.read_stats()?;
+        self.stats = IgbStats::default();
         // Interrupts come back unmasked after a reset.
         self.reg(regs::IMC, u32::MAX)?;
         self.reg(regs::EIMC, u32::MAX)?;
@@ -348,8 +354,6 @@ impl<R: Regs> Igb<R> {
         self.link_wait = wait_for("link up", self.cfg.link_timeout, || {
             Ok(self.read(regs::STATUS)? & Status::LU.bits() != 0)
         })?;
-        self.read_stats()?;
-        self.stats = IgbStats::default();
         Ok(())
     }
 

@@ -18,7 +18,10 @@ use std::collections::HashMap;
 /// CTRL.GIO_MASTER_DISABLE is set. `u32::MAX` reads: never. A reset
 /// while requests may be pending is counted in `resets_while_mastering`.
 /// IMC and EIMC clear bits of the masks IMS and EIMS read, and IMS and
-/// EIMS writes set bits of them. An access [`fail`](Fake::fail)s as told.
+/// EIMS writes set bits of them. The TX statistics registers clear when
+/// read, and a reset leaves them as they were (the conservative reading:
+/// the datasheet has them cleared on power-up, and says nothing of a
+/// software reset). An access [`fail`](Fake::fail)s as told.
 #[derive(Debug, Default)]
 pub(super) struct Fake {
     regs: RefCell<HashMap<u32, u32>>,
@@ -43,6 +46,12 @@ pub(super) struct Fake {
 pub(super) const QUEUE_ENABLE: u32 = 1 << 25;
 
 impl Fake {
+    /// Sets `r` as the device would (a counter counting, say), with no
+    /// write.
+    pub(super) fn set(&self, r: Reg, v: u32) {
+        self.regs.borrow_mut().insert(r.offset(), v);
+    }
+
     pub(super) fn get(&self, r: Reg) -> u32 {
         self.regs.borrow().get(&r.offset()).copied().unwrap_or(0)
     }
@@ -140,6 +149,9 @@ impl Regs for Fake {
         }
         if Fake::pending(&self.enabling, r) {
             return Ok(self.get(r) & !QUEUE_ENABLE);
+        }
+        if [GPTC, GOTCL, GOTCH, TPT].contains(&r) {
+            return Ok(self.regs.borrow_mut().remove(&r.offset()).unwrap_or(0));
         }
         Ok(self.get(r))
     }
