@@ -90,7 +90,7 @@ fn main() -> ExitCode {
         };
     }
     if let Err(e) = bench::pin(a.cpu) {
-        eprintln!("error: cannot pin to CPU {}: {e}", a.cpu);
+        eprintln!("error: --cpu {}: {e}", a.cpu);
         return ExitCode::from(2);
     }
     let settings = Settings {

@@ -66,7 +66,8 @@ struct Args {
     /// TX ring descriptors (in-flight sends): a multiple of 8 in 8..=4096.
     #[arg(long, default_value_t = vfio_nic::tx::Config::DEFAULT_RING, value_parser = cli::ring)]
     ring: u16,
-    /// Sends per doorbell (completions are reaped between bursts).
+    /// Sends per doorbell (completions are reaped between bursts),
+    /// 1..=--ring.
     #[arg(long, default_value_t = 8)]
     burst: u64,
     /// Account limits MIN,PRESSURE,MAX in MiB (default: none).

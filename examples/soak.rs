@@ -35,8 +35,9 @@ struct Args {
     /// Default 1,000,000; with --seconds alone, no packet limit.
     #[arg(long, value_parser = cli::packets)]
     packets: Option<u64>,
-    /// Stop after this many seconds (after the phase running then), at
-    /// most a year; with --packets too, at whichever limit comes first.
+    /// Stop after this many seconds (the phase running then stops posting
+    /// and is checked), at most a year; with --packets too, at whichever
+    /// limit comes first.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
     seconds: Option<u64>,
     /// Seed of the phases, sizes, flows and failures.

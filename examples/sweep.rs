@@ -108,7 +108,7 @@ struct Args {
     /// TX ring descriptors: a multiple of 8 in 8..=4096.
     #[arg(long, default_value_t = vfio_nic::tx::Config::DEFAULT_RING, value_parser = cli::ring)]
     ring: u16,
-    /// Packets posted per doorbell.
+    /// Packets posted per doorbell, 1..=--ring.
     #[arg(long, default_value_t = 8)]
     burst: u64,
     /// IOTLB entries of the software IOMMU.
@@ -155,9 +155,10 @@ struct Args {
     /// How freed chunks return to the shared pool.
     #[arg(long, default_value = "eager")]
     reclaim: Reclaim,
-    /// Hysteresis threshold in MiB (half of it goes back at once).
-    #[arg(long, default_value_t = 2)]
-    threshold_mib: u64,
+    /// Hysteresis threshold in MiB (half of it goes back at once); only
+    /// with --reclaim hysteresis. Default 2.
+    #[arg(long)]
+    threshold_mib: Option<u64>,
     /// Write all columns as CSV (its header is written before the run).
     #[arg(long)]
     csv: Option<PathBuf>,
@@ -206,6 +207,13 @@ struct Args {
     /// device for the walk after an IOTLB miss. A model.
     #[arg(long)]
     iommu_latency: bool,
+}
+
+impl Args {
+    /// The hysteresis threshold in MiB: `--threshold-mib`, else 2.
+    fn threshold(&self) -> u64 {
+        self.threshold_mib.unwrap_or(2)
+    }
 }
 
 /// One measured unit of a round: a configuration, or a ceiling.
@@ -290,8 +298,8 @@ fn configs(a: &Args, packets: u64, warmup: u64) -> Vec<RunConfig> {
                     skew: a.skew,
                     reclaim: match a.reclaim {
                         Reclaim::Hysteresis { .. } => Reclaim::Hysteresis {
-                            threshold: a.threshold_mib << 20,
-                            chunk: (a.threshold_mib << 20) / 2,
+                            threshold: a.threshold() << 20,
+                            chunk: (a.threshold() << 20) / 2,
                         },
                         other => other,
                     },
@@ -438,7 +446,16 @@ fn check_args(a: &Args) -> Result<(), String> {
                 .into(),
         );
     }
-    cli::mib("--threshold-mib", a.threshold_mib)?;
+    if let Some(t) = a.threshold_mib {
+        if !matches!(a.reclaim, Reclaim::Hysteresis { .. }) {
+            return Err(format!(
+                "--threshold-mib {t} is the hysteresis reclaim's threshold: it needs \
+                 --reclaim hysteresis (got --reclaim {})",
+                a.reclaim.name()
+            ));
+        }
+    }
+    cli::mib("--threshold-mib", a.threshold())?;
     cli::distinct("--policies", &a.policies)?;
     cli::distinct("--iommu", &a.iommu)?;
     cli::distinct("--mss", &a.mss)
@@ -534,4 +551,28 @@ fn all_sound(rows: &[&Row]) -> bool {
         }
     }
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `check_args` of the command line `args`, or clap's refusal.
+    fn checked(args: &[&str]) -> Result<(), String> {
+        let a = Args::try_parse_from(std::iter::once("sweep").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        check_args(&a)
+    }
+
+    #[test]
+    fn a_threshold_without_hysteresis_is_refused_not_ignored() {
+        let e = checked(&["--threshold-mib", "5"]).unwrap_err();
+        assert!(
+            e.contains("--threshold-mib 5") && e.contains("--reclaim hysteresis"),
+            "{e}"
+        );
+        checked(&["--threshold-mib", "5", "--reclaim", "hysteresis"]).unwrap();
+        checked(&["--reclaim", "hysteresis"]).unwrap();
+        checked(&[]).unwrap();
+    }
 }

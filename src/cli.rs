@@ -148,7 +148,12 @@ pub fn orders(s: &str) -> Result<Vec<u32>, String> {
         };
         let a: u32 = a.parse().map_err(|_| format!("bad order '{part}'"))?;
         let b: u32 = b.parse().map_err(|_| format!("bad order '{part}'"))?;
-        if a > b || b > pfrag::Order::MAX {
+        if a > b {
+            return Err(format!(
+                "the range '{part}' runs high to low: write it {b}-{a}"
+            ));
+        }
+        if b > pfrag::Order::MAX {
             return Err(format!(
                 "orders must lie in 0..={} ('{part}')",
                 pfrag::Order::MAX
@@ -199,9 +204,10 @@ pub fn output(path: &Path) -> Result<bool, String> {
 /// Checks the output files before any run: the CSV and the SVG are not the
 /// same file, and both can be written (until both can, neither is
 /// changed: a file this call created is removed again). Then the CSV's
-/// header is written (and flushed), so that a full disk fails here, not
-/// after the run, and the SVG is emptied. A run that ends in an error
-/// leaves the SVG empty and the CSV with its header.
+/// header is written (and flushed), and a byte is written to the SVG (and
+/// flushed) and the SVG emptied again, so that a full disk fails here, not
+/// after the run. A run that ends in an error leaves the SVG empty and the
+/// CSV with its header.
 pub fn outputs(csv: Option<&Path>, columns: &[String], svg: Option<&Path>) -> Result<(), String> {
     if let (Some(c), Some(s)) = (csv, svg) {
         if normalized(c) == normalized(s) {
@@ -234,11 +240,16 @@ pub fn outputs(csv: Option<&Path>, columns: &[String], svg: Option<&Path>) -> Re
         write().map_err(|e| format!("cannot write {}: {e}", c.display()))?;
     }
     if let Some(s) = svg {
-        OpenOptions::new()
-            .write(true)
-            .truncate(true)
-            .open(s)
-            .map_err(|e| format!("cannot write {}: {e}", s.display()))?;
+        let probe = || -> std::io::Result<()> {
+            let mut f = OpenOptions::new().write(true).truncate(true).open(s)?;
+            f.write_all(b"\n")?;
+            f.flush()?;
+            f.sync_data().or(Ok::<(), std::io::Error>(()))?;
+            // Emptied by opening it again (a device ignores `set_len`).
+            OpenOptions::new().write(true).truncate(true).open(s)?;
+            Ok(())
+        };
+        probe().map_err(|e| format!("cannot write {}: {e}", s.display()))?;
     }
     Ok(())
 }
@@ -383,5 +394,26 @@ mod tests {
             let e = outputs(Some(Path::new("/dev/full")), &["a".into()], None).unwrap_err();
             assert!(e.contains("/dev/full"), "{e}");
         }
+    }
+
+    #[test]
+    fn an_svg_on_a_full_disk_fails_before_the_run_and_is_left_empty() {
+        if Path::new("/dev/full").exists() {
+            let e = outputs(None, &[], Some(Path::new("/dev/full"))).unwrap_err();
+            assert!(e.contains("/dev/full"), "{e}");
+        }
+        let svg = std::env::temp_dir().join(format!("pfrag-cli-probe-{}.svg", std::process::id()));
+        std::fs::write(&svg, "old").unwrap();
+        outputs(None, &[], Some(&svg)).unwrap();
+        assert_eq!(std::fs::read_to_string(&svg).unwrap(), "");
+        std::fs::remove_file(svg).unwrap();
+    }
+
+    #[test]
+    fn a_range_of_orders_written_high_to_low_is_refused_as_such() {
+        let e = orders("4-2").unwrap_err();
+        assert!(e.contains("'4-2'") && e.contains("2-4"), "{e}");
+        let e = orders("0-12").unwrap_err();
+        assert!(e.contains("0..=9") && e.contains("'0-12'"), "{e}");
     }
 }

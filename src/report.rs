@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use plotters::coord::types::{RangedCoordf64, RangedCoordu32};
 use plotters::coord::Shift;
@@ -221,6 +221,14 @@ pub enum ReportError {
     /// Writing the CSV failed.
     #[error(transparent)]
     Csv(#[from] csv::Error),
+    /// Writing the chart's file failed.
+    #[error("writing {}: {source}", .path.display())]
+    Write {
+        /// The chart's file.
+        path: PathBuf,
+        /// What the write said.
+        source: std::io::Error,
+    },
 }
 
 /// Turns a plotting error into [`ReportError::Draw`].
@@ -264,8 +272,41 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), ReportError> {
     let series = series_of(rows)?;
     let limit = rows.iter().find(|r| r.policy == "limit").map(|r| r.gbit_s);
     let e = Extent::of(&series, limit);
+    save_svg(path, (1200, 520), |root| {
+        draw_sweep(root, &series, limit, &e)
+    })
+}
 
-    let root = SVGBackend::new(path, (1200, 520)).into_drawing_area();
+/// Draws a `size` chart with `draw` and writes it to `path`: every byte,
+/// or [`ReportError::Write`] with the path. The one place a chart reaches
+/// its file (plotters' own file target writes through a buffer whose
+/// error, on drop, goes unseen: a chart smaller than the buffer failed
+/// silently).
+pub fn save_svg(
+    path: &Path,
+    size: (u32, u32),
+    draw: impl FnOnce(&DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), ReportError>,
+) -> Result<(), ReportError> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        draw(&root)?;
+        root.present().or_draw()?;
+    }
+    std::fs::write(path, svg).map_err(|source| ReportError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The sweep's two charts on `root`: Gbit/s and maps per packet of each
+/// of `series`, the `limit` as a dashed level.
+fn draw_sweep(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    series: &[(String, Vec<Point>)],
+    limit: Option<f64>,
+    e: &Extent,
+) -> Result<(), ReportError> {
     root.fill(&WHITE).or_draw()?;
     let (left, right) = root.split_horizontally(600);
     let xs = e.min_order..e.max_order.max(e.min_order + 1);
@@ -297,7 +338,6 @@ pub fn write_svg(path: &Path, rows: &[Row]) -> Result<(), ReportError> {
         .position(SeriesLabelPosition::UpperLeft)
         .draw()
         .or_draw()?;
-    root.present().or_draw()?;
     Ok(())
 }
 

@@ -372,6 +372,9 @@ fn drive(
     let mut since = 0;
     for i in 0..p.packets {
         if i > 0 && i % SENDS_PER_TURN == 0 {
+            if p.deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                break;
+            }
             seat.pass();
         }
         let flow = (rng.next_u64() % p.flows as u64) as usize;
@@ -507,8 +510,9 @@ fn verify_queue(txq: &Queue, t: &QueueTally, q: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs phases until `packets` were posted or `deadline` passed, drawing
-/// them from `seed`. Stops at the first violation.
+/// Runs phases until `packets` were posted or `deadline` passed (a phase
+/// running then stops posting, and verifies what it sent), drawing them
+/// from `seed`. Stops at the first violation.
 pub fn soak(
     seed: u64,
     packets: u64,
@@ -521,7 +525,8 @@ pub fn soak(
     let mut total = Tally::default();
     let mut i = 0;
     while total.packets < packets && deadline.is_none_or(|d| std::time::Instant::now() < d) {
-        let p = Phase::draw(&mut rng, phase_packets.min(packets - total.packets).max(1));
+        let mut p = Phase::draw(&mut rng, phase_packets.min(packets - total.packets).max(1));
+        p.deadline = deadline;
         match run_phase(&p, i, tick) {
             Ok(t) => {
                 total.add(&t);

@@ -1,7 +1,7 @@
 //! The flows experiment's machinery: frags held until their ACK, stalls,
 //! and amplification from exact byte counts.
 
-use pfrag_lab::flows::{run, CacheKind, FlowsConfig};
+use pfrag_lab::flows::{run, write_svg, CacheKind, FlowsConfig, FlowsRow};
 
 /// One bulk flow whose every payload is exactly one chunk and whose window
 /// allows one packet: after each send the held bytes are that packet
@@ -163,4 +163,24 @@ fn times_that_cannot_be_simulated_are_refused_before_the_run() {
     };
     assert!(long_rtt.check().unwrap_err().contains("rtt max"));
     base.check().unwrap();
+}
+
+/// A chart that cannot be written is an error, however small it is (a
+/// chart of one point fits in a write buffer whose failure on drop would
+/// go unseen).
+#[test]
+fn a_chart_that_cannot_be_written_is_an_error() {
+    let full = std::path::Path::new("/dev/full");
+    if !full.exists() {
+        return;
+    }
+    let row = FlowsRow {
+        cache: "shared".into(),
+        order: 2,
+        flows: 200,
+        amplification_mean: 1.2,
+        ..FlowsRow::default()
+    };
+    let e = write_svg(full, &[row]).unwrap_err().to_string();
+    assert!(e.contains("/dev/full"), "{e}");
 }

@@ -172,6 +172,13 @@ fn bad_settings_are_refused() {
     c.queues = 1;
     c.skew = None;
     pfrag_lab::run::check(&c).unwrap();
+    // A burst is posted before one doorbell: more packets than the ring
+    // holds would ring it when the ring fills, not after the burst.
+    c.burst = 257;
+    let e = pfrag_lab::run::check(&c).unwrap_err().to_string();
+    assert!(e.contains("burst 257") && e.contains("1..=256"), "{e}");
+    c.burst = 256;
+    pfrag_lab::run::check(&c).unwrap();
 }
 
 /// The device thread consumes the ring beside the driver: every byte is

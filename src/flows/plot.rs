@@ -1,16 +1,17 @@
 //! The flows experiment's chart: pool bytes over bytes in flight against
 //! the number of flows, one line per (cache, order), on log axes.
 
+use std::ops::Range;
 use std::path::Path;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::FlowsRow;
-use crate::report::ReportError;
+use crate::report::{save_svg, ReportError};
 
 /// Draws mean amplification against flows, one line per (cache, order).
 pub fn write_svg(path: &Path, rows: &[FlowsRow]) -> Result<(), ReportError> {
-    let draw = |e: &dyn std::fmt::Display| ReportError::Draw(e.to_string());
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for r in rows {
         let name = format!("{} order {}", r.cache, r.order);
@@ -29,9 +30,20 @@ pub fn write_svg(path: &Path, rows: &[FlowsRow]) -> Result<(), ReportError> {
         / 1.5;
     let ymax = pts().map(|p| p.1).fold(2.0f64, f64::max) * 1.5;
     let ymin = pts().map(|p| p.1).fold(1.0f64, f64::min) / 1.5;
-    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+    save_svg(path, (900, 600), |root| {
+        draw_chart(root, &series, (xmin..xmax, ymin..ymax))
+    })
+}
+
+/// Draws `series` on `root`, over `xs` across and `ys` up (log axes).
+fn draw_chart(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    series: &[(String, Vec<(f64, f64)>)],
+    (xs, ys): (Range<f64>, Range<f64>),
+) -> Result<(), ReportError> {
+    let draw = |e: &dyn std::fmt::Display| ReportError::Draw(e.to_string());
     root.fill(&WHITE).map_err(|e| draw(&e))?;
-    let mut c = ChartBuilder::on(&root)
+    let mut c = ChartBuilder::on(root)
         .caption(
             "Pool memory over bytes in flight (frags held until ACK)",
             ("sans-serif", 20),
@@ -39,7 +51,7 @@ pub fn write_svg(path: &Path, rows: &[FlowsRow]) -> Result<(), ReportError> {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((xmin..xmax).log_scale(), (ymin..ymax).log_scale())
+        .build_cartesian_2d(xs.log_scale(), ys.log_scale())
         .map_err(|e| draw(&e))?;
     c.configure_mesh()
         .x_desc("flows")
@@ -63,6 +75,5 @@ pub fn write_svg(path: &Path, rows: &[FlowsRow]) -> Result<(), ReportError> {
         .position(SeriesLabelPosition::UpperLeft)
         .draw()
         .map_err(|e| draw(&e))?;
-    root.present().map_err(|e| draw(&e))?;
     Ok(())
 }

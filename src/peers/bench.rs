@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use nix::sched::{sched_setaffinity, CpuSet};
+use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 
 /// Nanoseconds per operation over the repetitions of one measurement.
@@ -162,17 +162,69 @@ impl Harness {
     }
 }
 
+/// A CPU the calling thread cannot be pinned to, with the CPUs it may run
+/// on.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot pin to CPU {cpu} ({errno}): this process may run on CPUs {usable}")]
+pub struct PinError {
+    /// The CPU asked for.
+    pub cpu: usize,
+    /// What the OS said.
+    pub errno: nix::Error,
+    /// The CPUs the process may run on, as ranges (`0-3,6`).
+    pub usable: String,
+}
+
 /// Pins the calling thread to `cpu`, so that every peer runs on the same
-/// core. Returns the OS error if the CPU is not usable.
-pub fn pin(cpu: usize) -> nix::Result<()> {
+/// core; if the CPU is not usable, says which are.
+pub fn pin(cpu: usize) -> Result<(), PinError> {
     let mut set = CpuSet::new();
-    set.set(cpu)?;
-    sched_setaffinity(Pid::from_raw(0), &set)
+    set.set(cpu)
+        .and_then(|()| sched_setaffinity(Pid::from_raw(0), &set))
+        .map_err(|errno| PinError {
+            cpu,
+            errno,
+            usable: usable_cpus(),
+        })
+}
+
+/// The CPUs the calling thread may run on, as ranges (`0-3,6`), or `?`
+/// if the OS does not say.
+fn usable_cpus() -> String {
+    let Ok(set) = sched_getaffinity(Pid::from_raw(0)) else {
+        return "?".into();
+    };
+    let cpus: Vec<usize> = (0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect();
+    let mut ranges: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        ranges.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    ranges.join(",")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cpu_that_cannot_be_pinned_is_refused_with_the_usable_ones() {
+        let e = pin(usize::MAX).unwrap_err().to_string();
+        assert!(e.contains(&format!("CPU {}", usize::MAX)), "{e}");
+        let usable = e.split("may run on CPUs ").nth(1).unwrap_or("");
+        assert!(usable.starts_with(|c: char| c.is_ascii_digit()), "{e}");
+    }
 
     #[test]
     fn median_and_spread_of_samples() {

@@ -100,7 +100,23 @@ pub fn check(cfg: &RunConfig) -> Result<(), RunError> {
             check_packet::<virtio::Split>(cfg, None)?
         }
     }
+    check_burst(cfg)?;
     check_wire(cfg)
+}
+
+/// A burst (packets posted before one doorbell) of at most the ring's
+/// descriptors, checked once the ring is known to be one the queue takes:
+/// a larger burst would ring the doorbell when the ring fills, not after
+/// the burst, and is refused rather than run as something else.
+fn check_burst(cfg: &RunConfig) -> Result<(), RunError> {
+    if cfg.burst > u64::from(cfg.ring) {
+        return Err(RunError::Setting(format!(
+            "burst {} out of range (1..={}: a burst is posted before one doorbell, \
+             and the ring of {} descriptors holds no more packets)",
+            cfg.burst, cfg.ring, cfg.ring
+        )));
+    }
+    Ok(())
 }
 
 /// With a line rate, one packet's frames, with their gaps, must leave

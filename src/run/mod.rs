@@ -108,7 +108,7 @@ pub struct RunConfig {
     pub warmup: u64,
     /// TX ring descriptors.
     pub ring: u16,
-    /// Packets posted per doorbell.
+    /// Packets posted per doorbell, 1..=`ring` ([`check`] refuses more).
     pub burst: u64,
     /// IOTLB entries of the software IOMMU.
     pub iotlb_entries: usize,

@@ -76,6 +76,9 @@ pub struct Phase {
     pub untold: FaultyConfig,
     /// Seed of the payload sizes and flows.
     pub seed: u64,
+    /// When to stop posting, if before `packets` (the soak's time limit):
+    /// a phase cut short verifies what it sent. Not drawn.
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Phase {
@@ -123,6 +126,7 @@ impl Phase {
                 ..FaultyConfig::default()
             },
             seed: rng.next_u64(),
+            deadline: None,
         }
     }
 

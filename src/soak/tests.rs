@@ -35,6 +35,7 @@ fn every_injected_failure_kind_shows_up_in_a_run_with_high_rates() {
         },
         untold: FaultyConfig::default(),
         seed: 4,
+        deadline: None,
     };
     let t = run_phase(&p, 0, &|_| {}).unwrap();
     assert!(t.injected > 0 && t.refused.injected > 0);
@@ -94,4 +95,27 @@ fn verbose_lines_show_without_a_terminal() {
     let mut out = Vec::new();
     say(&indicatif::ProgressBar::hidden(), &mut out, "phase 0: ok");
     assert_eq!(String::from_utf8(out).unwrap(), "phase 0: ok\n");
+}
+
+/// A phase stops posting at its deadline (the soak's time limit), however
+/// many packets it drew, and still verifies everything it sent; the soak
+/// stops there too.
+#[test]
+fn a_phase_stops_at_its_deadline() {
+    let mut rng = Rng::new(5);
+    let mut p = Phase::draw(&mut rng, 1_000_000_000);
+    p.deadline = Some(std::time::Instant::now());
+    let t = run_phase(&p, 0, &|_| {}).unwrap();
+    assert!(t.packets < 1_000, "{}", t.packets);
+    let soon = std::time::Instant::now() + std::time::Duration::from_millis(100);
+    let t = soak(
+        5,
+        u64::MAX,
+        1_000_000_000,
+        Some(soon),
+        &|_| {},
+        &mut |_, _, _| {},
+    );
+    let t = t.map_err(|b| b.1).unwrap();
+    assert!(t.phases >= 1 && t.packets < 1_000_000_000, "{t:?}");
 }
