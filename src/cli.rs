@@ -244,7 +244,6 @@ pub fn outputs(csv: Option<&Path>, columns: &[String], svg: Option<&Path>) -> Re
             let mut f = OpenOptions::new().write(true).truncate(true).open(s)?;
             f.write_all(b"\n")?;
             f.flush()?;
-            f.sync_data().or(Ok::<(), std::io::Error>(()))?;
             // Emptied by opening it again (a device ignores `set_len`).
             OpenOptions::new().write(true).truncate(true).open(s)?;
             Ok(())

@@ -197,26 +197,33 @@ fn usable_cpus() -> String {
     let cpus: Vec<usize> = (0..CpuSet::count())
         .filter(|&c| set.is_set(c).unwrap_or(false))
         .collect();
-    let mut ranges: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < cpus.len() {
-        let mut j = i;
-        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
-            j += 1;
-        }
-        ranges.push(if i == j {
-            cpus[i].to_string()
-        } else {
-            format!("{}-{}", cpus[i], cpus[j])
-        });
-        i = j + 1;
-    }
+    cpu_ranges(&cpus)
+}
+
+/// Ascending CPU numbers as ranges of consecutive ones (`0-3,6`).
+fn cpu_ranges(cpus: &[usize]) -> String {
+    let ranges: Vec<String> = cpus
+        .chunk_by(|a, b| *b == a + 1)
+        .map(|run| match run {
+            [one] => one.to_string(),
+            [first, .., last] => format!("{first}-{last}"),
+            [] => unreachable!("chunk_by yields no empty run"),
+        })
+        .collect();
     ranges.join(",")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpus_are_written_as_ranges_of_consecutive_ones() {
+        assert_eq!(cpu_ranges(&[0, 1, 2, 3, 6]), "0-3,6");
+        assert_eq!(cpu_ranges(&[1]), "1");
+        assert_eq!(cpu_ranges(&[0, 2, 3, 5]), "0,2-3,5");
+        assert_eq!(cpu_ranges(&[]), "");
+    }
 
     #[test]
     fn a_cpu_that_cannot_be_pinned_is_refused_with_the_usable_ones() {

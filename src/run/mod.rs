@@ -229,12 +229,6 @@ impl DeviceModel {
             DeviceModel::Virtio => "virtio",
         }
     }
-
-    /// Whether the model reads and verifies every payload byte (with
-    /// `Touch::Checksum` for the software NIC; always for virtio).
-    pub fn verifies(self) -> bool {
-        matches!(self, DeviceModel::Soft | DeviceModel::Virtio)
-    }
 }
 
 /// Packet sizes and flows of a run.
