@@ -334,7 +334,8 @@ impl<R: Regs> Igb<R> {
         })?;
         // Whatever the reset did to the device's own counters (which clear
         // when read), what they hold now is from before it: read and
-        // dropped, before anything later can fail.
+        // dropped, before anything later can fail. (Linux's igb reads every
+        // statistics register after its reset too, in its hardware init.)
         self.read_stats()?;
         self.stats = IgbStats::default();
         // Interrupts come back unmasked after a reset.
