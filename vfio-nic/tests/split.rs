@@ -180,3 +180,145 @@ fn a_payload_up_to_the_split_counts_as_one_frag_against_the_buffers() {
         "{r:?}"
     );
 }
+
+/// A queue with a split (`cfg`) over order-4 chunks of a pool charging
+/// `account`, on the null device.
+fn accounted_queue(account: &Arc<pfrag::account::MemAccount>, cfg: tx::Config) -> Q {
+    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
+    let domain = Arc::new(Domain::new(iommu.clone()));
+    let pcfg = pool::Config::new(Order::new(4).unwrap(), Policy::Persistent);
+    let pool = Pool::with_account(domain.clone(), pcfg, account.clone()).unwrap();
+    // SAFETY: the null device translates through `iommu`, which `domain`
+    // maps through.
+    unsafe { tx::Queue::new(domain, pool, NullNic::new(iommu), cfg) }.unwrap()
+}
+
+/// A small send whose order-0 chunk the memory account refuses is a
+/// back-off, counted once, and changes nothing else: nothing posted or
+/// charged, no frag handed out; `send_burst` stops quietly at it; once
+/// memory is back the same sends go out and complete.
+#[test]
+fn a_small_send_refused_by_the_memory_limit_changes_nothing_but_the_back_off_count() {
+    use pfrag::account::{Limits, MemAccount, NoHooks};
+    use vfio_nic::offload::Offload;
+    use vfio_nic::tx::TxPacket;
+    let limits = Limits {
+        min: 1 << 20,
+        pressure: 1 << 20,
+        max: 1 << 20,
+    };
+    let account = MemAccount::new(limits, NoHooks).unwrap();
+    let cfg = tx::Config {
+        ring: 64,
+        mtu: 9000,
+        ..tx::Config::default()
+    };
+    let mut q = accounted_queue(&account, cfg);
+    let mut held = Vec::new();
+    while q.frags(4096, &mut held).is_ok() {
+        assert!(held.len() <= 256, "1 MiB of 4 KiB chunks never ran out");
+    }
+    let (stats, cache, bytes) = (q.stats(), q.cache_stats(), account.bytes());
+    let small = q.small_cache().unwrap().pool().stats();
+    let hdr = [0u8; 14];
+    let payload = [7u8; 3000];
+    let r = q.send(&hdr, &payload, Offload::None, 1);
+    assert!(matches!(&r, Err(e) if e.is_backoff()), "{r:?}");
+    let pkts = [TxPacket {
+        headers: &hdr,
+        payload: &payload,
+        offload: Offload::None,
+        token: 2,
+    }; 3];
+    assert_eq!(q.send_burst(&pkts).unwrap(), 0);
+    let mut want = stats;
+    want.mem_backoffs += 2;
+    assert_eq!(q.stats(), want, "only the two back-offs counted");
+    assert_eq!(q.in_flight(), 0);
+    assert_eq!(q.cache_stats(), cache, "no frag handed out");
+    assert_eq!(account.bytes(), bytes, "nothing charged");
+    assert_eq!(q.small_cache().unwrap().pool().stats(), small);
+    // Memory back: the same packets go out and complete.
+    for f in held.drain(..) {
+        q.cache_mut().complete(f).unwrap();
+    }
+    assert_eq!(q.send_burst(&pkts).unwrap(), 3);
+    q.kick().unwrap();
+    q.wait(std::time::Duration::from_secs(60)).unwrap();
+    assert_eq!(q.stats().completed, 3);
+}
+
+/// A small send whose order-0 pool fails to map a new arena is refused
+/// with that error and changes nothing: nothing posted, mapped or handed
+/// out, no counter moved (a map failure is no back-off); `send_burst`
+/// returns the error; once maps work the same sends go out and complete.
+#[test]
+fn a_small_send_whose_pool_cannot_map_changes_nothing() {
+    for policy in [Policy::Persistent, Policy::PerFrag] {
+        small_send_map_fails(policy);
+    }
+}
+
+fn small_send_map_fails(policy: Policy) {
+    use pfrag::dma::{Faulty, FaultyConfig};
+    use vfio_nic::offload::Offload;
+    use vfio_nic::tx::TxPacket;
+    let faults = FaultyConfig {
+        map_rate: 1.0,
+        ..FaultyConfig::default()
+    };
+    let m =
+        Arc::new(Faulty::new(SoftIommu::new(SoftIommuConfig::default()).unwrap(), faults).unwrap());
+    m.arm(false);
+    let domain = Arc::new(Domain::new(m.clone()));
+    let pcfg = pool::Config::new(Order::new(4).unwrap(), policy);
+    let pool = Pool::new(domain.clone(), pcfg).unwrap();
+    let cfg = tx::Config {
+        mtu: 9000,
+        ..tx::Config::default()
+    };
+    // SAFETY: the null device translates through `m`, which `domain`
+    // maps through.
+    let mut q =
+        unsafe { tx::Queue::new(domain.clone(), pool, NullNic::new(m.clone()), cfg) }.unwrap();
+    let (stats, cache, mapped) = (q.stats(), q.cache_stats(), domain.iova_in_use());
+    let small = q.small_cache().unwrap().pool().stats();
+    m.arm(true);
+    let hdr = [0u8; 14];
+    let payload = [7u8; 3000];
+    let r = q.send(&hdr, &payload, Offload::None, 1);
+    assert!(matches!(&r, Err(e) if !e.is_backoff()), "{r:?}");
+    let pkts = [TxPacket {
+        headers: &hdr,
+        payload: &payload,
+        offload: Offload::None,
+        token: 2,
+    }; 3];
+    assert!(q.send_burst(&pkts).is_err());
+    assert!(m.stats_injected().maps >= 2);
+    assert_eq!(q.stats(), stats, "no counter moved");
+    assert_eq!(q.in_flight(), 0);
+    // Under `PerFrag` the cache took an order-0 chunk (mapped per frag,
+    // so taking it maps nothing) and keeps carving it next time.
+    let mut want = cache;
+    let took = u64::from(policy == Policy::PerFrag);
+    want.chunks_taken += took;
+    assert_eq!(q.cache_stats(), want, "no frag handed out");
+    assert_eq!(domain.iova_in_use(), mapped, "nothing left mapped");
+    // Under `Persistent` the new arena's untouched chunks wait as released
+    // ones for the next grow (the pool's `released`): nothing grew.
+    let now = q.small_cache().unwrap().pool().stats();
+    assert_eq!(
+        (now.grows, now.chunks, now.mapped_bytes),
+        (
+            small.grows + took,
+            small.chunks + 256 * took,
+            small.mapped_bytes
+        )
+    );
+    m.arm(false);
+    assert_eq!(q.send_burst(&pkts).unwrap(), 3);
+    q.kick().unwrap();
+    q.wait(std::time::Duration::from_secs(60)).unwrap();
+    assert_eq!(q.stats().completed, 3);
+}

@@ -154,20 +154,22 @@ pub(crate) unsafe fn device_write(
 /// Stores the 32-bit word `v` at `iova` through `translate` with one atomic
 /// release store: a device's descriptor write-back, which the driver polls
 /// while the device runs (on a thread of its own). `iova` must be 4-byte
-/// aligned (a translation keeps the page offset, so the address is too);
-/// the mappers check that first, to count the fault, and this refuses an
-/// unaligned one as well.
+/// aligned (a translation keeps the page offset, so the address is too):
+/// an unaligned one is refused here, the one place that checks, with the
+/// fault `unaligned` makes of it (where the mapper counts it), before
+/// any translation.
 ///
 /// # Safety
 /// As for [`device_write`], for the 4 bytes at `iova`.
 pub(crate) unsafe fn device_store_u32(
     fence: &Fence,
     translate: impl FnOnce(Iova, Dir) -> Result<Translation, Fault>,
+    unaligned: impl FnOnce(Fault) -> Fault,
     iova: Iova,
     v: u32,
 ) -> Result<(), Fault> {
     if iova.raw() % 4 != 0 {
-        return Err(fault(iova, Dir::FROM_DEVICE));
+        return Err(unaligned(fault(iova, Dir::FROM_DEVICE)));
     }
     let _in = fence.enter();
     let t = translate(iova, Dir::FROM_DEVICE)?;

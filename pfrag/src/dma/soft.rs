@@ -479,12 +479,11 @@ unsafe impl Translate for SoftIommu {
         unsafe { device_write(&self.fence, |i, d| self.translate(i, d), iova, src) }
     }
     unsafe fn write_u32(&self, iova: Iova, v: u32) -> Result<(), Fault> {
-        if iova.raw() % 4 != 0 {
-            let reason = FaultReason::Unaligned;
-            return Err(self.lock().fault(iova, Dir::FROM_DEVICE, reason));
-        }
+        // An unaligned store is refused there, recorded here.
+        let unaligned = |f: Fault| self.lock().fault(f.iova, f.access, FaultReason::Unaligned);
+        let translate = |i, d| self.translate(i, d);
         // SAFETY: the caller's promise is passed on unchanged.
-        unsafe { device_store_u32(&self.fence, |i, d| self.translate(i, d), iova, v) }
+        unsafe { device_store_u32(&self.fence, translate, unaligned, iova, v) }
     }
 }
 
