@@ -116,18 +116,63 @@ pub fn summarise(reps: &[Row]) -> Option<Row> {
 /// repetition lacks the figure or has 0 for a denominator (leaving it out
 /// would choose the rounds).
 pub fn ratio(a: &[Row], b: &[Row], f: impl Fn(&Row) -> Option<f64>) -> Option<Spread> {
+    Spread::of(&ratios(a, b, f)?)
+}
+
+/// The per-repetition ratios that [`ratio`] summarises.
+fn ratios(a: &[Row], b: &[Row], f: impl Fn(&Row) -> Option<f64>) -> Option<Vec<f64>> {
     if a.len() != b.len() {
         return None;
     }
-    let v: Option<Vec<f64>> = a
-        .iter()
+    a.iter()
         .zip(b)
         .map(|(x, y)| match (f(x), f(y)) {
             (Some(x), Some(y)) if y != 0.0 => Some(x / y),
             _ => None,
         })
-        .collect();
-    Spread::of(&v?)
+        .collect()
+}
+
+/// The two-sided p-value of the exact sign test that the median of `v`
+/// is `x`: with `n` values other than `x`, of which `k` lie on the rarer
+/// side, twice P(B <= k) for B ~ Binomial(n, 1/2), at most 1. It is the
+/// test [`Spread::ci95`] inverts: the interval leaves `x` out exactly
+/// when this is at most 0.05. `None` if no value differs from `x`, or `v`
+/// or `x` holds a NaN.
+pub fn sign_test_p(v: &[f64], x: f64) -> Option<f64> {
+    if x.is_nan() || v.iter().any(|y| y.is_nan()) {
+        return None;
+    }
+    let below = v.iter().filter(|&&y| y < x).count();
+    let above = v.iter().filter(|&&y| y > x).count();
+    let n = below + above;
+    if n == 0 {
+        return None;
+    }
+    // P(B = i) for i = 0..=k, kept as a logarithm as in `median_ci95`.
+    let mut ln_p = -(n as f64) * std::f64::consts::LN_2;
+    let mut tail = 0.0;
+    for i in 0..=below.min(above) {
+        tail += ln_p.exp();
+        ln_p += ((n - i) as f64).ln() - ((i + 1) as f64).ln();
+    }
+    Some((2.0 * tail).min(1.0))
+}
+
+/// How many of the hypotheses with p-values `ps` Holm's step-down
+/// procedure rejects at the family-wise level `alpha`: the smallest p
+/// against `alpha / m`, the next against `alpha / (m - 1)`, and so on,
+/// stopping at the first that is not below its bound. The chance that
+/// any true hypothesis is rejected stays within `alpha`, however the
+/// tests depend on each other.
+pub fn holm_rejections(ps: &[f64], alpha: f64) -> usize {
+    let mut s = ps.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = s.len();
+    s.iter()
+        .enumerate()
+        .take_while(|&(i, &p)| p <= alpha / (m - i) as f64)
+        .count()
 }
 
 /// A job of a sweep, repeated: its label and, per repetition, its rows (a
@@ -161,6 +206,11 @@ fn totals(per_job: &[JobRows], is: impl Fn(&Row) -> bool) -> Option<Vec<Row>> {
 /// CPU per Gbit if `cpu_per_gbit`, with a line rate), against the IOMMU
 /// off, against the `limit` ceiling, and in driver ns against the IOMMU
 /// off; a line per order (and MSS) that ran persistent with any of them.
+///
+/// Each line's verdict ("differs from 1") is that comparison's own, at
+/// 5 %. With many of them some are bound to differ by chance, so a last
+/// line counts how many differ once all the comparisons with an interval
+/// are taken together ([`family_line`]).
 pub fn print_ratios(
     out: &mut impl Write,
     per_job: &[JobRows],
@@ -171,6 +221,7 @@ pub fn print_ratios(
     let gbit = |r: &Row| Some(r.gbit_s);
     let driver = |r: &Row| r.driver_ns_per_pkt;
     let cpu = |r: &Row| r.cpu_ns_per_gbit;
+    let mut ps = Vec::new();
     for (o, m) in orders.iter().flat_map(|o| mss.iter().map(move |m| (o, m))) {
         let get = |p: &str, i: &str| {
             totals(per_job, |r| {
@@ -181,9 +232,13 @@ pub fn print_ratios(
             continue;
         };
         let mut parts = Vec::new();
-        let mut add = |name: &str, s: Option<Spread>| {
-            if let Some(s) = s {
-                parts.push(format!("{name} {}", ratio_text(&s)));
+        let mut add = |name: &str, v: Option<Vec<f64>>| {
+            let Some((v, s)) = v.and_then(|v| Spread::of(&v).map(|s| (v, s))) else {
+                return;
+            };
+            parts.push(format!("{name} {}", ratio_text(&s)));
+            if s.ci95.is_some() {
+                ps.extend(sign_test_p(&v, 1.0));
             }
         };
         let pf = get("per-frag", "strict");
@@ -191,25 +246,25 @@ pub fn print_ratios(
         let lim = totals(per_job, |r| r.policy == "limit");
         add(
             "persistent/per-frag",
-            pf.as_ref().and_then(|b| ratio(&persistent, b, gbit)),
+            pf.as_ref().and_then(|b| ratios(&persistent, b, gbit)),
         );
         if cpu_per_gbit {
             add(
                 "CPU per Gbit persistent/per-frag",
-                pf.as_ref().and_then(|b| ratio(&persistent, b, cpu)),
+                pf.as_ref().and_then(|b| ratios(&persistent, b, cpu)),
             );
         }
         add(
             "persistent/off",
-            off.as_ref().and_then(|b| ratio(&persistent, b, gbit)),
+            off.as_ref().and_then(|b| ratios(&persistent, b, gbit)),
         );
         add(
             "persistent/limit",
-            lim.and_then(|b| ratio(&persistent, &b, gbit)),
+            lim.and_then(|b| ratios(&persistent, &b, gbit)),
         );
         add(
             "driver ns persistent/off",
-            off.as_ref().and_then(|b| ratio(&persistent, b, driver)),
+            off.as_ref().and_then(|b| ratios(&persistent, b, driver)),
         );
         if !parts.is_empty() {
             let mss = if mss.len() > 1 {
@@ -220,6 +275,26 @@ pub fn print_ratios(
             let _ = writeln!(out, "order {o}{mss}: {}", parts.join(", "));
         }
     }
+    if let Some(line) = family_line(&ps) {
+        let _ = writeln!(out, "{line}");
+    }
+}
+
+/// The line that takes the comparisons with p-values `ps` (sign tests,
+/// [`sign_test_p`]) together: how many differ from 1 under Holm's
+/// procedure at a family-wise 5 % ([`holm_rejections`]), against how many
+/// did alone. `None` for fewer than two comparisons.
+pub fn family_line(ps: &[f64]) -> Option<String> {
+    if ps.len() < 2 {
+        return None;
+    }
+    let alone = ps.iter().filter(|&&p| p <= 0.05).count();
+    let together = holm_rejections(ps, 0.05);
+    Some(format!(
+        "all {} comparisons with an interval together (sign tests, Holm, family-wise 5%): \
+         {together} differ from 1 ({alone} alone)",
+        ps.len()
+    ))
 }
 
 /// A ratio's median, range and, with enough repetitions, its 95 %
@@ -389,5 +464,96 @@ mod tests {
         let out = String::from_utf8(out).unwrap();
         assert_eq!(out, "order 3: persistent/per-frag 2.50x (2.00–3.00)\n");
         assert_eq!(summaries(&per_job[0].1).len(), 2);
+    }
+    #[test]
+    fn the_sign_test_counts_the_values_on_each_side() {
+        let p = |v: &[f64]| sign_test_p(v, 1.0).unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        // Six above 1: 2 / 2^6. Five: 2 / 2^5, never below 5 %.
+        assert!(close(p(&[2.0; 6]), 0.03125));
+        assert!(close(p(&[0.5; 5]), 0.0625));
+        // One of eight below: 2 * (1 + 8) / 2^8.
+        assert!(close(
+            p(&[0.5, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]),
+            18.0 / 256.0
+        ));
+        // Three on each side: 2 * (1 + 6 + 15 + 20) / 64 > 1, so 1.
+        assert_eq!(p(&[0.5, 0.6, 0.7, 1.5, 1.6, 1.7]), 1.0);
+        // Values equal to the median tested say nothing, and are left out.
+        assert!(close(p(&[1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]), 0.03125));
+        assert_eq!(sign_test_p(&[1.0, 1.0], 1.0), None);
+        assert_eq!(sign_test_p(&[f64::NAN, 2.0], 1.0), None);
+    }
+
+    proptest::proptest! {
+        /// The interval and the test are one decision: the interval
+        /// leaves 1 out exactly when the test's p is at most 5 %.
+        #[test]
+        fn the_interval_leaves_out_what_the_sign_test_rejects(
+            v in proptest::collection::vec(
+                proptest::prop_oneof![0.5f64..0.999, 1.001f64..2.0], 6..80),
+        ) {
+            let s = Spread::of(&v).unwrap();
+            let p = sign_test_p(&v, 1.0).unwrap();
+            proptest::prop_assert_eq!(s.differs_from(1.0), Some(p <= 0.05), "p {}", p);
+        }
+    }
+
+    #[test]
+    fn holm_compares_each_p_with_a_bound_that_grows_as_it_goes() {
+        // Bounds 0.0125, 0.0167, 0.025, 0.05: the second stops it.
+        assert_eq!(holm_rejections(&[0.5, 0.02, 0.01, 0.03], 0.05), 1);
+        assert_eq!(holm_rejections(&[0.01, 0.012, 0.02, 0.04], 0.05), 4);
+        assert_eq!(holm_rejections(&[0.02, 0.03], 0.05), 2);
+        assert_eq!(holm_rejections(&[0.03, 0.04], 0.05), 0);
+        assert_eq!(holm_rejections(&[], 0.05), 0);
+    }
+
+    /// With intervals, the sweep's ratios end with the line that takes
+    /// them together; a ratio that differs alone may not differ then.
+    #[test]
+    fn ratios_with_intervals_end_with_their_family_line() {
+        let at = |policy: &str, order: &str, gbit: f64| Row {
+            order: order.into(),
+            policy: policy.into(),
+            iommu: "strict".into(),
+            mss: 1448,
+            gbit_s: gbit,
+            ..Row::default()
+        };
+        // Order 2: six rounds all above (p 0.031, alone it differs);
+        // order 3: 8 rounds all above (p 0.0078).
+        let job = |policy: &str, order: &str, g: &[f64]| -> JobRows {
+            let reps = g.iter().map(|&x| vec![at(policy, order, x)]);
+            (format!("{policy} {order}"), reps.collect())
+        };
+        let per_job = [
+            job("persistent", "2", &[3.0; 6]),
+            job("per-frag", "2", &[2.0; 6]),
+            job("persistent", "3", &[3.0; 8]),
+            job("per-frag", "3", &[2.0; 8]),
+        ];
+        let mut out = Vec::new();
+        print_ratios(&mut out, &per_job, &[2, 3], &[1448], false);
+        let out = String::from_utf8(out).unwrap();
+        let last = out.lines().last().unwrap();
+        assert!(
+            out.contains(
+                "order 2: persistent/per-frag 1.50x (1.50–1.50; 95% CI 1.50–1.50, differs from 1)"
+            ),
+            "{out}"
+        );
+        // 0.0078 <= 0.025, then 0.031 <= 0.05: both hold.
+        assert_eq!(
+            last,
+            "all 2 comparisons with an interval together (sign tests, Holm, family-wise 5%): \
+             2 differ from 1 (2 alone)"
+        );
+        assert_eq!(
+            family_line(&[0.031, 0.031, 0.5]).unwrap(),
+            "all 3 comparisons with an interval together (sign tests, Holm, family-wise 5%): \
+             0 differ from 1 (2 alone)"
+        );
+        assert_eq!(family_line(&[0.01]), None);
     }
 }
