@@ -49,10 +49,12 @@ pub struct Row {
     /// Modelled IOMMU time per packet (cost model; not in `ns_per_pkt`).
     pub model_iommu_ns_per_pkt: Option<f64>,
     /// What the measured part lost, 0 when every packet was delivered
-    /// whole: with a device model, its DMA faults (descriptors, packet data
-    /// or status words it could not read or write; every packet lost to a
-    /// fault makes at least one) plus the packets it found corrupt or
-    /// malformed; on VFIO, the packets the device did not count as sent.
+    /// whole: with a device model, its losses
+    /// ([`NicStats::losses`](vfio_nic::model::softnic::NicStats::losses):
+    /// DMA faults, every packet lost to a fault making at least one, the
+    /// packets it found corrupt or malformed, the doorbells on which it
+    /// stopped) plus the completions with an error; on VFIO, the packets
+    /// the device did not count as sent.
     /// Summed over the repetitions in a summary row (the warm-up is
     /// checked separately: a run whose warm-up loses a packet fails).
     pub faults: u64,

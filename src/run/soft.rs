@@ -185,16 +185,19 @@ impl<M: DmaMapper + Translate + 'static, D: Model + Send + 'static> Bench<'_, M,
         self.done.wait();
         self.release.wait();
         let (q, (n0, q0, c0), packets, bytes, end, cpu) = measured?;
-        let (n, qs, cs) = (q.device().counters(), q.stats(), q.cache_stats());
+        let (n, qs, cs) = (
+            q.device().counters().since(&n0),
+            q.stats().since(&q0),
+            q.cache_stats(),
+        );
         Ok(QueueRun {
             cpu,
             packets,
             bytes,
-            descs: qs.since(&q0).descs,
+            descs: qs.descs,
             waste: cs.since(&c0).waste_bytes,
-            faults: (n.faults + n.bad_payload + n.bad_desc)
-                - (n0.faults + n0.bad_payload + n0.bad_desc),
-            nic: n.since(&n0),
+            faults: lost(Some(&n), &qs),
+            nic: n,
             start: t0,
             end,
         })
