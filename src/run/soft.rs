@@ -230,6 +230,8 @@ struct Shared {
     map: pfrag::dma::MapStats,
     pool0: pool::Stats,
     pool1: pool::Stats,
+    /// The domain's IOVA bytes awaiting their flush at the end.
+    awaiting: u64,
     queues: Vec<pool::QueueStats>,
 }
 
@@ -317,6 +319,7 @@ fn drive<M: DmaMapper + Translate + 'static, D: Model + Send + 'static>(
         }
         b.done.wait();
         let (map, pool1, q1) = (b.mapper.stats().since(&m0), b.pool.stats(), b.queue_stats());
+        let awaiting = b.domain.iova_awaiting_flush();
         b.release.wait();
         poll(&mut seen);
         let runs = handles
@@ -334,6 +337,7 @@ fn drive<M: DmaMapper + Translate + 'static, D: Model + Send + 'static>(
                 map,
                 pool0,
                 pool1,
+                awaiting,
                 queues,
             },
         ))
@@ -380,6 +384,7 @@ fn row(cfg: &RunConfig, r: &QueueRun, queue: Option<usize>, sh: &Shared) -> Row 
         cpu: Some(r.cpu),
         pool: sh.pool1,
         delta,
+        iova_awaiting_flush: sh.awaiting,
     };
     let mut row = Row {
         iotlb_misses_per_pkt: Some(map.iotlb_misses as f64 / p),
