@@ -136,10 +136,12 @@ struct Args {
     /// The NIC backend.
     #[arg(long, value_enum, default_value = "soft")]
     backend: Backend,
-    /// PCI address of the NIC for --backend vfio (`vm/run.sh` places the
-    /// 82576 at 0000:00:02.0 and the virtio-net device at 0000:00:03.0).
-    #[arg(long, default_value = "0000:00:02.0")]
-    device: String,
+    /// PCI address of the NIC for --backend vfio or iommufd (default
+    /// 0000:00:02.0; `vm/run.sh` places the 82576 there and the virtio-net
+    /// device at 0000:00:03.0). Refused with --backend soft, which has no
+    /// PCI device.
+    #[arg(long, value_name = "PCI")]
+    device: Option<String>,
     /// No progress bar: a line per repetition instead (also when stderr
     /// is not a terminal).
     #[arg(long)]
@@ -213,6 +215,12 @@ impl Args {
     /// The hysteresis threshold in MiB: `--threshold-mib`, else 2.
     fn threshold(&self) -> u64 {
         self.threshold_mib.unwrap_or(2)
+    }
+
+    /// The NIC's PCI address for --backend vfio or iommufd: `--device`,
+    /// else 0000:00:02.0 (where `vm/run.sh` places the 82576).
+    fn device(&self) -> &str {
+        self.device.as_deref().unwrap_or("0000:00:02.0")
     }
 }
 
@@ -368,8 +376,8 @@ fn main() -> ExitCode {
                 _ => "VFIO",
             };
             match a.nic {
-                Nic::Igb => format!("on the 82576 at {} through {how}", a.device),
-                Nic::Virtio => format!("on the virtio-net device at {} through {how}", a.device),
+                Nic::Igb => format!("on the 82576 at {} through {how}", a.device()),
+                Nic::Virtio => format!("on the virtio-net device at {} through {how}", a.device()),
             }
         }
     };
@@ -439,6 +447,12 @@ fn check_args(a: &Args) -> Result<(), String> {
                 .into(),
         );
     }
+    if let (Some(d), Backend::Soft) = (&a.device, a.backend) {
+        return Err(format!(
+            "--device {d} is the PCI address of a NIC for --backend vfio or iommufd; \
+             --backend soft runs the software NIC, which has none"
+        ));
+    }
     if a.nic == Nic::Virtio && a.model == DeviceModel::Null {
         return Err(
             "--nic virtio runs the virtio-net model (--backend soft) or a virtio-net device \
@@ -500,7 +514,7 @@ fn run_all(a: &Args, jobs: Vec<Job>, reps: usize, per_cfg: u64) -> Option<Vec<Jo
                     None => run(c, &mut |n| bar.inc(n)),
                     Some(dma) => {
                         let window = (rep * jobs.len() + i) as u32;
-                        run_vfio(c, &a.device, dma, window, &mut |n| bar.inc(n)).map(|r| vec![r])
+                        run_vfio(c, a.device(), dma, window, &mut |n| bar.inc(n)).map(|r| vec![r])
                     }
                 },
                 Job::Limit(c) => Ok(vec![limit(c)]),
@@ -574,5 +588,23 @@ mod tests {
         checked(&["--threshold-mib", "5", "--reclaim", "hysteresis"]).unwrap();
         checked(&["--reclaim", "hysteresis"]).unwrap();
         checked(&[]).unwrap();
+    }
+
+    /// The software NIC has no PCI address: a `--device` given with it is
+    /// refused, not ignored; with `--backend vfio` or `iommufd` it is the
+    /// NIC's address, 0000:00:02.0 when not given.
+    #[test]
+    fn a_device_on_the_software_nic_is_refused_not_ignored() {
+        let e = checked(&["--backend", "soft", "--device", "0000:00:03.0"]).unwrap_err();
+        assert!(
+            e.contains("--device 0000:00:03.0 is the PCI address"),
+            "{e}"
+        );
+        checked(&["--device", "0000:00:03.0"]).unwrap_err();
+        for backend in ["vfio", "iommufd"] {
+            checked(&["--backend", backend, "--device", "0000:00:03.0"]).unwrap();
+            let a = Args::try_parse_from(["sweep", "--backend", backend]).unwrap();
+            assert_eq!((check_args(&a), a.device()), (Ok(()), "0000:00:02.0"));
+        }
     }
 }

@@ -231,8 +231,10 @@ pub enum ReportError {
     },
 }
 
-/// Turns a plotting error into [`ReportError::Draw`].
-trait OrDraw<T> {
+/// Turns a plotting error into [`ReportError::Draw`] (the one way every
+/// chart does).
+pub(crate) trait OrDraw<T> {
+    /// The error, if any, as [`ReportError::Draw`] with its text.
     fn or_draw(self) -> Result<T, ReportError>;
 }
 

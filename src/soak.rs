@@ -473,11 +473,11 @@ fn check_wire(txq: &mut Queue, t: &mut QueueTally) -> Result<(), String> {
     Ok(())
 }
 
-/// After draining: no fault, nothing in flight, no frame left unplaced,
+/// After draining: no loss, nothing in flight, no frame left unplaced,
 /// and each flow's stream ends at exactly the bytes sent on it.
 fn verify_queue(txq: &Queue, t: &QueueTally, q: usize) -> Result<(), String> {
     let st = txq.device().stats();
-    if st.faults + st.bad_payload + st.bad_desc > 0 {
+    if st.losses() > 0 {
         return Err(format!("queue {q}: device stats {st:?}"));
     }
     if txq.in_flight() != 0 {

@@ -435,20 +435,31 @@ sweep)
     # --nic virtio: the virtio-net device, its capture, and its marks
     # (notifications of its unused receive queue).
     # --backend iommufd: the same, mapped through iommufd (VM_KERNEL=iommufd).
-    dev=$bdf pcap="$vm/tx.pcap" nic=igb prev="" backend="--backend vfio"
+    # The device's address is passed only to a backend that takes one
+    # (vfio or iommufd; the sweep refuses it with --backend soft), and
+    # not over a --device of ARGS.
+    dev=$bdf pcap="$vm/tx.pcap" nic=igb prev="" backend="--backend vfio" which=vfio own_dev=""
     for a in "$@"; do
         case "$prev,$a" in
         --nic,*) nic=$a ;;
         *,--nic=*) nic=${a#--nic=} ;;
+        --backend,*) which=$a ;;
+        *,--backend=*) which=${a#--backend=} ;;
         esac
         case "$a" in
         --backend | --backend=*) backend="" ;;
+        --device | --device=*) own_dev=1 ;;
         esac
         prev=$a
     done
     if [ "$nic" = virtio ]; then dev=$vbdf pcap="$vm/virtio.pcap"; fi
-    # shellcheck disable=SC2086 # $backend is two words or none
-    pack "$bin" $backend --device "$dev" --no-progress --csv /tmp/out.csv "$@"
+    device="--device $dev"
+    case "$which" in
+    vfio | iommufd) [ -z "$own_dev" ] || device="" ;;
+    *) device="" ;;
+    esac
+    # shellcheck disable=SC2086 # $backend and $device are two words or none
+    pack "$bin" $backend $device --no-progress --csv /tmp/out.csv "$@"
     boot -d trace:vtd_inv_desc_iotlb_pages,trace:vtd_inv_desc_iotlb_domain,trace:vtd_inv_desc_iotlb_global,trace:vtd_iotlb_page_hit,trace:vtd_iotlb_page_update,trace:e1000e_core_write,trace:virtio_pci_notify_write \
         -D "$vm/trace.log"
     cat "$vm/console.log"

@@ -8,7 +8,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::FlowsRow;
-use crate::report::{save_svg, ReportError};
+use crate::report::{save_svg, OrDraw, ReportError};
 
 /// Draws mean amplification against flows, one line per (cache, order).
 pub fn write_svg(path: &Path, rows: &[FlowsRow]) -> Result<(), ReportError> {
@@ -41,8 +41,7 @@ fn draw_chart(
     series: &[(String, Vec<(f64, f64)>)],
     (xs, ys): (Range<f64>, Range<f64>),
 ) -> Result<(), ReportError> {
-    let draw = |e: &dyn std::fmt::Display| ReportError::Draw(e.to_string());
-    root.fill(&WHITE).map_err(|e| draw(&e))?;
+    root.fill(&WHITE).or_draw()?;
     let mut c = ChartBuilder::on(root)
         .caption(
             "Pool memory over bytes in flight (frags held until ACK)",
@@ -52,28 +51,28 @@ fn draw_chart(
         .x_label_area_size(40)
         .y_label_area_size(60)
         .build_cartesian_2d(xs.log_scale(), ys.log_scale())
-        .map_err(|e| draw(&e))?;
+        .or_draw()?;
     c.configure_mesh()
         .x_desc("flows")
         .y_desc("amplification (mean)")
         .draw()
-        .map_err(|e| draw(&e))?;
+        .or_draw()?;
     for (i, (name, p)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         c.draw_series(LineSeries::new(p.iter().copied(), color.stroke_width(2)))
-            .map_err(|e| draw(&e))?
+            .or_draw()?
             .label(name.clone())
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
             });
         c.draw_series(p.iter().map(|&q| Circle::new(q, 3, color.filled())))
-            .map_err(|e| draw(&e))?;
+            .or_draw()?;
     }
     c.configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .position(SeriesLabelPosition::UpperLeft)
         .draw()
-        .map_err(|e| draw(&e))?;
+        .or_draw()?;
     Ok(())
 }

@@ -179,14 +179,14 @@ pub fn run(cfg: &FlowsConfig) -> Result<FlowsRow, RunError> {
         early_acks: s.early_acks,
         deferred_acks: s.deferred_acks,
     };
-    if n.bytes_verified != sent || n.faults + n.bad_payload + n.bad_desc > 0 || s.early_acks > 0 {
+    if n.bytes_verified != sent || n.losses() > 0 || s.early_acks > 0 {
         return Err(RunError::Setting(format!(
-            "{} flows order {} {}: {} of {sent} bytes verified, {} faults, {} early ACKs",
+            "{} flows order {} {}: {} of {sent} bytes verified, {} losses, {} early ACKs",
             cfg.flows,
             cfg.order,
             cfg.cache.name(),
             n.bytes_verified,
-            n.faults + n.bad_payload + n.bad_desc,
+            n.losses(),
             s.early_acks
         )));
     }

@@ -141,8 +141,9 @@ fn burst<M: DmaMapper, D: TxDevice>(
 /// Checks that the device delivered every packet sent whole: as many
 /// packets seen as the queue sent, one frame each (the null device puts a
 /// TSO packet on the wire as one frame, uncut; the virtio rows offload
-/// nothing), `per_packet` bytes each delivered intact, and no fault,
-/// faulted packet, malformed descriptor, corrupt packet or stop. Bytes
+/// nothing), `per_packet` bytes each delivered intact, and no loss in its
+/// counters ([`NicStats::losses`](softnic::NicStats::losses): no fault,
+/// faulted packet, malformed descriptor, corrupt packet or stop). Bytes
 /// alone do not show a loss: a device can count the bytes of every packet
 /// and still report one of them malformed.
 fn delivered<M: DmaMapper, D: TxDevice + Model>(
@@ -152,14 +153,11 @@ fn delivered<M: DmaMapper, D: TxDevice + Model>(
     let nic = q.device().counters();
     let sent = q.stats().packets;
     let bytes = sent * per_packet as u64;
-    let lost = [
-        nic.faults,
-        nic.faulted_packets,
-        nic.bad_desc,
-        nic.bad_payload,
-        nic.stops,
-    ];
-    if lost != [0; 5] || nic.packets != sent || nic.frames != sent || nic.delivered_bytes != bytes {
+    if nic.losses() != 0
+        || nic.packets != sent
+        || nic.frames != sent
+        || nic.delivered_bytes != bytes
+    {
         return Err(format!(
             "device delivered {} of {bytes} bytes, saw {} of {sent} packets, sent {} of \
              {sent} frames; {} faults, {} faulted packets, {} malformed, {} corrupt, {} stops",

@@ -49,10 +49,12 @@ pub struct Row {
     /// Modelled IOMMU time per packet (cost model; not in `ns_per_pkt`).
     pub model_iommu_ns_per_pkt: Option<f64>,
     /// What the measured part lost, 0 when every packet was delivered
-    /// whole: with a device model, its DMA faults (descriptors, packet data
-    /// or status words it could not read or write; every packet lost to a
-    /// fault makes at least one) plus the packets it found corrupt or
-    /// malformed; on VFIO, the packets the device did not count as sent.
+    /// whole: with a device model, its losses
+    /// ([`NicStats::losses`](vfio_nic::model::softnic::NicStats::losses):
+    /// DMA faults, every packet lost to a fault making at least one, the
+    /// packets it found corrupt or malformed, the doorbells on which it
+    /// stopped) plus the completions with an error; on VFIO, the packets
+    /// the device did not count as sent.
     /// Summed over the repetitions in a summary row (the warm-up is
     /// checked separately: a run whose warm-up loses a packet fails).
     pub faults: u64,
@@ -143,6 +145,14 @@ pub struct Row {
     /// repetition in a summary row, whose `bytes_verified` is the least):
     /// `bytes_verified` must equal it where the device reads every byte.
     pub bytes_sent: u64,
+    /// IOVA bytes unmapped under lazy invalidation whose flush had not
+    /// completed at the end of the measured part
+    /// ([`Domain::iova_awaiting_flush`](pfrag::dma::Domain::iova_awaiting_flush)):
+    /// not yet free for another mapping, the memory behind them kept until
+    /// the flush. 0 under strict invalidation and without an IOMMU (the
+    /// IOVA is the host address). The domain is shared: per-queue rows
+    /// repeat the total's.
+    pub iova_awaiting_flush: u64,
 }
 
 /// What both backends measure over a run's measured part.
@@ -164,6 +174,8 @@ pub(super) struct Measured {
     pub(super) pool: pfrag::pool::Stats,
     /// Pool counters over the measured part.
     pub(super) delta: pfrag::pool::Stats,
+    /// The domain's IOVA bytes awaiting their flush at the end.
+    pub(super) iova_awaiting_flush: u64,
 }
 
 impl Measured {
@@ -206,6 +218,7 @@ impl Measured {
             iommu_latency: cfg.device.iommu_latency,
             mss: cfg.mss,
             bytes_sent: self.bytes,
+            iova_awaiting_flush: self.iova_awaiting_flush,
             ..self.cpu_columns(cfg)
         }
         .single()

@@ -185,16 +185,19 @@ impl<M: DmaMapper + Translate + 'static, D: Model + Send + 'static> Bench<'_, M,
         self.done.wait();
         self.release.wait();
         let (q, (n0, q0, c0), packets, bytes, end, cpu) = measured?;
-        let (n, qs, cs) = (q.device().counters(), q.stats(), q.cache_stats());
+        let (n, qs, cs) = (
+            q.device().counters().since(&n0),
+            q.stats().since(&q0),
+            q.cache_stats(),
+        );
         Ok(QueueRun {
             cpu,
             packets,
             bytes,
-            descs: qs.since(&q0).descs,
+            descs: qs.descs,
             waste: cs.since(&c0).waste_bytes,
-            faults: (n.faults + n.bad_payload + n.bad_desc)
-                - (n0.faults + n0.bad_payload + n0.bad_desc),
-            nic: n.since(&n0),
+            faults: lost(Some(&n), &qs),
+            nic: n,
             start: t0,
             end,
         })
@@ -227,6 +230,8 @@ struct Shared {
     map: pfrag::dma::MapStats,
     pool0: pool::Stats,
     pool1: pool::Stats,
+    /// The domain's IOVA bytes awaiting their flush at the end.
+    awaiting: u64,
     queues: Vec<pool::QueueStats>,
 }
 
@@ -314,6 +319,7 @@ fn drive<M: DmaMapper + Translate + 'static, D: Model + Send + 'static>(
         }
         b.done.wait();
         let (map, pool1, q1) = (b.mapper.stats().since(&m0), b.pool.stats(), b.queue_stats());
+        let awaiting = b.domain.iova_awaiting_flush();
         b.release.wait();
         poll(&mut seen);
         let runs = handles
@@ -331,6 +337,7 @@ fn drive<M: DmaMapper + Translate + 'static, D: Model + Send + 'static>(
                 map,
                 pool0,
                 pool1,
+                awaiting,
                 queues,
             },
         ))
@@ -377,6 +384,7 @@ fn row(cfg: &RunConfig, r: &QueueRun, queue: Option<usize>, sh: &Shared) -> Row 
         cpu: Some(r.cpu),
         pool: sh.pool1,
         delta,
+        iova_awaiting_flush: sh.awaiting,
     };
     let mut row = Row {
         iotlb_misses_per_pkt: Some(map.iotlb_misses as f64 / p),

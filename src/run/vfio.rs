@@ -269,6 +269,7 @@ fn run_on<N: VfioNic, M: DmaMapper>(
         }),
         pool: pool1,
         delta: pool1.since(&pool0),
+        iova_awaiting_flush: pool.domain().iova_awaiting_flush(),
     };
     Ok(wire_row(N::NAME, dma, cfg, common, sent))
 }

@@ -6,9 +6,12 @@ use pfrag::dma::Identity;
 use pfrag::Iova;
 use vfio_nic::model::softnic::{self, NicStats, SoftNic};
 
-/// The software NIC, whose counters show one fault once it has seen a
-/// packet (as if the first packet faulted).
-struct FaultFirst<D>(D);
+/// The software NIC, whose counters show one loss, made by the edit, once
+/// it has seen a packet (as if the first packet were lost).
+struct FaultFirst<D>(D, Edit);
+
+/// Adds one loss to a model's counters.
+type Edit = fn(&mut NicStats);
 
 impl<D: TxDevice> TxDevice for FaultFirst<D> {
     type Format = D::Format;
@@ -38,7 +41,7 @@ impl<D: Model> Model for FaultFirst<D> {
     fn counters(&self) -> NicStats {
         let mut c = self.0.counters();
         if c.packets > 0 {
-            c.faults += 1;
+            (self.1)(&mut c);
         }
         c
     }
@@ -49,13 +52,17 @@ fn cfg(warmup: u64) -> RunConfig {
 }
 
 fn run_on_fault_first(c: &RunConfig) -> Result<Vec<Row>, RunError> {
-    let nic = |m: Arc<Identity>| {
+    run_on_loss(c, |c| c.faults += 1)
+}
+
+fn run_on_loss(c: &RunConfig, edit: Edit) -> Result<Vec<Row>, RunError> {
+    let nic = move |m: Arc<Identity>| {
         let cfg = softnic::Config {
             touch: Touch::Checksum,
             capture: false,
             verify: true,
         };
-        FaultFirst(SoftNic::new(m, cfg))
+        FaultFirst(SoftNic::new(m, cfg), edit)
     };
     measure_on(c, Arc::new(Identity::new()), &nic, &mut |_| {})
 }
@@ -73,4 +80,32 @@ fn a_fault_in_the_warm_up_fails_the_run() {
         "{:?}",
         r.map(|rows| rows[0].faults)
     );
+}
+
+/// Every loss a model's counters can show, each alone: a stop without a
+/// fault counted (the ring changed under the device), and a faulted packet
+/// whose fault is missing (a model that miscounts).
+const LOSSES: [(&str, Edit); 5] = [
+    ("a fault", |c| c.faults += 1),
+    ("a faulted packet", |c| c.faulted_packets += 1),
+    ("a corrupt packet", |c| c.bad_payload += 1),
+    ("a malformed descriptor", |c| c.bad_desc += 1),
+    ("a stop", |c| c.stops += 1),
+];
+
+/// Each loss alone fails the warm-up, and in the measured part is in the
+/// row's `faults` and among its problems.
+#[test]
+fn every_loss_alone_fails_the_warm_up_and_shows_in_the_row() {
+    for (what, edit) in LOSSES {
+        let r = run_on_loss(&cfg(8), edit);
+        assert!(
+            matches!(r, Err(RunError::WarmUp { lost: 1 })),
+            "{what} in the warm-up: {:?}",
+            r.map(|rows| rows[0].faults)
+        );
+        let row = &run_on_loss(&cfg(0), edit).unwrap()[0];
+        assert_eq!(row.faults, 1, "{what} in the measured part");
+        assert!(!row.problems().is_empty(), "{what} passed: {row:?}");
+    }
 }

@@ -67,6 +67,27 @@ pub struct NicStats {
 }
 
 impl NicStats {
+    /// What the model lost, the one list of the counters that show a loss:
+    /// its DMA faults ([`faults`](Self::faults)), the packets it found
+    /// corrupt ([`bad_payload`](Self::bad_payload)) or malformed
+    /// ([`bad_desc`](Self::bad_desc)), and the doorbells on which it
+    /// stopped ([`stops`](Self::stops)). A count of those events, not of
+    /// packets: 0 exactly when nothing was lost.
+    ///
+    /// [`faulted_packets`](Self::faulted_packets) is not added: every
+    /// packet lost to a fault made at least one fault, so it is in
+    /// `faults` already; it counts only when it is the larger (counters
+    /// that show a faulted packet and no fault still show a loss). A stop
+    /// is counted besides the fault that caused it, if one was counted:
+    /// a stopped device refuses every doorbell until a reset.
+    pub fn losses(&self) -> u64 {
+        self.faults
+            .max(self.faulted_packets)
+            .saturating_add(self.bad_payload)
+            .saturating_add(self.bad_desc)
+            .saturating_add(self.stops)
+    }
+
     /// Counts the offloaded packet `pkt` sent as `out`: `hlen` header bytes
     /// per frame, `pages` and `segment_pages` read.
     pub(super) fn count_sent(
@@ -197,6 +218,31 @@ pub fn line_bytes(hlen: usize, paylen: usize, mss: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each counter that shows a loss counts alone; a faulted packet is
+    /// not counted again beside its fault.
+    #[test]
+    fn losses_count_each_loss_once() {
+        let with = |f: fn(&mut NicStats)| {
+            let mut s = NicStats {
+                packets: 5,
+                frames: 5,
+                delivered_bytes: 500,
+                ..NicStats::default()
+            };
+            f(&mut s);
+            s.losses()
+        };
+        assert_eq!(with(|_| {}), 0);
+        assert_eq!(with(|s| s.faults += 1), 1);
+        assert_eq!(with(|s| s.faulted_packets += 1), 1);
+        assert_eq!(with(|s| s.bad_payload += 1), 1);
+        assert_eq!(with(|s| s.bad_desc += 1), 1);
+        assert_eq!(with(|s| s.stops += 1), 1);
+        assert_eq!(with(|s| s.count_read_fault()), 1);
+        assert_eq!(with(|s| s.page_crossing_bufs += 1), 0);
+        assert_eq!(with(|s| (s.faults, s.stops) = (3, 1)), 4);
+    }
 
     #[test]
     fn each_frame_is_padded_to_the_minimum_on_its_own() {
