@@ -322,6 +322,32 @@ pub enum Error {
         /// Entries in the ring.
         size: u16,
     },
+    /// A used index further ahead of the driver than the packets the
+    /// device holds (made available, not yet used): the entries past them
+    /// would be stale ones. Nothing is taken from the used ring; every
+    /// reap says so until the device is reset.
+    #[error("virtqueue: the used index {idx} is more than {in_flight} entries (the packets the device holds) past the driver's {used}")]
+    UsedIndex {
+        /// The used ring's index.
+        idx: u16,
+        /// The driver's next used entry.
+        used: u16,
+        /// Packets made available and not yet used.
+        in_flight: u16,
+    },
+    /// A used entry whose id is not the head of a packet the device
+    /// holds: out of the ring, never made available, or used already.
+    /// Nothing is freed for it, nor taken from it on: every reap that
+    /// reads it says so until the device is reset.
+    #[error("virtqueue: used entry {entry} names descriptor {id}, not the head of a packet the device holds (ring of {size})")]
+    UsedId {
+        /// The used ring's entry (a free-running index).
+        entry: u16,
+        /// The id it holds.
+        id: u32,
+        /// Entries in the ring.
+        size: u16,
+    },
     /// The virtio device stopped and needs a reset (virtio 1.x, 2.1.2: it
     /// set `NEEDS_RESET` in `device_status`; a driver sets `FAILED`). It
     /// takes no doorbell, and returns no more used entries, until it is

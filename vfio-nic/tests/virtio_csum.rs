@@ -16,7 +16,7 @@ use pfrag::Order;
 use vfio_nic::check::wire::{same_checksum, WireCheck};
 use vfio_nic::csum;
 use vfio_nic::device::TxDevice;
-use vfio_nic::format::virtio::{Layout, Split, HDR_LEN};
+use vfio_nic::format::virtio::{features, Layout, Split, HDR_LEN};
 use vfio_nic::format::Format;
 use vfio_nic::gen::{flow, pattern};
 use vfio_nic::model::softnic;
@@ -60,6 +60,11 @@ fn through_model(frame: &[u8], ask: &Ask) -> Vec<Vec<u8>> {
 /// The model after it took `frame` behind a `virtio_net_hdr` with `ask`
 /// ([`through_model`]).
 fn model_after(frame: &[u8], ask: &Ask) -> VirtioNet<Iommu> {
+    model_offering(frame, ask, features::USED)
+}
+
+/// [`model_after`], on a model offering `offered` feature bits.
+fn model_offering(frame: &[u8], ask: &Ask, offered: u64) -> VirtioNet<Iommu> {
     let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
     let domain = Arc::new(Domain::new(iommu.clone()));
     let l = Layout::new(8);
@@ -85,7 +90,7 @@ fn model_after(frame: &[u8], ask: &Ask) -> VirtioNet<Iommu> {
     ring.write_u64(0, buf.iova().raw()).unwrap();
     ring.write_u64(8, len as u64).unwrap();
     ring.write(l.avail_idx(), &1u16.to_le_bytes()).unwrap();
-    let mut nic = VirtioNet::new(iommu, capture()).unwrap();
+    let mut nic = VirtioNet::offering(iommu, capture(), offered).unwrap();
     // SAFETY: `ring` is this test's, kept for the device until it drops.
     unsafe { nic.attach(ring.iova(), 8) }.unwrap();
     // SAFETY: the device's only mappings are `ring` and `buf`, reached by
@@ -162,6 +167,26 @@ fn the_model_refuses_a_gso_packet_past_the_ip_length() {
     assert!(nic.take_frames().is_empty());
     let good = through_model(&flow_frame(65_495, true), &tcp_ask(Some(1448)));
     assert_eq!(wire(&good), (65_495u64.div_ceil(1448), 0));
+}
+
+/// A device carries out only the offloads it offered: `NEEDS_CSUM` to a
+/// device without `CSUM`, or GSO over TCP/IPv4 to one without
+/// `HOST_TSO4`, is a request no driver may make, counted as malformed and
+/// not sent. The model used to carry out both, so a driver asking for an
+/// offload it had not negotiated went unseen.
+#[test]
+fn the_model_refuses_an_offload_it_did_not_offer() {
+    let base = features::VERSION_1 | features::ACCESS_PLATFORM;
+    let v6_only = base | features::CSUM | features::HOST_TSO6;
+    for (offered, ask) in [(base, tcp_ask(None)), (v6_only, tcp_ask(Some(1448)))] {
+        let mut nic = model_offering(&flow_frame(3000, true), &ask, offered);
+        let st = nic.stats();
+        assert_eq!((st.bad_desc, st.frames), (1, 0), "{offered:#x}: {st:?}");
+        assert!(nic.take_frames().is_empty());
+    }
+    // What it offered it carries out.
+    let nic = model_offering(&flow_frame(3000, true), &tcp_ask(None), v6_only);
+    assert_eq!((nic.stats().bad_desc, nic.stats().frames), (0, 1));
 }
 
 /// A queue over the virtio model on a fresh software IOMMU.

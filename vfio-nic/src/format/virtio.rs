@@ -168,9 +168,24 @@ pub struct Split {
     before: u16,
     /// Used entries consumed.
     used: u16,
-    /// Heads the used ring reported done that the engine has not asked
-    /// about yet (a device may complete out of order), by slot.
-    done: Vec<bool>,
+    /// What the device was told of each slot as a packet's head, by slot:
+    /// a device may complete out of order, and the engine asks about a
+    /// head after its used entry came.
+    heads: Vec<Head>,
+    /// Heads made available whose used entry has not come.
+    held: u16,
+}
+
+/// A slot as a packet's head, for [`Split`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Head {
+    /// No packet the device holds starts here.
+    #[default]
+    Idle,
+    /// Made available; the device holds the packet.
+    Avail,
+    /// Its used entry came; the engine has not asked about it yet.
+    Used,
 }
 
 impl Split {
@@ -211,15 +226,34 @@ impl Split {
     fn has(&self, bit: u64) -> bool {
         self.features & bit == bit
     }
-    /// Takes the used ring's new entries into `done`.
+    /// Takes the used ring's new entries into `heads`. A used index
+    /// further ahead than the packets the device holds is
+    /// [`Error::UsedIndex`], with nothing taken; an entry whose id is not
+    /// a head the device holds is [`Error::UsedId`], with the entries
+    /// before it taken and none from it on. Either is read again, and
+    /// refused again, by the next call: nothing is freed on its word.
     fn take_used<M: DmaMapper>(&mut self, ring: &RingMem<'_, M>, l: &Layout) -> Result<()> {
         let idx = ring.read_u16(l.used_idx())?;
+        if idx.wrapping_sub(self.used) > self.held {
+            return Err(Error::UsedIndex {
+                idx,
+                used: self.used,
+                in_flight: self.held,
+            });
+        }
         while self.used != idx {
             let id = ring.read_u32(l.used_entry(self.used))?;
-            // An id that names no slot names no packet of ours: ignored.
-            if let Some(d) = self.done.get_mut(id as usize) {
-                *d = true;
+            match self.heads.get_mut(id as usize) {
+                Some(h) if *h == Head::Avail => *h = Head::Used,
+                _ => {
+                    return Err(Error::UsedId {
+                        entry: self.used,
+                        id,
+                        size: l.size,
+                    })
+                }
             }
+            self.held -= 1;
             self.used = self.used.wrapping_add(1);
         }
         Ok(())
@@ -238,7 +272,9 @@ fn put16(out: &mut [u8], at: usize, v: u16) {
 // acquire load of its index; `virtio-queue` stores it with a 16-bit
 // release store) and `avail_event`, read with 16-bit loads; and `done`
 // reports a packet only once the device put its head into the used ring,
-// which a device does only after it read the whole chain.
+// which a device does only after it read the whole chain: a used entry is
+// taken only for a head made available and not used since, and only up to
+// as many as the device holds (the entries past them are a lap old).
 unsafe impl Format for Split {
     const NAME: &'static str = "virtio-net split virtqueue";
     const DESC_SIZE: usize = size_of::<vring_desc>();
@@ -338,33 +374,38 @@ unsafe impl Format for Split {
 
     fn publish<M: DmaMapper>(&mut self, ring: &RingMem<'_, M>, head: u16) -> Result<()> {
         let l = Layout::new(ring.size());
-        if self.done.len() != usize::from(ring.size()) {
-            self.done = vec![false; usize::from(ring.size())];
+        if self.heads.len() != usize::from(ring.size()) {
+            self.heads = vec![Head::Idle; usize::from(ring.size())];
         }
-        self.done[usize::from(head)] = false;
         ring.write_u16(l.avail_entry(self.avail), head)?;
+        let h = std::mem::replace(&mut self.heads[usize::from(head)], Head::Avail);
+        if h != Head::Avail {
+            self.held += 1;
+        }
         self.avail = self.avail.wrapping_add(1);
         Ok(())
     }
 
     /// Writes the available index; the doorbell is wanted unless the
     /// device said otherwise (`avail_event` with `EVENT_IDX`, else the
-    /// used ring's `NO_NOTIFY`).
+    /// used ring's `NO_NOTIFY`). One that fails counts nothing as
+    /// flushed: the next flush asks again for the same packets.
     fn flush<M: DmaMapper>(&mut self, ring: &RingMem<'_, M>) -> Result<bool> {
         let l = Layout::new(ring.size());
         let (old, new) = (self.flushed, self.avail);
         ring.write_u16(l.avail_idx(), new)?;
-        (self.before, self.flushed) = (old, new);
         // The index store before the device's word is read (the spec's
         // full barrier): else both sides may miss the other's update.
         fence(Ordering::SeqCst);
-        if self.event_idx() {
+        let wanted = if self.event_idx() {
             let event = ring.read_u16(l.avail_event())?;
             // vring_need_event: the device asked to hear of `event + 1`.
-            Ok(new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old))
+            new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
         } else {
-            Ok(ring.read_u16(l.used_flags())? & VRING_USED_F_NO_NOTIFY as u16 == 0)
-        }
+            ring.read_u16(l.used_flags())? & VRING_USED_F_NO_NOTIFY as u16 == 0
+        };
+        (self.before, self.flushed) = (old, new);
+        Ok(wanted)
     }
 
     fn unflush(&mut self) {
@@ -378,12 +419,16 @@ unsafe impl Format for Split {
         _last: u16,
     ) -> Result<Option<Status>> {
         let slot = usize::from(head);
-        if !self.done.get(slot).copied().unwrap_or(false) {
-            self.take_used(ring, &Layout::new(ring.size()))?;
+        if self.heads.get(slot) != Some(&Head::Used) {
+            let taken = self.take_used(ring, &Layout::new(ring.size()));
+            // A bad entry after this packet's is the next call's error.
+            if self.heads.get(slot) != Some(&Head::Used) {
+                taken?;
+            }
         }
-        match self.done.get_mut(slot) {
-            Some(d) if *d => {
-                *d = false;
+        match self.heads.get_mut(slot) {
+            Some(h) if *h == Head::Used => {
+                *h = Head::Idle;
                 Ok(Some(Status::Ok))
             }
             _ => Ok(None),
@@ -392,137 +437,4 @@ unsafe impl Format for Split {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A ring of 0 entries has no entries: its entry offsets are entry
-    /// 0's, where they used to divide by zero.
-    #[test]
-    fn a_ring_of_no_entries_does_not_panic() {
-        let l = Layout::new(0);
-        assert_eq!((l.avail, l.used, l.bytes), (0, 8, 14));
-        for i in [0, 1, u16::MAX] {
-            assert_eq!((l.avail_entry(i), l.used_entry(i)), (4, 12));
-        }
-    }
-
-    /// Entry `i` is entry `i % size` for every index, the masked sizes
-    /// (powers of two) and the others alike.
-    #[test]
-    fn entries_wrap_at_the_ring_size() {
-        let sizes = [1u16, 2, 3, 8, 256, 384, 1024, 32768, u16::MAX];
-        let step = if cfg!(miri) { 4099 } else { 1 };
-        for size in sizes {
-            let l = Layout::new(size);
-            for i in (0..=u16::MAX).step_by(step).chain([u16::MAX]) {
-                let at = usize::from(i % size);
-                assert_eq!(l.avail_entry(i), l.avail + 4 + 2 * at, "{i} of {size}");
-                assert_eq!(l.used_entry(i), l.used + 4 + 8 * at, "{i} of {size}");
-            }
-        }
-    }
-
-    #[test]
-    fn the_layout_follows_the_spec_alignment() {
-        // Descriptor table 16 * n, available ring 6 + 2n, used ring
-        // 4-byte aligned, 6 + 8n.
-        let l = Layout::new(8);
-        assert_eq!((l.avail, l.used, l.bytes), (128, 152, 152 + 6 + 64));
-        assert_eq!(l.avail_entry(9), 128 + 4 + 2);
-        assert_eq!(l.used_entry(8), 152 + 4);
-        assert_eq!(l.avail_event(), 152 + 4 + 64);
-        let odd = Layout::new(3);
-        assert_eq!(odd.used % 4, 0);
-    }
-
-    /// The memory of an 8-entry virtqueue, mapped on a software IOMMU.
-    fn ring8() -> pfrag::dma::Coherent<pfrag::dma::SoftIommu> {
-        use pfrag::dma::{Coherent, Dir, Domain, SoftIommu, SoftIommuConfig};
-        let domain = std::sync::Arc::new(Domain::new(
-            SoftIommu::new(SoftIommuConfig::default()).unwrap(),
-        ));
-        Coherent::new(domain, Split::ring_bytes(8), Dir::BIDIRECTIONAL).unwrap()
-    }
-
-    #[test]
-    fn completions_out_of_order_free_each_packet_only_once_its_head_is_used() {
-        let ring = ring8();
-        let mem = RingMem::new(&ring, 8);
-        let l = Layout::new(8);
-        let mut f = Split::negotiate(features::USED).unwrap();
-        for head in [0, 2, 4] {
-            f.publish(&mem, head).unwrap();
-        }
-        f.flush(&mem).unwrap();
-        assert_eq!(mem.read_u16(l.avail_idx()).unwrap(), 3);
-        assert_eq!(mem.read_u16(l.avail_entry(1)).unwrap(), 2);
-        // The device returns the second packet first, then the first.
-        let used = |i: u16, id: u32| ring.write_u32(l.used_entry(i), id).unwrap();
-        used(0, 2);
-        used(1, 0);
-        mem.write_u16(l.used_idx(), 2).unwrap();
-        assert_eq!(f.done(&mem, 0, 1).unwrap(), Some(Status::Ok));
-        assert_eq!(f.done(&mem, 2, 3).unwrap(), Some(Status::Ok));
-        assert_eq!(f.done(&mem, 4, 4).unwrap(), None, "not used yet");
-        // An id that names no slot is ignored; the third packet follows.
-        used(2, 99);
-        used(3, 4);
-        mem.write_u16(l.used_idx(), 4).unwrap();
-        assert_eq!(f.done(&mem, 4, 4).unwrap(), Some(Status::Ok));
-    }
-
-    #[test]
-    fn a_doorbell_that_was_not_rung_is_asked_for_again() {
-        let ring = ring8();
-        let mem = RingMem::new(&ring, 8);
-        let mut f = Split::negotiate(features::USED).unwrap();
-        assert!(f.event_idx());
-        // The device has seen nothing (avail_event 0).
-        f.publish(&mem, 0).unwrap();
-        assert!(
-            f.flush(&mem).unwrap(),
-            "the first packet asks for a doorbell"
-        );
-        f.publish(&mem, 1).unwrap();
-        let mut kept = f.clone();
-        // The doorbell was rung: the device is at work, and says when it
-        // wants the next one (EVENT_IDX).
-        assert!(!f.flush(&mem).unwrap());
-        // It was not rung: the next flush asks again.
-        kept.unflush();
-        assert!(kept.flush(&mem).unwrap());
-    }
-
-    #[test]
-    fn negotiation_keeps_what_tx_uses_and_needs_version_1_and_the_iommu() {
-        let all = u64::MAX;
-        assert_eq!(Split::negotiate(all).unwrap().features(), features::USED);
-        let e = Split::negotiate(features::VERSION_1).unwrap_err();
-        assert!(e.to_string().contains("VIRTIO_F_ACCESS_PLATFORM"), "{e}");
-        // TSO without checksum offload is no TSO.
-        let no_csum = Split::negotiate(all & !features::CSUM).unwrap();
-        assert_eq!(
-            no_csum.features() & (features::HOST_TSO4 | features::HOST_TSO6),
-            0
-        );
-    }
-
-    #[test]
-    fn offloads_follow_the_features() {
-        let l4 = |ip| Headers {
-            maclen: 14,
-            ip,
-            iplen: if ip == Ip::V4 { 20 } else { 40 },
-            l4len: 20,
-            l4: L4::Tcp,
-        };
-        let tso = Offload::Tso { mss: 1448 };
-        let base = features::VERSION_1 | features::ACCESS_PLATFORM;
-        let bare = Split::negotiate(base).unwrap();
-        assert!(bare.supports(Offload::None, None));
-        assert!(!bare.supports(Offload::Checksum, Some(&l4(Ip::V4))));
-        let v4 = Split::negotiate(base | features::CSUM | features::HOST_TSO4).unwrap();
-        assert!(v4.supports(tso, Some(&l4(Ip::V4))));
-        assert!(!v4.supports(tso, Some(&l4(Ip::V6))));
-    }
-}
+mod tests;

@@ -110,6 +110,8 @@ pub struct VirtioNet<T: Translate> {
 /// What the device does with the chains it takes.
 struct Engine {
     cfg: Config,
+    /// The features negotiated: the offloads a header may ask for.
+    features: u64,
     /// The current chain's buffers: IOVA, length.
     bufs: Vec<(Iova, usize)>,
     frames: Vec<Vec<u8>>,
@@ -141,19 +143,24 @@ impl<T: Translate> VirtioNet<T> {
 
     /// A device offering `offered` feature bits (see [`features`]);
     /// [`Error::MissingFeature`] without `VERSION_1` and `ACCESS_PLATFORM`.
+    /// A header asking for an offload the negotiated features lack
+    /// (`NEEDS_CSUM` without `CSUM`, a GSO type without its `HOST_TSO`)
+    /// is a malformed chain, counted and not sent.
     pub fn offering(iommu: T, cfg: Config, offered: u64) -> Result<VirtioNet<T>> {
+        let fmt = Split::negotiate(offered)?;
         Ok(VirtioNet {
             iommu,
-            fmt: Split::negotiate(offered)?,
             queue: None,
             tx: Engine {
                 cfg,
+                features: fmt.features(),
                 bufs: Vec::with_capacity(MAX_BUFS),
                 frames: Vec::new(),
                 stats: NicStats::default(),
                 copy: vec![0; COPY].into_boxed_slice(),
                 stopped: false,
             },
+            fmt,
         })
     }
 
@@ -252,8 +259,18 @@ impl Engine {
     }
 
     /// What the header and the frame's headers ask of the device; `None`
-    /// for a request it cannot carry out (counted as malformed).
+    /// for a request it cannot carry out, or that asks for an offload the
+    /// features do not have (counted as malformed).
     fn parse(&self, hdr: &NetHdr, frame: &[u8], len: usize) -> Option<Packet> {
+        let need = features::CSUM
+            | match u32::from(hdr.gso) {
+                VIRTIO_NET_HDR_GSO_TCPV4 => features::HOST_TSO4,
+                VIRTIO_NET_HDR_GSO_TCPV6 => features::HOST_TSO6,
+                _ => 0,
+            };
+        if self.features & need != need {
+            return None;
+        }
         let l = Layers::parse(frame)?;
         let hlen = l.maclen + l.iplen + l.l4len;
         let csum = hdr.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM as u8 != 0;
