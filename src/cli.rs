@@ -36,10 +36,9 @@ pub fn mem_limits(s: &str) -> Result<Limits, String> {
     }
 }
 
-/// The largest cost-model figure accepted, in ns (a millisecond per
-/// operation: far above any IOMMU, and small enough that a run's modelled
-/// time stays a finite number).
-pub const MAX_COST_NS: f64 = 1e6;
+/// The largest cost-model figure accepted, in ns: the software IOMMU's
+/// own bound ([`pfrag::dma::MAX_COST_NS`]).
+pub use pfrag::dma::MAX_COST_NS;
 
 /// The wire rates accepted, in Gbit/s: from 1 Mbit/s, at which the largest
 /// TSO packet still leaves in a few seconds, to 10 Tbit/s.

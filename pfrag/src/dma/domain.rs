@@ -329,7 +329,8 @@ impl<M: DmaMapper> Domain<M> {
     /// Ranges that overlap each other are refused first
     /// ([`Error::OverlappingRanges`], naming two of them): nothing is
     /// unmapped, freed or pinned, and the error lists every range of any
-    /// bytes as still mapped.
+    /// bytes as still mapped. Ranges of no bytes are skipped; a batch of
+    /// nothing else is refused ([`Error::ZeroLength`]) and changes nothing.
     ///
     /// # Safety
     /// The caller owns the mapping it removes: it made it with
@@ -350,17 +351,24 @@ impl<M: DmaMapper> Domain<M> {
                 error,
             });
         }
-        let BatchUnmap { how, failed, error } = self.call(|m| m.unmap_batch(ranges));
+        // A range of no bytes names nothing to unmap, free or keep: only
+        // the others reach the mapper (there it would be an unmap of its
+        // own, refused after the rest went). Alone they are refused.
+        let named: Vec<(Iova, u64)> = ranges.iter().copied().filter(|r| r.1 > 0).collect();
+        if named.is_empty() {
+            return Err(PartialUnmap {
+                how: Unmapped::Flushed,
+                failed: Vec::new(),
+                error: Error::ZeroLength,
+            });
+        }
+        let BatchUnmap { how, failed, error } = self.call(|m| m.unmap_batch(&named));
         let report = BatchUnmap {
             how,
             failed,
             error: None,
         };
-        for &(iova, len) in ranges {
-            if len == 0 {
-                // Names no bytes: nothing to free or to keep.
-                continue;
-            }
+        for &(iova, len) in &named {
             if report.still_mapped(iova) {
                 self.pinned_iova.fetch_add(len, Relaxed);
             } else {

@@ -27,7 +27,7 @@ pub use domain::{Domain, PartialUnmap, Pinned};
 pub use faulty::{Faulty, FaultyConfig, FaultyStats, Op};
 pub use identity::{Identity, MAX_PAGE_MAPPINGS};
 pub use soft::{FaultReason, FaultRecord, SoftIommu};
-pub use soft_config::{CostModel, Invalidation, SoftIommuConfig, MAX_IOTLB_ENTRIES};
+pub use soft_config::{CostModel, Invalidation, SoftIommuConfig, MAX_COST_NS, MAX_IOTLB_ENTRIES};
 pub use watch::{Watch, WatchStats};
 
 pub use fence::Hold;

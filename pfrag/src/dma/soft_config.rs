@@ -79,7 +79,8 @@ pub struct SoftIommuConfig {
     /// Entries in the lazy flush queue, 1..=2^20. Default
     /// 256 ([`SoftIommuConfig::DEFAULT_FLUSH_QUEUE`]).
     pub flush_queue: usize,
-    /// Optional cost model. Default `None`: no modelled time is counted.
+    /// Optional cost model, each figure in `0..=`[`MAX_COST_NS`]. Default
+    /// `None`: no modelled time is counted.
     pub cost: Option<CostModel>,
     /// Spin the cost model's time on the thread that would wait for the
     /// hardware: the mapping caller for map, unmap and a strict
@@ -102,6 +103,10 @@ pub struct SoftIommuConfig {
 pub const MAX_IOTLB_ENTRIES: usize = 1 << 20;
 /// Most entries of the lazy flush queue.
 pub const MAX_FLUSH_QUEUE: usize = 1 << 20;
+/// The largest cost-model figure accepted, in ns: a millisecond per
+/// operation, far above any IOMMU, and small enough that a run's modelled
+/// time stays a finite number (and an injected wait a short one).
+pub const MAX_COST_NS: f64 = 1e6;
 /// The IOVA width the page table decodes (4 levels of 9 bits above 4 KiB).
 pub const IOVA_BITS: u32 = 48;
 
@@ -115,7 +120,7 @@ impl SoftIommuConfig {
 
     /// Checks every setting: IOTLB entries in `1..=MAX_IOTLB_ENTRIES`, flush
     /// queue in `1..=MAX_FLUSH_QUEUE`, an IOVA range of whole pages inside
-    /// 48 bits, and a cost model of finite, non-negative numbers.
+    /// 48 bits, and a cost model of finite numbers in `0..=`[`MAX_COST_NS`].
     pub fn validate(&self) -> Result<()> {
         if !(1..=MAX_IOTLB_ENTRIES).contains(&self.iotlb_entries) {
             return Err(Error::OutOfRange {
@@ -153,6 +158,15 @@ impl SoftIommuConfig {
             ] {
                 if !v.is_finite() || v < 0.0 {
                     return Err(Error::BadFloat { what, value: v });
+                }
+                if v > MAX_COST_NS {
+                    return Err(Error::OutOfRange {
+                        what,
+                        // Rounded up (and saturated): never shown in range.
+                        value: v.ceil() as u64,
+                        min: 0,
+                        max: MAX_COST_NS as u64,
+                    });
                 }
             }
         }
