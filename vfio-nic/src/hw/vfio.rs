@@ -30,7 +30,7 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError, VfioIommufd};
 
 use crate::error::{Error, Result};
-use crate::hw::access::{check_range, Counters};
+use crate::hw::access::{check_range, map_request, Counters};
 pub use crate::hw::access::{MapAccess, ShortUnmap};
 use crate::hw::ioctl;
 use crate::hw::mmio::{Bar, Reg, Regs};
@@ -354,7 +354,8 @@ pub fn set_dma_entry_limit(n: u32) -> std::io::Result<()> {
 ///
 /// Each range is mapped with the narrowest access its direction allows
 /// ([`MapAccess::Narrow`]): TX payloads and header slots read-only, RX
-/// buffers write-only, rings both.
+/// buffers write-only, rings both. A mapping with no direction is
+/// refused (`EINVAL`) before any ioctl, under either policy.
 pub struct VfioMapper {
     container: Arc<VfioContainer>,
     info: IommuInfo,
@@ -440,7 +441,7 @@ fn map_hint(errno: i32) -> String {
 
 impl DmaMapper for VfioMapper {
     unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
-        check_range("mapping length", m.iova, m.len)?;
+        let access = map_request(self.access, m)?;
         let len = usize::try_from(m.len).map_err(|_| pfrag::Error::OutOfRange {
             what: "mapping length",
             value: m.len,
@@ -465,7 +466,7 @@ impl DmaMapper for VfioMapper {
                 m.iova.raw(),
                 m.addr.raw() as u64,
                 len as u64,
-                self.access.access(m.dir),
+                access,
             )
         };
         self.c.map_call(r.is_ok().then_some(m.len));
