@@ -93,9 +93,7 @@ fn open_err(bdf: &str, group: u32, e: VfioError) -> Error {
         },
         other => Error::VfioOpen {
             what: format!("device {bdf} in group {group}"),
-            errno: std::error::Error::source(&other)
-                .and_then(|s| s.downcast_ref::<vmm_sys_util::errno::Error>())
-                .map(|e| e.errno()),
+            errno: ioctl::errno_in(&other),
             detail: other.to_string(),
         },
     }
@@ -528,6 +526,43 @@ impl DmaMapper for VfioMapper {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the open failed with, for each kind of source a
+    /// `vfio-ioctls` error carries: a group another process holds
+    /// (`EBUSY`), a cdev this user may not open (`EACCES`), an iommufd
+    /// that could not allocate (`ENOMEM`, two levels down) all lost their
+    /// errno, which only a system call's error kept.
+    #[test]
+    fn an_open_error_carries_the_errno_whatever_its_source() {
+        use iommufd_ioctls::IommufdError;
+        use vmm_sys_util::errno::Error as SysError;
+        let io = std::io::Error::from_raw_os_error;
+        let cases = [
+            (
+                VfioError::OpenGroup(io(libc::EBUSY), "5".into()),
+                libc::EBUSY,
+            ),
+            (VfioError::OpenDeviceCdev(io(libc::EACCES)), libc::EACCES),
+            (
+                VfioError::NewVfioIommufd(IommufdError::IommuIoasAlloc(SysError::new(
+                    libc::ENOMEM,
+                ))),
+                libc::ENOMEM,
+            ),
+            (
+                VfioError::GroupGetDeviceFD(SysError::new(libc::ENODEV)),
+                libc::ENODEV,
+            ),
+        ];
+        for (e, want) in cases {
+            let shown = e.to_string();
+            let got = open_err("0000:00:02.0", 5, e);
+            assert_eq!(got.errno(), Some(want), "{shown}: {got}");
+            assert!(matches!(got, Error::VfioOpen { .. }), "{got}");
+        }
+        let e = open_err("0000:00:02.0", 5, VfioError::GroupViable);
+        assert!(matches!(e, Error::GroupNotViable { group: 5 }), "{e}");
+    }
 
     #[test]
     fn hints_name_the_cause() {
