@@ -474,7 +474,9 @@ impl Error {
         match self {
             Error::Pool(e) => e.errno(),
             Error::VfioOpen { errno, .. } | Error::IommuInfo { errno } => *errno,
-            Error::BarMap { source, .. } => source.raw_os_error(),
+            Error::BarMap { source, .. } | Error::ConfigSpace { source, .. } => {
+                source.raw_os_error()
+            }
             Error::StopFailed { error, stop } => error.errno().or_else(|| stop.errno()),
             Error::UndoFailed { error, undo } => error.errno().or_else(|| undo.errno()),
             _ => None,
