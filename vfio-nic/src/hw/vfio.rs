@@ -104,7 +104,8 @@ impl VfioPci {
     /// IOMMU group, opens a new type1 container with that group, gets the
     /// device, enables memory decoding and bus mastering, and maps every
     /// BAR that VFIO offers to map (an 82576's BAR0, a virtio device's
-    /// modern BAR).
+    /// modern BAR). [`Error::BadBdf`] for a `bdf` that is not a PCI
+    /// address as sysfs names it (a short `00:02.0` or a path included).
     pub fn open(bdf: &str) -> Result<VfioPci> {
         let (sys, group) = bound(bdf)?;
         let container = Arc::new(VfioContainer::new(None).map_err(|e| open_err(bdf, group, e))?);
@@ -120,7 +121,7 @@ impl VfioPci {
     /// kernel with `CONFIG_IOMMUFD` and `CONFIG_VFIO_DEVICE_CDEV`.
     pub fn open_iommufd(bdf: &str) -> Result<VfioPci> {
         // No group node is needed: a kernel may have cdevs and no groups.
-        let sys = PathBuf::from("/sys/bus/pci/devices").join(bdf);
+        let sys = sysfs_dir(bdf)?;
         if !sys.exists() {
             return Err(Error::DeviceMissing { bdf: bdf.into() });
         }
@@ -256,10 +257,38 @@ impl VfioPci {
     }
 }
 
+/// The sysfs directory of the PCI device at `bdf`, which must be a PCI
+/// address as sysfs names it, `DDDD:BB:DD.F` in lower-case hex (device up
+/// to `1f`, function up to 7); anything else is [`Error::BadBdf`]: a path
+/// joined as it is would lead out of `/sys/bus/pci/devices`, to another
+/// device opened under the name given, or to a file elsewhere.
+fn sysfs_dir(bdf: &str) -> Result<PathBuf> {
+    // The value of lower-case hex digits, if `s` is all such digits.
+    let hex = |s: &[u8]| {
+        s.iter().try_fold(0u32, |v, &d| {
+            let d = (d as char)
+                .to_digit(16)
+                .filter(|_| !d.is_ascii_uppercase())?;
+            Some(v * 16 + d)
+        })
+    };
+    let b = bdf.as_bytes();
+    let ok = b.len() == 12
+        && (b[4], b[7], b[10]) == (b':', b':', b'.')
+        && hex(&b[0..4]).is_some()
+        && hex(&b[5..7]).is_some()
+        && hex(&b[8..10]).is_some_and(|dev| dev <= 0x1f)
+        && hex(&b[11..12]).is_some_and(|func| func <= 7);
+    if !ok {
+        return Err(Error::BadBdf { bdf: bdf.into() });
+    }
+    Ok(PathBuf::from("/sys/bus/pci/devices").join(bdf))
+}
+
 /// The sysfs directory and IOMMU group of `bdf`, checking that it is
 /// bound to vfio-pci (its group's node exists).
 fn bound(bdf: &str) -> Result<(PathBuf, u32)> {
-    let sys = PathBuf::from("/sys/bus/pci/devices").join(bdf);
+    let sys = sysfs_dir(bdf)?;
     if !sys.exists() {
         return Err(Error::DeviceMissing { bdf: bdf.into() });
     }
@@ -562,6 +591,38 @@ mod tests {
         }
         let e = open_err("0000:00:02.0", 5, VfioError::GroupViable);
         assert!(matches!(e, Error::GroupNotViable { group: 5 }), "{e}");
+    }
+
+    /// Only a PCI address as sysfs names it leads into
+    /// `/sys/bus/pci/devices`: a path (absolute, or climbing out with
+    /// `..`) used to be joined as it was, and opened another device, or
+    /// a file elsewhere, under the name given.
+    #[test]
+    fn a_bdf_that_is_not_a_pci_address_is_refused() {
+        let dir = sysfs_dir("0000:00:02.0").unwrap();
+        assert_eq!(dir, Path::new("/sys/bus/pci/devices/0000:00:02.0"));
+        assert!(sysfs_dir("10de:ff:1f.7").is_ok());
+        for bad in [
+            "/dev/vfio/5",
+            "../../../../etc",
+            "0000:00:02.0/../0000:00:03.0",
+            "0000:00:02.0/",
+            "..",
+            "",
+            "00:02.0",
+            "0000:00:20.0",
+            "0000:00:02.8",
+            "0000:00:0A.0",
+            "0000:00:02.0 ",
+            "+000:00:02.0",
+            "0000:000:02.0",
+            "00\u{e9}:00:02.0",
+        ] {
+            match sysfs_dir(bad) {
+                Err(Error::BadBdf { bdf }) => assert_eq!(bdf, bad),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]
