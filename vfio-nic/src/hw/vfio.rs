@@ -36,7 +36,9 @@ use crate::hw::mmio::{Bar, Reg, Regs};
 use crate::hw::pci;
 use crate::hw::sysfs::{bound, iommu_group, sysfs_dir};
 
-pub use crate::hw::info::{check_ranges, iommu_info, parse_iommu_info, IommuInfo};
+pub use crate::hw::info::{
+    check_page_sizes, check_ranges, iommu_info, parse_iommu_info, IommuInfo,
+};
 
 /// The module parameter that caps mappings per container.
 pub const DMA_ENTRY_LIMIT: &str = "/sys/module/vfio_iommu_type1/parameters/dma_entry_limit";
@@ -350,7 +352,9 @@ impl VfioMapper {
     /// As [`new`](Self::new), with the access policy `access`.
     /// [`Error::WrongBackend`] for a device opened through iommufd (see
     /// [`IommufdMapper`](crate::hw::iommufd::IommufdMapper)), and
-    /// [`Error::OddIovaRanges`] if the kernel's IOVA ranges overlap.
+    /// [`Error::OddIovaRanges`] if the kernel's IOVA ranges overlap, and
+    /// [`Error::BadConfig`] for an IOMMU whose smallest page passes 4 KiB
+    /// ([`check_page_sizes`]).
     pub fn with_access(pci: &VfioPci, access: MapAccess) -> Result<VfioMapper> {
         let container = pci.container().ok_or(Error::WrongBackend {
             want: "type1",
@@ -358,6 +362,7 @@ impl VfioMapper {
         })?;
         let info = iommu_info(container)?;
         check_ranges(&info.ranges)?;
+        check_page_sizes(info.page_sizes)?;
         Ok(VfioMapper {
             container: container.clone(),
             info,
