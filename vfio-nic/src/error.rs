@@ -165,6 +165,14 @@ pub enum Error {
         /// Packets posted and not yet reaped.
         in_flight: usize,
     },
+    /// A device address that is not a PCI address as sysfs names it:
+    /// `DDDD:BB:DD.F` in lower-case hex (domain, bus, device up to `1f`,
+    /// function up to 7), as `lspci -D` prints it.
+    #[error("{bdf:?} is not a PCI address such as 0000:00:02.0 (domain:bus:device.function in lower-case hex, as lspci -D prints it)")]
+    BadBdf {
+        /// The string given.
+        bdf: String,
+    },
     /// No PCI device at that address.
     #[error("no PCI device {bdf} (see lspci, or /sys/bus/pci/devices)")]
     DeviceMissing {
@@ -474,7 +482,9 @@ impl Error {
         match self {
             Error::Pool(e) => e.errno(),
             Error::VfioOpen { errno, .. } | Error::IommuInfo { errno } => *errno,
-            Error::BarMap { source, .. } => source.raw_os_error(),
+            Error::BarMap { source, .. } | Error::ConfigSpace { source, .. } => {
+                source.raw_os_error()
+            }
             Error::StopFailed { error, stop } => error.errno().or_else(|| stop.errno()),
             Error::UndoFailed { error, undo } => error.errno().or_else(|| undo.errno()),
             _ => None,

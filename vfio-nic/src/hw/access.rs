@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use pfrag::dma::{Dir, MapStats, Unmapped};
+use pfrag::dma::{Dir, MapStats, Mapping, Unmapped};
 use pfrag::Iova;
 use pfrag::OsAdvice;
 
@@ -31,7 +31,8 @@ pub enum MapAccess {
 }
 
 impl MapAccess {
-    /// The access a mapping of direction `dir` gets.
+    /// The access a mapping of direction `dir` gets. The mappers refuse
+    /// an empty `dir` before they ask.
     pub fn access(self, dir: Dir) -> Access {
         match self {
             MapAccess::ReadWrite => Access::ReadWrite,
@@ -63,6 +64,27 @@ pub(crate) fn check_range(what: &'static str, iova: Iova, len: u64) -> pfrag::Re
         });
     }
     Ok(())
+}
+
+/// Checks a map request before any ioctl and says the access the ioctl
+/// asks for under `policy`: the range as [`check_range`], and a
+/// direction that allows the device something. A mapping with no
+/// direction ([`Dir::empty`]) is a [`pfrag::Error::Map`] with `EINVAL`,
+/// as `SoftIommu` refuses it, under either policy: no policy widens an
+/// access its owner never allowed.
+pub(crate) fn map_request(policy: MapAccess, m: &Mapping) -> pfrag::Result<Access> {
+    check_range("mapping length", m.iova, m.len)?;
+    if m.dir.is_empty() {
+        return Err(pfrag::Error::Map {
+            iova: m.iova,
+            len: m.len,
+            source: OsAdvice::io(
+                libc::EINVAL,
+                "a mapping with no direction allows the device nothing: it is not mapped",
+            ),
+        });
+    }
+    Ok(policy.access(m.dir))
 }
 
 /// An unmap ioctl that returned success but unmapped another number of
@@ -232,6 +254,38 @@ mod tests {
         );
         assert!(check_range("len", Iova(1 << 63), 1 << 63).is_err());
         assert!(check_range("len", Iova(1 << 63), (1 << 62) + 0x1000).is_ok());
+    }
+
+    fn mapping(dir: Dir) -> Mapping {
+        Mapping {
+            iova: Iova(0x10_0000),
+            addr: pfrag::VirtAddr(0x7f00_0000_0000),
+            len: 0x2000,
+            dir,
+            huge: false,
+        }
+    }
+
+    /// A mapping that asks for no access is refused before any ioctl, as
+    /// `SoftIommu` refuses it, under either policy: it used to be mapped
+    /// readable and writable under `Narrow`, the widest access for a
+    /// range whose owner allowed the device none.
+    #[test]
+    fn a_mapping_with_no_direction_is_refused_not_widened() {
+        for policy in [MapAccess::Narrow, MapAccess::ReadWrite] {
+            let r = map_request(policy, &mapping(Dir::empty()));
+            let Err(e @ pfrag::Error::Map { iova, len, .. }) = r else {
+                panic!("{policy:?}: {r:?}");
+            };
+            assert_eq!((iova, len), (Iova(0x10_0000), 0x2000));
+            assert_eq!(e.errno(), Some(libc::EINVAL));
+        }
+        let narrow = |dir| map_request(MapAccess::Narrow, &mapping(dir)).unwrap();
+        assert_eq!(narrow(Dir::TO_DEVICE), Access::Read);
+        assert_eq!(narrow(Dir::FROM_DEVICE), Access::Write);
+        assert_eq!(narrow(Dir::BIDIRECTIONAL), Access::ReadWrite);
+        let wide = map_request(MapAccess::ReadWrite, &mapping(Dir::TO_DEVICE));
+        assert_eq!(wide.unwrap(), Access::ReadWrite);
     }
 
     const TYPE1: &str = "VFIO_IOMMU_UNMAP_DMA";

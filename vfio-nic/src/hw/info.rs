@@ -91,6 +91,23 @@ pub fn check_ranges(ranges: &[Range<u64>]) -> Result<()> {
     Ok(())
 }
 
+/// Checks the page sizes the kernel reported (`iova_pgsizes`, bit n set:
+/// 2^n bytes): type1 maps whole pages of the smallest, at IOVAs and
+/// addresses aligned to it, so pfrag's 4 KiB maps need a smallest page
+/// that divides 4 KiB. [`Error::BadConfig`] with the smallest page
+/// otherwise (a 64 KiB IOMMU would refuse every map); none reported (0)
+/// passes, the mapper then assumes 4 KiB.
+pub fn check_page_sizes(page_sizes: u64) -> Result<()> {
+    let smallest = page_sizes & page_sizes.wrapping_neg();
+    if smallest > pfrag::PAGE_SIZE {
+        return Err(Error::BadConfig {
+            what: "smallest IOMMU page size (VFIO_IOMMU_GET_INFO), which must divide pfrag's 4 KiB",
+            value: smallest,
+        });
+    }
+    Ok(())
+}
+
 fn le32(b: &[u8], off: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.get(off..off + 4)?.try_into().ok()?))
 }
@@ -312,6 +329,24 @@ mod tests {
                     prev_end,
                 }) => assert_eq!((index, start, end, prev_end), want, "{raw:x?}"),
                 other => panic!("{raw:x?}: {other:?}"),
+            }
+        }
+    }
+
+    /// Type1 maps only whole pages of its smallest size, at IOVAs and
+    /// addresses aligned to it; pfrag maps 4 KiB pages, so an IOMMU whose
+    /// smallest page is larger (64 KiB) would refuse every 4 KiB map: it
+    /// is refused when the mapper is made, naming that page, as an
+    /// iommufd alignment that does not divide 4 KiB is.
+    #[test]
+    fn an_iommu_whose_smallest_page_passes_4k_is_refused() {
+        for ok in [(1 << 12) | (1 << 21) | (1 << 30), 1 << 12, 1 << 11, 0] {
+            check_page_sizes(ok).unwrap();
+        }
+        for (bits, smallest) in [((1 << 16) | (1 << 29), 1 << 16), (1 << 21, 1 << 21)] {
+            match check_page_sizes(bits) {
+                Err(Error::BadConfig { value, .. }) => assert_eq!(value, smallest, "{bits:#x}"),
+                other => panic!("{bits:#x}: {other:?}"),
             }
         }
     }

@@ -73,13 +73,23 @@ impl Access {
 
 /// The errno inside an `iommufd-ioctls` error (EIO if it has none).
 pub(crate) fn iommufd_errno(e: &IommufdError) -> i32 {
-    std::error::Error::source(e)
-        .and_then(|s| {
-            s.downcast_ref::<vmm_sys_util::errno::Error>()
-                .map(|e| e.errno())
-                .or_else(|| s.downcast_ref::<std::io::Error>()?.raw_os_error())
-        })
-        .unwrap_or(libc::EIO)
+    errno_in(e).unwrap_or(libc::EIO)
+}
+
+/// The first errno along `e`'s chain of sources, `e` itself first: a
+/// system call's error (`vmm-sys-util`'s) or an OS error (`std::io`'s),
+/// however deep the `vfio-ioctls` or `iommufd-ioctls` error holds it.
+pub(crate) fn errno_in(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    if let Some(sys) = e.downcast_ref::<vmm_sys_util::errno::Error>() {
+        return Some(sys.errno());
+    }
+    if let Some(n) = e
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.raw_os_error())
+    {
+        return Some(n);
+    }
+    errno_in(e.source()?)
 }
 
 /// `IOMMU_IOAS_MAP` of `vaddr..vaddr+size` at the fixed `iova` of IOAS

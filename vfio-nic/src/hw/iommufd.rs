@@ -34,7 +34,7 @@ use pfrag::{Iova, OsAdvice};
 use vfio_ioctls::VfioIommufd;
 
 use crate::error::{Error, Result};
-use crate::hw::access::{check_range, Counters, MapAccess};
+use crate::hw::access::{check_range, map_request, Counters, MapAccess};
 use crate::hw::info::check_ranges;
 use crate::hw::ioctl;
 use crate::hw::vfio::VfioPci;
@@ -44,7 +44,8 @@ use crate::hw::vfio::VfioPci;
 ///
 /// Each range is mapped with the narrowest access its direction allows
 /// ([`MapAccess::Narrow`]): TX payloads and header slots READABLE only,
-/// RX buffers WRITEABLE only, rings both.
+/// RX buffers WRITEABLE only, rings both. A mapping with no direction
+/// is refused (`EINVAL`) before any ioctl, under either policy.
 ///
 /// Counters as [`VfioMapper`](super::vfio::VfioMapper)'s: ioctls, 4 KiB
 /// pages mapped, and one invalidation per unmap that removed (some of)
@@ -165,7 +166,7 @@ fn map_hint(errno: i32) -> &'static str {
 
 impl DmaMapper for IommufdMapper {
     unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
-        check_range("mapping length", m.iova, m.len)?;
+        let access = map_request(self.access, m)?;
         // SAFETY: the map lets the device reach `m.addr..+m.len` until the
         // unmap, with the access of `m.dir` (narrowed by `self.access`).
         // Our caller promised (`DmaMapper::map`'s contract) that the memory
@@ -180,7 +181,7 @@ impl DmaMapper for IommufdMapper {
                 m.iova.raw(),
                 m.addr.raw() as u64,
                 m.len,
-                self.access.access(m.dir),
+                access,
             )
         };
         self.c.map_call(r.is_ok().then_some(m.len));

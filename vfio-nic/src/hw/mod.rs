@@ -1,7 +1,8 @@
 //! Real hardware: the only modules that map a BAR and touch registers
 //! ([`mmio`]), issue ioctls of their own ([`ioctl`]), talk to VFIO
 //! ([`vfio`], [`info`]) and iommufd ([`iommufd`]), with what both mappers
-//! share (`access`), read and write PCI config space (`pci`), and drive an Intel 82576 ([`igb`]) and a
+//! share (`access`), read and write PCI config space (`pci`), find a device in sysfs
+//! (`sysfs`), and drive an Intel 82576 ([`igb`]) and a
 //! virtio-net device over the modern PCI transport ([`virtio`]).
 
 use std::time::{Duration, Instant};
@@ -15,6 +16,7 @@ pub mod ioctl;
 pub mod iommufd;
 pub mod mmio;
 mod pci;
+mod sysfs;
 pub mod vfio;
 pub mod virtio;
 

@@ -205,6 +205,16 @@ mod tests {
         std::fs::remove_file(path).unwrap();
     }
 
+    /// A config access that failed says its errno through
+    /// [`Error::errno`], as its message does.
+    #[test]
+    fn a_failed_config_access_gives_its_errno() {
+        let e = config_error("write", 4, 2, std::io::Error::from_raw_os_error(libc::EIO));
+        assert_eq!(e.errno(), Some(libc::EIO), "{e}");
+        let short = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
+        assert_eq!(config_error("read", 0, 4, short).errno(), None);
+    }
+
     #[test]
     fn bits_that_did_not_take_are_an_error_with_both_values() {
         check_enabled("b", 0x0506, 0x0506).unwrap();

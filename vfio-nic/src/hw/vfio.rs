@@ -19,7 +19,6 @@
 
 use std::ops::Range;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use pfrag::dma::{DmaMapper, IovaSpace, MapStats, Mapping, PageSizes, Unmapped};
@@ -30,13 +29,16 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError, VfioIommufd};
 
 use crate::error::{Error, Result};
-use crate::hw::access::{check_range, Counters};
+use crate::hw::access::{check_range, map_request, Counters};
 pub use crate::hw::access::{MapAccess, ShortUnmap};
 use crate::hw::ioctl;
 use crate::hw::mmio::{Bar, Reg, Regs};
 use crate::hw::pci;
+use crate::hw::sysfs::{bound, iommu_group, sysfs_dir};
 
-pub use crate::hw::info::{check_ranges, iommu_info, parse_iommu_info, IommuInfo};
+pub use crate::hw::info::{
+    check_page_sizes, check_ranges, iommu_info, parse_iommu_info, IommuInfo,
+};
 
 /// The module parameter that caps mappings per container.
 pub const DMA_ENTRY_LIMIT: &str = "/sys/module/vfio_iommu_type1/parameters/dma_entry_limit";
@@ -93,9 +95,7 @@ fn open_err(bdf: &str, group: u32, e: VfioError) -> Error {
         },
         other => Error::VfioOpen {
             what: format!("device {bdf} in group {group}"),
-            errno: std::error::Error::source(&other)
-                .and_then(|s| s.downcast_ref::<vmm_sys_util::errno::Error>())
-                .map(|e| e.errno()),
+            errno: ioctl::errno_in(&other),
             detail: other.to_string(),
         },
     }
@@ -106,7 +106,8 @@ impl VfioPci {
     /// IOMMU group, opens a new type1 container with that group, gets the
     /// device, enables memory decoding and bus mastering, and maps every
     /// BAR that VFIO offers to map (an 82576's BAR0, a virtio device's
-    /// modern BAR).
+    /// modern BAR). [`Error::BadBdf`] for a `bdf` that is not a PCI
+    /// address as sysfs names it (a short `00:02.0` or a path included).
     pub fn open(bdf: &str) -> Result<VfioPci> {
         let (sys, group) = bound(bdf)?;
         let container = Arc::new(VfioContainer::new(None).map_err(|e| open_err(bdf, group, e))?);
@@ -122,7 +123,7 @@ impl VfioPci {
     /// kernel with `CONFIG_IOMMUFD` and `CONFIG_VFIO_DEVICE_CDEV`.
     pub fn open_iommufd(bdf: &str) -> Result<VfioPci> {
         // No group node is needed: a kernel may have cdevs and no groups.
-        let sys = PathBuf::from("/sys/bus/pci/devices").join(bdf);
+        let sys = sysfs_dir(bdf)?;
         if !sys.exists() {
             return Err(Error::DeviceMissing { bdf: bdf.into() });
         }
@@ -258,28 +259,6 @@ impl VfioPci {
     }
 }
 
-/// The sysfs directory and IOMMU group of `bdf`, checking that it is
-/// bound to vfio-pci (its group's node exists).
-fn bound(bdf: &str) -> Result<(PathBuf, u32)> {
-    let sys = PathBuf::from("/sys/bus/pci/devices").join(bdf);
-    if !sys.exists() {
-        return Err(Error::DeviceMissing { bdf: bdf.into() });
-    }
-    let group = iommu_group(&sys, bdf)?;
-    if !PathBuf::from(format!("/dev/vfio/{group}")).exists() {
-        let driver = std::fs::read_link(sys.join("driver"))
-            .ok()
-            .and_then(|p| p.file_name().map(|s| s.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| "none".into());
-        return Err(Error::GroupMissing {
-            bdf: bdf.into(),
-            group,
-            driver,
-        });
-    }
-    Ok((sys, group))
-}
-
 impl Regs for VfioPci {
     fn read(&self, r: Reg) -> Result<u32> {
         self.bar0()?.read(r)
@@ -288,15 +267,6 @@ impl Regs for VfioPci {
         // SAFETY: the caller's promise is passed on unchanged.
         unsafe { self.bar0()?.write(r, v) }
     }
-}
-
-fn iommu_group(sys: &Path, bdf: &str) -> Result<u32> {
-    let link = std::fs::read_link(sys.join("iommu_group"))
-        .map_err(|_| Error::NoIommuGroup { bdf: bdf.into() })?;
-    link.file_name()
-        .and_then(|s| s.to_str())
-        .and_then(|s| s.parse().ok())
-        .ok_or(Error::NoIommuGroup { bdf: bdf.into() })
 }
 
 /// Maps each of BARs 0..=5 that VFIO offers to mmap (flag `MMAP`, size
@@ -354,7 +324,8 @@ pub fn set_dma_entry_limit(n: u32) -> std::io::Result<()> {
 ///
 /// Each range is mapped with the narrowest access its direction allows
 /// ([`MapAccess::Narrow`]): TX payloads and header slots read-only, RX
-/// buffers write-only, rings both.
+/// buffers write-only, rings both. A mapping with no direction is
+/// refused (`EINVAL`) before any ioctl, under either policy.
 pub struct VfioMapper {
     container: Arc<VfioContainer>,
     info: IommuInfo,
@@ -381,7 +352,9 @@ impl VfioMapper {
     /// As [`new`](Self::new), with the access policy `access`.
     /// [`Error::WrongBackend`] for a device opened through iommufd (see
     /// [`IommufdMapper`](crate::hw::iommufd::IommufdMapper)), and
-    /// [`Error::OddIovaRanges`] if the kernel's IOVA ranges overlap.
+    /// [`Error::OddIovaRanges`] if the kernel's IOVA ranges overlap, and
+    /// [`Error::BadConfig`] for an IOMMU whose smallest page passes 4 KiB
+    /// ([`check_page_sizes`]).
     pub fn with_access(pci: &VfioPci, access: MapAccess) -> Result<VfioMapper> {
         let container = pci.container().ok_or(Error::WrongBackend {
             want: "type1",
@@ -389,6 +362,7 @@ impl VfioMapper {
         })?;
         let info = iommu_info(container)?;
         check_ranges(&info.ranges)?;
+        check_page_sizes(info.page_sizes)?;
         Ok(VfioMapper {
             container: container.clone(),
             info,
@@ -440,7 +414,7 @@ fn map_hint(errno: i32) -> String {
 
 impl DmaMapper for VfioMapper {
     unsafe fn map(&self, m: &Mapping) -> pfrag::Result<()> {
-        check_range("mapping length", m.iova, m.len)?;
+        let access = map_request(self.access, m)?;
         let len = usize::try_from(m.len).map_err(|_| pfrag::Error::OutOfRange {
             what: "mapping length",
             value: m.len,
@@ -465,7 +439,7 @@ impl DmaMapper for VfioMapper {
                 m.iova.raw(),
                 m.addr.raw() as u64,
                 len as u64,
-                self.access.access(m.dir),
+                access,
             )
         };
         self.c.map_call(r.is_ok().then_some(m.len));
@@ -527,6 +501,43 @@ impl DmaMapper for VfioMapper {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the open failed with, for each kind of source a
+    /// `vfio-ioctls` error carries: a group another process holds
+    /// (`EBUSY`), a cdev this user may not open (`EACCES`), an iommufd
+    /// that could not allocate (`ENOMEM`, two levels down) all lost their
+    /// errno, which only a system call's error kept.
+    #[test]
+    fn an_open_error_carries_the_errno_whatever_its_source() {
+        use iommufd_ioctls::IommufdError;
+        use vmm_sys_util::errno::Error as SysError;
+        let io = std::io::Error::from_raw_os_error;
+        let cases = [
+            (
+                VfioError::OpenGroup(io(libc::EBUSY), "5".into()),
+                libc::EBUSY,
+            ),
+            (VfioError::OpenDeviceCdev(io(libc::EACCES)), libc::EACCES),
+            (
+                VfioError::NewVfioIommufd(IommufdError::IommuIoasAlloc(SysError::new(
+                    libc::ENOMEM,
+                ))),
+                libc::ENOMEM,
+            ),
+            (
+                VfioError::GroupGetDeviceFD(SysError::new(libc::ENODEV)),
+                libc::ENODEV,
+            ),
+        ];
+        for (e, want) in cases {
+            let shown = e.to_string();
+            let got = open_err("0000:00:02.0", 5, e);
+            assert_eq!(got.errno(), Some(want), "{shown}: {got}");
+            assert!(matches!(got, Error::VfioOpen { .. }), "{got}");
+        }
+        let e = open_err("0000:00:02.0", 5, VfioError::GroupViable);
+        assert!(matches!(e, Error::GroupNotViable { group: 5 }), "{e}");
+    }
 
     #[test]
     fn hints_name_the_cause() {
