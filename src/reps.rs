@@ -161,7 +161,7 @@ pub fn sign_test_p(v: &[f64], x: f64) -> Option<f64> {
 /// How many of the hypotheses with p-values `ps` Holm's step-down
 /// procedure rejects at the family-wise level `alpha`: the smallest p
 /// against `alpha / m`, the next against `alpha / (m - 1)`, and so on,
-/// stopping at the first that is not below its bound. The chance that
+/// stopping at the first that exceeds its bound. The chance that
 /// any true hypothesis is rejected stays within `alpha`, however the
 /// tests depend on each other.
 pub fn holm_rejections(ps: &[f64], alpha: f64) -> usize {
