@@ -134,25 +134,24 @@ fn ratios(a: &[Row], b: &[Row], f: impl Fn(&Row) -> Option<f64>) -> Option<Vec<f
 }
 
 /// The two-sided p-value of the exact sign test that the median of `v`
-/// is `x`: with `n` values other than `x`, of which `k` lie on the rarer
-/// side, twice P(B <= k) for B ~ Binomial(n, 1/2), at most 1. It is the
-/// test [`Spread::ci95`] inverts: the interval leaves `x` out exactly
-/// when this is at most 0.05. `None` if no value differs from `x`, or `v`
-/// or `x` holds a NaN.
+/// is `x`: with the `n` values of `v`, of which `k` lie on the rarer side
+/// or equal `x`, twice P(B <= k) for B ~ Binomial(n, 1/2), at most 1. A
+/// value equal to `x` counts on the side that keeps `x` in, as the
+/// order statistics count it: this is the test [`Spread::ci95`] inverts,
+/// and the interval leaves `x` out exactly when this is at most 0.05.
+/// `None` for no values, or if `v` or `x` holds a NaN.
 pub fn sign_test_p(v: &[f64], x: f64) -> Option<f64> {
-    if x.is_nan() || v.iter().any(|y| y.is_nan()) {
+    if v.is_empty() || x.is_nan() || v.iter().any(|y| y.is_nan()) {
         return None;
     }
+    let n = v.len();
     let below = v.iter().filter(|&&y| y < x).count();
     let above = v.iter().filter(|&&y| y > x).count();
-    let n = below + above;
-    if n == 0 {
-        return None;
-    }
+    let k = below.min(above) + (n - below - above);
     // P(B = i) for i = 0..=k, kept as a logarithm as in `median_ci95`.
     let mut ln_p = -(n as f64) * std::f64::consts::LN_2;
     let mut tail = 0.0;
-    for i in 0..=below.min(above) {
+    for i in 0..=k {
         tail += ln_p.exp();
         ln_p += ((n - i) as f64).ln() - ((i + 1) as f64).ln();
     }
@@ -162,7 +161,7 @@ pub fn sign_test_p(v: &[f64], x: f64) -> Option<f64> {
 /// How many of the hypotheses with p-values `ps` Holm's step-down
 /// procedure rejects at the family-wise level `alpha`: the smallest p
 /// against `alpha / m`, the next against `alpha / (m - 1)`, and so on,
-/// stopping at the first that is not below its bound. The chance that
+/// stopping at the first that exceeds its bound. The chance that
 /// any true hypothesis is rejected stays within `alpha`, however the
 /// tests depend on each other.
 pub fn holm_rejections(ps: &[f64], alpha: f64) -> usize {
@@ -479,20 +478,33 @@ mod tests {
         ));
         // Three on each side: 2 * (1 + 6 + 15 + 20) / 64 > 1, so 1.
         assert_eq!(p(&[0.5, 0.6, 0.7, 1.5, 1.6, 1.7]), 1.0);
-        // Values equal to the median tested say nothing, and are left out.
-        assert!(close(p(&[1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]), 0.03125));
-        assert_eq!(sign_test_p(&[1.0, 1.0], 1.0), None);
+        // A value equal to the median tested counts on the side that
+        // keeps it in, as the interval counts it: two of eight at 1 and
+        // six above are 2 * (1 + 8 + 28) / 2^8, and the interval [1, 2]
+        // holds 1. Left out, six of six above would have said 3 %.
+        let tied = [1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0];
+        assert!(close(p(&tied), 74.0 / 256.0));
+        assert_eq!(Spread::of(&tied).unwrap().differs_from(1.0), Some(false));
+        assert_eq!(p(&[1.0, 1.0]), 1.0);
+        assert_eq!(sign_test_p(&[], 1.0), None);
         assert_eq!(sign_test_p(&[f64::NAN, 2.0], 1.0), None);
     }
 
     proptest::proptest! {
         /// The interval and the test are one decision: the interval
-        /// leaves 1 out exactly when the test's p is at most 5 %.
+        /// leaves 1 out exactly when the test's p is at most 5 %, values
+        /// equal to 1 among the others or not.
         #[test]
         fn the_interval_leaves_out_what_the_sign_test_rejects(
             v in proptest::collection::vec(
                 proptest::prop_oneof![0.5f64..0.999, 1.001f64..2.0], 6..80),
+            ties in 0usize..6,
         ) {
+            // Some values equal to 1 as well, where they fall.
+            let mut v = v;
+            for i in 0..ties {
+                v.insert(i * 7 % v.len(), 1.0);
+            }
             let s = Spread::of(&v).unwrap();
             let p = sign_test_p(&v, 1.0).unwrap();
             proptest::prop_assert_eq!(s.differs_from(1.0), Some(p <= 0.05), "p {}", p);

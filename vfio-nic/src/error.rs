@@ -166,8 +166,8 @@ pub enum Error {
         in_flight: usize,
     },
     /// A device address that is not a PCI address as sysfs names it:
-    /// `DDDD:BB:DD.F` in lower-case hex (domain, bus, device up to `1f`,
-    /// function up to 7), as `lspci -D` prints it.
+    /// `DDDD:BB:DD.F` in lower-case hex (a domain of 4 to 8 digits, bus,
+    /// device up to `1f`, function up to 7), as `lspci -D` prints it.
     #[error("{bdf:?} is not a PCI address such as 0000:00:02.0 (domain:bus:device.function in lower-case hex, as lspci -D prints it)")]
     BadBdf {
         /// The string given.

@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 /// The sysfs directory of the PCI device at `bdf`, which must be a PCI
-/// address as sysfs names it, `DDDD:BB:DD.F` in lower-case hex (device up
-/// to `1f`, function up to 7); anything else is [`Error::BadBdf`]: a path
+/// address as sysfs names it, `DDDD:BB:DD.F` in lower-case hex (a domain
+/// of 4 to 8 digits: Linux prints it with `%04x`, and a domain past 16
+/// bits, as Intel VMD's from `10000` on, has more; device up to `1f`,
+/// function up to 7); anything else is [`Error::BadBdf`]: a path
 /// joined as it is would lead out of `/sys/bus/pci/devices`, to another
 /// device opened under the name given, or to a file elsewhere.
 pub(super) fn sysfs_dir(bdf: &str) -> Result<PathBuf> {
@@ -20,13 +22,15 @@ pub(super) fn sysfs_dir(bdf: &str) -> Result<PathBuf> {
             Some(v * 16 + d)
         })
     };
+    // The domain's digits: all but the 8 bytes of `:BB:DD.F`.
+    let d = bdf.len().wrapping_sub(8);
     let b = bdf.as_bytes();
-    let ok = b.len() == 12
-        && (b[4], b[7], b[10]) == (b':', b':', b'.')
-        && hex(&b[0..4]).is_some()
-        && hex(&b[5..7]).is_some()
-        && hex(&b[8..10]).is_some_and(|dev| dev <= 0x1f)
-        && hex(&b[11..12]).is_some_and(|func| func <= 7);
+    let ok = (4..=8).contains(&d)
+        && (b[d], b[d + 3], b[d + 6]) == (b':', b':', b'.')
+        && hex(&b[..d]).is_some()
+        && hex(&b[d + 1..d + 3]).is_some()
+        && hex(&b[d + 4..d + 6]).is_some_and(|dev| dev <= 0x1f)
+        && hex(&b[d + 7..]).is_some_and(|func| func <= 7);
     if !ok {
         return Err(Error::BadBdf { bdf: bdf.into() });
     }
@@ -78,6 +82,11 @@ mod tests {
         let dir = sysfs_dir("0000:00:02.0").unwrap();
         assert_eq!(dir, Path::new("/sys/bus/pci/devices/0000:00:02.0"));
         assert!(sysfs_dir("10de:ff:1f.7").is_ok());
+        // A domain past 16 bits (Intel VMD's start at 10000) has more
+        // digits: Linux prints it with %04x, at least four.
+        let vmd = sysfs_dir("10000:e0:06.0").unwrap();
+        assert_eq!(vmd, Path::new("/sys/bus/pci/devices/10000:e0:06.0"));
+        assert!(sysfs_dir("ffffffff:00:00.0").is_ok());
         for bad in [
             "/dev/vfio/5",
             "../../../../etc",
@@ -92,6 +101,9 @@ mod tests {
             "0000:00:02.0 ",
             "+000:00:02.0",
             "0000:000:02.0",
+            "100000000:00:02.0",
+            "000:00:02.0",
+            "10000:0:02.0",
             "00\u{e9}:00:02.0",
         ] {
             match sysfs_dir(bad) {
