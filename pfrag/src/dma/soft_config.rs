@@ -103,9 +103,11 @@ pub struct SoftIommuConfig {
 pub const MAX_IOTLB_ENTRIES: usize = 1 << 20;
 /// Most entries of the lazy flush queue.
 pub const MAX_FLUSH_QUEUE: usize = 1 << 20;
-/// The largest cost-model figure accepted, in ns: a millisecond per
-/// operation, far above any IOMMU, and small enough that a run's modelled
-/// time stays a finite number (and an injected wait a short one).
+/// The largest cost-model figure accepted, in ns: a millisecond for a
+/// call, a PTE, an invalidation or a miss, far above any IOMMU, and small
+/// enough that a run's modelled time stays a finite number. It bounds each
+/// figure, not an operation: a map of many pages waits the PTE figure
+/// once per page.
 pub const MAX_COST_NS: f64 = 1e6;
 /// The IOVA width the page table decodes (4 levels of 9 bits above 4 KiB).
 pub const IOVA_BITS: u32 = 48;
