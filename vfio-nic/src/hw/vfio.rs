@@ -51,7 +51,9 @@ pub struct VfioPci {
     // Dropped before the device: VFIO releases the group only once no
     // mapping of the device file is left.
     bars: Vec<BarSlot>,
-    device: VfioDevice,
+    /// Shared with the type1 mappers made over it ([`VfioMapper`]), which
+    /// keep it open: see there.
+    device: Arc<VfioDevice>,
     backend: Backend,
 }
 
@@ -113,7 +115,7 @@ impl VfioPci {
         let container = Arc::new(VfioContainer::new(None).map_err(|e| open_err(bdf, group, e))?);
         let device =
             VfioDevice::new(&sys, container.clone(), false).map_err(|e| open_err(bdf, group, e))?;
-        VfioPci::with(bdf, group, Backend::Type1(container), device)
+        VfioPci::with(bdf, group, Backend::Type1(container), Arc::new(device))
     }
 
     /// Opens the device at `bdf` through iommufd instead of a type1
@@ -149,11 +151,11 @@ impl VfioPci {
         }
         let device =
             VfioDevice::new(&sys, ioas.clone(), true).map_err(|e| open_err(bdf, group, e))?;
-        VfioPci::with(bdf, group, Backend::Iommufd(ioas), device)
+        VfioPci::with(bdf, group, Backend::Iommufd(ioas), Arc::new(device))
     }
 
     /// The opened device, its BARs mapped and bus mastering on.
-    fn with(bdf: &str, group: u32, backend: Backend, device: VfioDevice) -> Result<VfioPci> {
+    fn with(bdf: &str, group: u32, backend: Backend, device: Arc<VfioDevice>) -> Result<VfioPci> {
         let bars = map_bars(&device);
         let pci = VfioPci {
             bdf: bdf.into(),
@@ -326,11 +328,24 @@ pub fn set_dma_entry_limit(n: u32) -> std::io::Result<()> {
 /// ([`MapAccess::Narrow`]): TX payloads and header slots read-only, RX
 /// buffers write-only, rings both. A mapping with no direction is
 /// refused (`EINVAL`) before any ioctl, under either policy.
+///
+/// The mapper keeps the device it was made over open, even once its
+/// [`VfioPci`] is dropped: closing the device takes its group out of the
+/// container, and when the last group leaves, the type1 driver removes
+/// every mapping of the container. The memory still mapped through the
+/// mapper (a pool's chunks, a ring, dropped after the device as a queue
+/// drops) could then never be unmapped, so it would be kept for good. The
+/// device closes, and its group leaves the container, when the last
+/// mapper made over it is dropped (with the [`Domain`](pfrag::dma::Domain)
+/// holding it): the same device cannot be opened again before then
+/// (`EBUSY`).
 pub struct VfioMapper {
     container: Arc<VfioContainer>,
     info: IommuInfo,
     access: MapAccess,
     c: Counters,
+    /// The device, kept open for the container's mappings (above).
+    _device: Arc<VfioDevice>,
 }
 
 impl std::fmt::Debug for VfioMapper {
@@ -368,6 +383,7 @@ impl VfioMapper {
             info,
             access,
             c: Counters::default(),
+            _device: pci.device.clone(),
         })
     }
 

@@ -208,3 +208,34 @@ fn type1_mapping_cost() {
     let mapper = VfioMapper::new(&pci).unwrap();
     super::iommufd::mapping_cost(&mapper, "type1");
 }
+
+/// A queue dropped over VFIO unmaps everything it mapped: its ring, its
+/// bounce slots and its pool's chunks go back, none kept for good, and
+/// the container holds as many mappings as before the queue.
+#[test]
+#[ignore = "needs an 82576 bound to vfio-pci: vm/run.sh test"]
+fn a_dropped_queue_gives_back_every_mapping() {
+    let (domain, nic) = open();
+    let avail0 = domain.mapper().dma_avail().unwrap();
+    let mut q = persistent_queue(&domain, nic, 2);
+    let mut g = traffic(1);
+    for len in [8_000usize, 300, 60] {
+        send(&mut q, &mut g, 0, len).unwrap();
+    }
+    q.kick().unwrap();
+    q.wait(WAIT).unwrap();
+    expect_on_wire([8_000usize, 300, 60].iter().map(|&l| segments(l)).sum());
+    assert!(domain.iova_in_use() > 0);
+    drop(q);
+    assert_eq!(
+        domain.pinned(),
+        pfrag::dma::Pinned::default(),
+        "kept for good"
+    );
+    assert_eq!(domain.iova_in_use(), 0, "IOVA left in use");
+    assert_eq!(
+        domain.mapper().dma_avail().unwrap(),
+        avail0,
+        "mappings left"
+    );
+}
