@@ -85,21 +85,8 @@ fn a_split_outside_one_page_is_refused() {
 
 #[test]
 fn small_payloads_charge_the_queues_memory_account_and_stop_at_its_limit() {
-    use pfrag::account::{Limits, MemAccount, NoHooks};
-    let limits = Limits {
-        min: 1 << 20,
-        pressure: 1 << 20,
-        max: 1 << 20,
-    };
-    let account = MemAccount::new(limits, NoHooks).unwrap();
-    let iommu = Arc::new(SoftIommu::new(SoftIommuConfig::default()).unwrap());
-    let domain = Arc::new(Domain::new(iommu.clone()));
-    let pcfg = pool::Config::new(Order::new(4).unwrap(), Policy::Persistent);
-    let pool = Pool::with_account(domain.clone(), pcfg, account.clone()).unwrap();
-    // SAFETY: the null device translates through `iommu`, which `domain`
-    // maps through.
-    let mut q = unsafe { tx::Queue::new(domain, pool, NullNic::new(iommu), tx::Config::default()) }
-        .unwrap();
+    let account = one_mib_account();
+    let mut q = accounted_queue(&account, tx::Config::default());
     assert!(q.small_cache().is_some());
     let mut held = Vec::new();
     let err = loop {
@@ -181,6 +168,18 @@ fn a_payload_up_to_the_split_counts_as_one_frag_against_the_buffers() {
     );
 }
 
+/// A memory account that holds at most 1 MiB (its minimum, its pressure
+/// mark and its limit alike).
+fn one_mib_account() -> Arc<pfrag::account::MemAccount> {
+    use pfrag::account::{Limits, MemAccount, NoHooks};
+    let limits = Limits {
+        min: 1 << 20,
+        pressure: 1 << 20,
+        max: 1 << 20,
+    };
+    MemAccount::new(limits, NoHooks).unwrap()
+}
+
 /// A queue with a split (`cfg`) over order-4 chunks of a pool charging
 /// `account`, on the null device.
 fn accounted_queue(account: &Arc<pfrag::account::MemAccount>, cfg: tx::Config) -> Q {
@@ -199,15 +198,9 @@ fn accounted_queue(account: &Arc<pfrag::account::MemAccount>, cfg: tx::Config) -
 /// memory is back the same sends go out and complete.
 #[test]
 fn a_small_send_refused_by_the_memory_limit_changes_nothing_but_the_back_off_count() {
-    use pfrag::account::{Limits, MemAccount, NoHooks};
     use vfio_nic::offload::Offload;
     use vfio_nic::tx::TxPacket;
-    let limits = Limits {
-        min: 1 << 20,
-        pressure: 1 << 20,
-        max: 1 << 20,
-    };
-    let account = MemAccount::new(limits, NoHooks).unwrap();
+    let account = one_mib_account();
     let cfg = tx::Config {
         ring: 64,
         mtu: 9000,
